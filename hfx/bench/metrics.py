@@ -1,0 +1,83 @@
+"""Metrics over request records (seed 000 §3 and §7.5).
+
+- attainment: seed Eq. 4, the fraction of *all* requests that finished with TTFT and mean TPOT
+  within their SLO (rejected, failed and aborted requests count as misses);
+- attainment_dslo: the deadline-based variant (seed 003 §2.3);
+- ttft / tpot / e2e: mean and percentiles over finished requests, in seconds;
+- goodput_rps: requests that met their SLO per second of the run; throughput_rps: finished
+  requests per second; both over the span from the first arrival to the last finish;
+- cost_units: seed Eq. 3 with the unit of §7.5, one instance active for 50 ms; an instance is
+  active from the moment it is provisioned until it is released, rounded up to whole units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from hfx.request import Outcome, RequestRecord
+
+COST_UNIT_SECONDS = 0.05  # seed 000 §7.5
+
+
+def cost_units(spans: Iterable[tuple[float, float]], unit: float = COST_UNIT_SECONDS) -> int:
+    """Seed Eq. 3: Σ over instances of active time, in units of one instance for ``unit`` s."""
+    total = 0
+    for start, end in spans:
+        if end < start:
+            raise ValueError(f"instance released ({end}) before it was provisioned ({start})")
+        # Rounding guards against 0.15/0.05 = 3.0000000000000004 becoming 4 units.
+        total += math.ceil(round((end - start) / unit, 9))
+    return total
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    a = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize_records(records: Sequence[RequestRecord]) -> dict:
+    """Attainment and latency keys for one group of requests."""
+    n = len(records)
+    finished = [r for r in records if r.outcome is Outcome.FINISHED]
+    met = sum(r.meets_slo() for r in finished)
+    met_dslo = sum(r.meets_deadline_slo() for r in finished)
+    return {
+        "requests": n,
+        "finished": len(finished),
+        "rejected": sum(r.outcome is Outcome.REJECTED for r in records),
+        "failed": sum(r.outcome is Outcome.FAILED for r in records),
+        "best_effort": sum(r.best_effort for r in records),
+        "attainment": met / n if n else 0.0,
+        "attainment_dslo": met_dslo / n if n else 0.0,
+        "ttft": distribution([r.ttft for r in finished]),
+        "tpot": distribution([r.tpot for r in finished]),
+        "e2e": distribution([r.e2e for r in finished]),
+    }
+
+
+def summarize(records: Sequence[RequestRecord], spans: Iterable[tuple[float, float]]) -> dict:
+    """The metric keys of the result JSON (DESIGN.md "Contracts")."""
+    out = summarize_records(records)
+    finished = [r for r in records if r.outcome is Outcome.FINISHED]
+    if records and finished:
+        start = min(r.request.arrival for r in records)
+        end = max(r.finish_time for r in finished)
+        span = max(end - start, 1e-9)
+    else:
+        span = 0.0
+    met = out["attainment"] * len(records)
+    out["goodput_rps"] = round(met) / span if span else 0.0
+    out["throughput_rps"] = len(finished) / span if span else 0.0
+    out["output_tokens_per_s"] = sum(r.num_tokens for r in finished) / span if span else 0.0
+    out["cost_units"] = cost_units(spans)
+    tasks: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        tasks.setdefault(r.request.task, []).append(r)
+    out["per_task"] = {t: summarize_records(rs) for t, rs in tasks.items()}
+    return out

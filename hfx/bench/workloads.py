@@ -1,0 +1,208 @@
+"""Workloads: the seeds' Table 1 tasks with Poisson arrivals, and trace files.
+
+Table 1 (seed 000 §7.3) gives each task's SLO and the mean ± std of its input and output lengths
+over 300 samples. The datasets themselves cannot be fetched here, so lengths are sampled from a
+**log-normal distribution with the same mean and standard deviation** (lengths are positive and
+right-skewed; sharegpt's std exceeds its mean, which a normal cannot represent without piling
+mass at the clip), rounded to whole tokens and clipped to [1, MAX_LEN].
+
+Arrivals (seed 000 §7.3): each task is a Poisson process at an equal share of the total QPS and
+contributes the same number of requests (300 by default); the merged stream is sorted by time.
+The seed fixes the whole stream; each task draws from its own generator, so adding a task to a
+set does not change the others.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hfx.request import SLO, Request
+
+MAX_LEN = 16384  # clip for sampled lengths (tokens)
+DEFAULT_REQUESTS_PER_TASK = 300  # seed 000 §7.3
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    name: str
+    slo: SLO
+    input_mean: float
+    input_std: float
+    output_mean: float
+    output_std: float
+
+
+# Seed 000 Table 1.
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec("medical_qa", SLO(0.7, 0.5), 32.57, 10.32, 38.92, 16.83),
+        TaskSpec("tldr_content_gen", SLO(1.0, 0.7), 44.38, 6.58, 96.04, 35.03),
+        TaskSpec("tldr_headline_gen", SLO(2.0, 0.9), 121.82, 35.04, 13.59, 6.55),
+        TaskSpec("wikisql", SLO(20.0, 1.0), 643.22, 337.01, 27.82, 4.84),
+        TaskSpec("gsm8k", SLO(0.7, 0.2), 51.44, 15.78, 90.13, 26.73),
+        TaskSpec("sharegpt", SLO(2.0, 0.5), 259.19, 324.88, 207.79, 234.99),
+    )
+}
+
+
+def _with_slo(task: TaskSpec, slo: SLO) -> TaskSpec:
+    return TaskSpec(task.name, slo, task.input_mean, task.input_std, task.output_mean,
+                    task.output_std)
+
+
+WORKLOADS: dict[str, tuple[TaskSpec, ...]] = {
+    "four-task": tuple(TASKS[n] for n in
+                       ("medical_qa", "tldr_content_gen", "tldr_headline_gen", "wikisql")),
+    "two-task": (TASKS["gsm8k"], TASKS["sharegpt"]),
+    # Single-task evaluation (seed 000 §9.2): wikisql with TTFT 0.7 s and TPOT 0.5 s.
+    "wikisql": (_with_slo(TASKS["wikisql"], SLO(0.7, 0.5)),),
+}
+
+
+class TraceError(ValueError):
+    """A malformed trace file; the message names the file and line."""
+
+
+def lognormal_lengths(rng: np.random.Generator, mean: float, std: float, n: int) -> np.ndarray:
+    """``n`` integer lengths from the log-normal with this mean and std, clipped to [1, MAX_LEN]."""
+    sigma2 = math.log1p((std / mean) ** 2)
+    mu = math.log(mean) - sigma2 / 2
+    x = rng.lognormal(mu, math.sqrt(sigma2), n)
+    return np.clip(np.rint(x), 1, MAX_LEN).astype(np.int64)
+
+
+def generate(workload: str, qps: float, seed: int,
+             requests_per_task: int = DEFAULT_REQUESTS_PER_TASK) -> list[Request]:
+    """The named task set at ``qps`` requests/s in total, sorted by arrival."""
+    try:
+        tasks = WORKLOADS[workload]
+    except KeyError:
+        raise ValueError(f"unknown workload {workload!r}; choose one of "
+                         f"{', '.join(WORKLOADS)} or give a trace file (.jsonl, .csv)") from None
+    if qps <= 0:
+        raise ValueError(f"qps must be positive, got {qps}")
+    if requests_per_task < 1:
+        raise ValueError(f"requests_per_task must be >= 1, got {requests_per_task}")
+    rate = qps / len(tasks)
+    rows: list[tuple[float, int, int, Request]] = []
+    for order, task in enumerate(tasks):
+        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode())])
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, requests_per_task))
+        ins = lognormal_lengths(rng, task.input_mean, task.input_std, requests_per_task)
+        outs = lognormal_lengths(rng, task.output_mean, task.output_std, requests_per_task)
+        for i in range(requests_per_task):
+            req = Request(id=f"{task.name}-{i}", arrival=float(arrivals[i]),
+                          prompt_len=int(ins[i]), max_tokens=int(outs[i]), slo=task.slo,
+                          task=task.name)
+            rows.append((req.arrival, order, i, req))
+    rows.sort(key=lambda r: r[:3])
+    return [r[3] for r in rows]
+
+
+# ---- trace files -----------------------------------------------------------------------------
+TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
+
+
+def _row_to_request(row: dict, where: str, index: int) -> Request:
+    unknown = set(row) - set(TRACE_FIELDS) - {"id"}
+    if unknown:
+        raise TraceError(f"{where}: unknown field(s) {sorted(unknown)}; "
+                         f"expected {', '.join(TRACE_FIELDS)}")
+
+    def number(key: str, kind: type, required: bool = True) -> float | int | None:
+        value = row.get(key)
+        if value is None or value == "":
+            if required:
+                raise TraceError(f"{where}: missing required field {key!r}")
+            return None
+        try:
+            out = kind(float(value)) if kind is int else kind(value)
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: field {key!r} is not a number: {value!r}") from None
+        if kind is int and float(value) != out:
+            raise TraceError(f"{where}: field {key!r} must be a whole number: {value!r}")
+        if not math.isfinite(out) or out < 0:
+            raise TraceError(f"{where}: field {key!r} must be finite and >= 0: {value!r}")
+        return out
+
+    arrival = number("arrival", float)
+    input_len = number("input_len", int)
+    output_len = number("output_len", int)
+    ttft = number("ttft", float, required=False)
+    tpot = number("tpot", float, required=False)
+    priority = number("priority", int, required=False)
+    task = str(row.get("task") or "default")
+    if input_len < 1 or output_len < 1:
+        raise TraceError(f"{where}: input_len and output_len must be >= 1")
+    if (ttft is None) != (tpot is None):
+        raise TraceError(f"{where}: give both ttft and tpot, or neither")
+    if ttft is not None:
+        if ttft <= 0 or tpot <= 0:
+            raise TraceError(f"{where}: ttft and tpot must be > 0")
+        slo = SLO(ttft, tpot)
+    elif task in TASKS:
+        slo = TASKS[task].slo
+    else:
+        raise TraceError(f"{where}: no SLO: give ttft and tpot, or a Table 1 task name "
+                         f"({', '.join(TASKS)})")
+    return Request(id=str(row.get("id") or f"trace-{index}"), arrival=arrival,
+                   prompt_len=input_len, max_tokens=output_len, slo=slo, task=task,
+                   priority=priority)
+
+
+def load_trace(path: str | Path) -> list[Request]:
+    """Read a JSONL or CSV trace (fields: arrival [s], input_len, output_len, and optionally
+    ttft [s], tpot [s], task, priority, id). Returns requests sorted by arrival."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    requests: list[Request] = []
+    if path.suffix == ".jsonl":
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TraceError(f"{where}: not valid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise TraceError(f"{where}: expected a JSON object")
+                requests.append(_row_to_request(row, where, len(requests)))
+    elif path.suffix == ".csv":
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"arrival", "input_len", "output_len"} - set(reader.fieldnames or ())
+            if missing:
+                raise TraceError(f"{path}:1: header lacks {sorted(missing)}")
+            for row in reader:
+                where = f"{path}:{reader.line_num}"
+                if None in row:
+                    raise TraceError(f"{where}: more values than header columns")
+                requests.append(_row_to_request(row, where, len(requests)))
+    else:
+        raise TraceError(f"{path}: unsupported trace format; use .jsonl or .csv")
+    if not requests:
+        raise TraceError(f"{path}: the trace has no requests")
+    ids = [r.id for r in requests]
+    if len(set(ids)) != len(ids):
+        raise TraceError(f"{path}: request ids are not unique")
+    requests.sort(key=lambda r: r.arrival)
+    return requests
+
+
+def load_workload(workload: str, qps: float, seed: int,
+                  requests_per_task: int = DEFAULT_REQUESTS_PER_TASK) -> list[Request]:
+    """A named task set, or a trace file when ``workload`` ends in .jsonl or .csv."""
+    if workload.endswith((".jsonl", ".csv")):
+        return load_trace(workload)
+    return generate(workload, qps, seed, requests_per_task)

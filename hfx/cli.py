@@ -1,0 +1,134 @@
+"""The ``hfx`` command line: ``hfx sim``, ``hfx sweep``, ``hfx list``.
+
+Flags of ``sim`` and ``sweep`` are generated from the fields of hfx.config.SimConfig, so each flag
+carries the field's help text and default; ``--config FILE.yaml`` sets any of them from a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hfx.config import SimConfig, add_model_args, model_from_args
+
+
+def _csv(kind: type) -> callable:
+    def parse(text: str) -> list:
+        try:
+            items = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list: {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return items
+    return parse
+
+
+def _summary(r: dict) -> str:
+    def d(key: str) -> str:
+        m = r[key]
+        return "-" if m["mean"] is None else f"mean {m['mean']:.3f}  p50 {m['p50']:.3f}  " \
+            f"p90 {m['p90']:.3f}  p99 {m['p99']:.3f}"
+    lines = [
+        f"policy {r['policy']}  workload {r['workload']}  qps {r['qps']:g}  instances "
+        f"{r['instances']}  profile {r['profile']}",
+        f"requests {r['requests']}  finished {r['finished']}  rejected {r['rejected']}  "
+        f"failed {r['failed']}",
+        f"attainment {r['attainment']:.3f}  (deadline-based {r['attainment_dslo']:.3f})  "
+        f"goodput {r['goodput_rps']:.2f} req/s  cost {r['cost_units']} units",
+        f"TTFT s  {d('ttft')}",
+        f"TPOT s  {d('tpot')}",
+        f"E2E s   {d('e2e')}",
+        "per task: " + "  ".join(f"{t} {v['attainment']:.3f}" for t, v in r["per_task"].items()),
+        f"simulated {r['sim_seconds']:.1f} s in {r['wall_seconds']:.2f} s wall "
+        f"({r['sim_seconds'] / max(r['wall_seconds'], 1e-9):.0f}x)",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from hfx.sim import simulate
+
+    config = model_from_args(SimConfig, args, args.config)
+    result = simulate(config, progress=True)
+    print(_summary(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from hfx.bench.sweep import run_grid, table, write
+
+    base = model_from_args(SimConfig, args, args.config, policy=args.policies[0], qps=args.qps[0])
+    for p in args.policies:  # fail on a bad name before running anything
+        model_from_args(SimConfig, args, args.config, policy=p, qps=args.qps[0])
+    results = run_grid(base, args.policies, args.qps, jobs=args.jobs)
+    print(table(results))
+    name = args.name or f"sweep-{Path(base.workload).stem}"
+    title = f"{base.workload}, {base.instances} instances, {base.model} on {base.hardware}"
+    json_path, png_path = write(results, args.out, name, title)
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from hfx.bench.workloads import WORKLOADS
+    from hfx.engine.planners import PLANNERS
+    from hfx.latency import shipped_profiles
+    from hfx.policies import POLICIES
+
+    print("policies: ", ", ".join(POLICIES))
+    print("planners: ", ", ".join(PLANNERS))
+    print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
+                                  for w, ts in WORKLOADS.items()))
+    print("profiles: ", ", ".join(shipped_profiles()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hfx", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("sim", help="simulate one configuration",
+                         description="Simulate one policy on one workload; print a summary.")
+    sim.add_argument("--config", help="YAML file of options (flags override it)")
+    sim.add_argument("--json", metavar="PATH", help="write the result object here")
+    add_model_args(sim, SimConfig)
+    sim.set_defaults(func=cmd_sim)
+
+    sweep = sub.add_parser("sweep", help="simulate a grid of policies × QPS",
+                           description="Run every policy at every QPS (in parallel processes), "
+                           "print a table, write JSON and a PNG like seed 000 Figure 3.")
+    sweep.add_argument("--config", help="YAML file of options (flags override it)")
+    sweep.add_argument("--policies", type=_csv(str), default=["rr", "least-loaded"],
+                       help="comma-separated policies (default: rr,least-loaded)")
+    sweep.add_argument("--qps", type=_csv(float), default=[20, 40, 60, 80, 100, 120, 140, 160],
+                       help="comma-separated total QPS values (default: 20,40,...,160)")
+    sweep.add_argument("--out", default="results", help="output folder (default: results)")
+    sweep.add_argument("--name", help="file name stem (default: sweep-<workload>)")
+    sweep.add_argument("--jobs", type=int, default=None,
+                       help="parallel processes (default: one per core)")
+    add_model_args(sweep, SimConfig, exclude=("policy", "qps"))
+    sweep.set_defaults(func=cmd_sweep)
+
+    lst = sub.add_parser("list", help="list policies, planners, workloads and profiles")
+    lst.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hfx: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

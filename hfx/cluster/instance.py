@@ -1,0 +1,133 @@
+"""The Instance protocol the control plane sees, and LocalInstance (an engine in this process).
+
+The control plane never knows which kind of instance it holds: in-process, a Ray actor, or an
+upstream server all submit requests, abort them, report a stats snapshot, and stream token
+events back through the sink they were given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from hfx.engine import EngineCore, Role, Sequence, StepOutput
+from hfx.request import Request
+
+EventSink = Callable[[int, StepOutput], None]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStats:
+    """A snapshot of one instance, as the Monitor collects it."""
+
+    instance_id: int
+    role: Role
+    time: float
+    num_waiting: int
+    num_running: int
+    num_held: int  # prefill role: prefilled requests waiting to migrate
+    kv_used_blocks: int
+    kv_total_blocks: int
+    block_size: int
+    decode_ctx: int  # Σ l_cur over running sequences (what Eq. 2 needs)
+    busy_time: float  # seconds spent executing steps so far
+    num_steps: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / self.kv_total_blocks
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return (self.kv_total_blocks - self.kv_used_blocks) * self.block_size
+
+
+class Instance(Protocol):
+    id: int
+    role: Role
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; raises hfx.engine.EngineError if it can never run here."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> InstanceStats: ...
+
+    def start(self, sink: EventSink) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class LocalInstance:
+    """An EngineCore driven by a task on the current loop."""
+
+    def __init__(self, instance_id: int, engine: EngineCore) -> None:
+        self.id = instance_id
+        self.engine = engine
+        self.role = engine.config.role
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sink: EventSink | None = None
+
+    def start(self, sink: EventSink) -> None:
+        self._sink = sink
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"instance-{self.id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def submit(self, request: Request) -> None:
+        self.engine.add_request(Sequence(
+            request_id=request.id,
+            prompt_len=request.prompt_len,
+            max_tokens=request.max_tokens,
+            prompt_token_ids=request.prompt_token_ids,
+        ))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        if self.engine.abort(request_id):
+            self._wake.set()
+
+    def stats(self) -> InstanceStats:
+        e = self.engine
+        return InstanceStats(
+            instance_id=self.id,
+            role=self.role,
+            time=asyncio.get_running_loop().time(),
+            num_waiting=e.num_waiting,
+            num_running=e.num_running,
+            num_held=len(e.held),
+            kv_used_blocks=e.kv.num_used_blocks,
+            kv_total_blocks=e.kv.num_blocks,
+            block_size=e.kv.block_size,
+            decode_ctx=sum(s.num_tokens for s in e.state.running),
+            busy_time=e.busy_time,
+            num_steps=e.num_steps,
+        )
+
+    async def _run(self) -> None:
+        engine, sink = self.engine, self._sink
+        assert sink is not None
+        while True:
+            if not engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            steps = engine.num_steps
+            out = await engine.step()
+            if out.request_ids or out.transitions:
+                sink(self.id, out)
+            if engine.num_steps == steps and engine.has_work():
+                # Work is queued but nothing could be planned (KV held for migration):
+                # sleep until something changes here.
+                self._wake.clear()
+                await self._wake.wait()

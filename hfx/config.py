@@ -1,0 +1,125 @@
+"""Configuration: one validated pydantic model per command; its fields generate the CLI flags.
+
+Each field carries its help text and its default; defaults are the seeds' values where the seeds
+give one, cited beside the field. A YAML file (``--config``) supplies values that flags override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hfx.bench.workloads import DEFAULT_REQUESTS_PER_TASK, WORKLOADS
+from hfx.engine.planners import PLANNERS
+from hfx.policies import POLICIES
+
+
+class SimConfig(BaseModel):
+    """One simulated run: a workload on a fleet under one policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: str = Field("four-task", description=(
+        f"task set ({', '.join(WORKLOADS)}) or a trace file (.jsonl/.csv)"))
+    policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)})")
+    qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
+                       "between the tasks (seed 000 §7.3); ignored for trace files")
+    instances: int = Field(2, ge=1, description="number of instances (seed 000 §8.1: 2)")
+    seed: int = Field(0, ge=0, description="random seed of the workload")
+    requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
+                                   description="requests drawn per task (seed 000 §7.3: 300)")
+    model: str = Field("qwen2.5-7b", description="model of the shipped roofline profile "
+                       "(qwen2.5-7b, qwen2.5-32b, llama-3-70b)")
+    hardware: str = Field("ascend-910b", description="device of the shipped roofline profile "
+                          "(ascend-910b, the seeds' NPU; h200)")
+    profile: str | None = Field(None, description="step-time profile JSON; overrides "
+                                "--model/--hardware")
+    planner: str | None = Field(None, description=f"engine batch planner ({', '.join(PLANNERS)});"
+                                " default: the policy's own")
+    max_num_seqs: int = Field(256, ge=1, description="running sequences per instance at most")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per step at most;"
+                                               " default: the planner's own")
+    block_size: int = Field(16, ge=1, description="KV block size in tokens")
+    kv_capacity_tokens: int | None = Field(None, ge=1, description="KV capacity per instance in "
+                                           "tokens; default: from the profile's memory")
+    monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
+                                    "(seed 000 §9.3: 1 s)")
+    predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
+                                   "predictions are scaled by (1 + this); 0.2 = 20% too slow")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; choose one of {', '.join(POLICIES)}")
+        return v
+
+    @field_validator("planner")
+    @classmethod
+    def _known_planner(cls, v: str | None) -> str | None:
+        if v is not None and v not in PLANNERS:
+            raise ValueError(f"unknown planner {v!r}; choose one of {', '.join(PLANNERS)}")
+        return v
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, v: str) -> str:
+        if v not in WORKLOADS and not v.endswith((".jsonl", ".csv")):
+            raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)} "
+                             "or give a trace file (.jsonl, .csv)")
+        return v
+
+
+# ---- CLI generation --------------------------------------------------------------------------
+def _scalar_type(annotation: Any) -> type:
+    """int | None → int; str → str."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0]
+    return annotation
+
+
+def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
+                   exclude: tuple[str, ...] = ()) -> None:
+    """One ``--flag`` per field, with the field's description and default as help."""
+    group = parser.add_argument_group(f"{model.__name__} options")
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        kind = _scalar_type(field.annotation)
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description} (default: {field.default})".replace("%", "%%")
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, dest=name,
+                               metavar=kind.__name__.upper(), help=help_text)
+
+
+def model_from_args(model: type[BaseModel], args: argparse.Namespace,
+                    config_file: str | Path | None = None, **overrides: Any) -> BaseModel:
+    """Field values from the YAML file, then from the flags given, then ``overrides``.
+
+    Raises SystemExit with the validation messages on bad values.
+    """
+    values: dict[str, Any] = {}
+    if config_file:
+        data = yaml.safe_load(Path(config_file).read_text()) or {}
+        if not isinstance(data, dict):
+            raise SystemExit(f"{config_file}: expected a mapping of option: value")
+        values.update({k.replace("-", "_"): v for k, v in data.items()})
+    values.update({k: v for k, v in vars(args).items() if k in model.model_fields})
+    values.update(overrides)
+    try:
+        return model(**values)
+    except ValidationError as e:
+        lines = [f"  --{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+                 for err in e.errors()]
+        raise SystemExit("invalid configuration:\n" + "\n".join(lines)) from None

@@ -1,0 +1,19 @@
+"""One inference instance: engine core, KV block manager, batch planners, executors."""
+
+from hfx.engine.config import EngineConfig
+from hfx.engine.core import EngineCore, EngineError, StepOutput
+from hfx.engine.executor import Executor, SimExecutor
+from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, Sequence
+
+__all__ = [
+    "FINISH_REASON",
+    "EngineConfig",
+    "EngineCore",
+    "EngineError",
+    "Executor",
+    "RequestStatus",
+    "Role",
+    "Sequence",
+    "SimExecutor",
+    "StepOutput",
+]

@@ -1,0 +1,185 @@
+"""EngineCore: one instance's queues, KV accounting and step loop.
+
+``step()`` = plan → execute → advance → emit token events. The core is the same whether the
+executor is simulated or real, and whether the loop's clock is virtual or not: it reads time only
+from the running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import NamedTuple
+
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.config import EngineConfig
+from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
+from hfx.engine.planners import EngineState, make_planner
+from hfx.engine.sequence import RequestStatus, Role, Sequence
+
+
+class StepOutput(NamedTuple):
+    """What one step (or a step boundary) produced on this engine.
+
+    ``request_ids`` lists every request that sampled a token at ``time``; ``token_ids`` holds
+    those tokens in the same order, or is None when the executor produces none (simulation).
+    ``transitions`` lists (request id, new status) for every request that left RUNNING:
+    finished, prefilled (prefill role) or aborted. Compact on purpose: the simulator appends one
+    entry per generated token.
+    """
+
+    time: float
+    request_ids: list[str]
+    token_ids: list[int] | None
+    transitions: list[tuple[str, RequestStatus]]
+
+
+class EngineError(ValueError):
+    """A request this engine can never serve (too long for the model or the KV cache)."""
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, executor: Executor) -> None:
+        self.config = config
+        self.executor = executor
+        self.planner = make_planner(config)
+        self.kv = BlockManager(config.num_kv_blocks, config.block_size)
+        self.state = EngineState(waiting=deque(), running=[], kv=self.kv)
+        self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
+        self._seqs: dict[str, Sequence] = {}
+        self._aborts: list[str] = []
+        self.num_steps = 0
+        self.busy_time = 0.0  # seconds spent executing steps
+
+    # ---- requests in and out -------------------------------------------------------------
+    def check(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise EngineError if a request of this size can never run here."""
+        total = prompt_len + max_tokens
+        if total > self.config.max_model_len:
+            raise EngineError(f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the "
+                              f"model's context of {self.config.max_model_len} tokens")
+        if self.kv.blocks_for(total) > self.config.num_kv_blocks:
+            raise EngineError(f"request of {total} tokens exceeds the KV cache "
+                              f"({self.config.kv_capacity_tokens} tokens)")
+
+    def add_request(self, seq: Sequence) -> None:
+        """Queue a sequence. On a decode instance it arrives with its KV computed."""
+        if seq.request_id in self._seqs:
+            raise EngineError(f"duplicate request id {seq.request_id!r}")
+        self.check(seq.prompt_len, seq.max_tokens)
+        seq.status = RequestStatus.WAITING
+        self._seqs[seq.request_id] = seq
+        self.state.waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort at the next step boundary; False if the request is not here."""
+        if request_id not in self._seqs:
+            return False
+        self._aborts.append(request_id)
+        return True
+
+    def release(self, request_id: str) -> Sequence:
+        """Prefill role: hand a held sequence over for migration and free its KV here."""
+        seq = self.held.pop(request_id)
+        self.kv.free(seq)
+        seq.status = RequestStatus.FINISHED_MIGRATED
+        del self._seqs[request_id]
+        return seq
+
+    # ---- introspection ----------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.state.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.state.running)
+
+    def has_work(self) -> bool:
+        return bool(self.state.waiting or self.state.running or self._aborts)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    # ---- the step -------------------------------------------------------------------------
+    async def step(self) -> StepOutput:
+        loop = asyncio.get_running_loop()
+        transitions: list[tuple[str, RequestStatus]] = []
+        if self._aborts:
+            self._apply_aborts(transitions)
+        out = self.planner.plan(self.state)
+        if not out:
+            return StepOutput(loop.time(), [], None, transitions)
+        start = loop.time()
+        sampled = await self.executor.execute(out)
+        now = loop.time()
+        self.num_steps += 1
+        self.busy_time += now - start
+        request_ids: list[str] = []
+        token_ids = None if sampled is None else []
+        self._advance(out.num_scheduled_tokens, sampled, request_ids, token_ids, transitions)
+        if self._aborts:  # arrived while the step ran
+            self._apply_aborts(transitions)
+        return StepOutput(now, request_ids, token_ids, transitions)
+
+    def _advance(self, scheduled: dict[Sequence, int], sampled: dict[Sequence, int] | None,
+                 request_ids: list[str], token_ids: list[int] | None,
+                 transitions: list[tuple[str, RequestStatus]]) -> None:
+        # The hot loop of a simulation, once per scheduled sequence per step; it inlines
+        # Sequence.append_token.
+        finished: list[Sequence] = []
+        running = RequestStatus.RUNNING
+        after_first = RequestStatus.PREFILLED if self.config.role is Role.PREFILL else running
+        for seq, n in scheduled.items():
+            computed = seq.num_computed_tokens + n
+            seq.num_computed_tokens = computed
+            if computed < seq.num_tokens:
+                continue  # a prompt chunk: nothing to sample yet
+            request_ids.append(seq.request_id)
+            if sampled is None:
+                token = PLACEHOLDER_TOKEN
+                stopped = False
+            else:
+                token = sampled[seq]
+                token_ids.append(token)  # type: ignore[union-attr]
+                stopped = token in seq.stop_token_ids
+            seq.output_token_ids.append(token)
+            seq.num_tokens = computed + 1
+            if stopped:
+                status = RequestStatus.FINISHED_STOPPED
+            elif computed + 1 - seq.prompt_len >= seq.max_tokens:
+                status = RequestStatus.FINISHED_LENGTH
+            else:
+                status = after_first
+            if status is not running:
+                seq.status = status
+                finished.append(seq)
+                transitions.append((seq.request_id, status))
+        if finished:
+            self._retire(finished)
+
+    def _retire(self, seqs: list[Sequence]) -> None:
+        done = set(seqs)
+        self.state.running[:] = [s for s in self.state.running if s not in done]
+        for seq in seqs:
+            if seq.status is RequestStatus.PREFILLED:
+                self.held[seq.request_id] = seq
+            else:
+                self.kv.free(seq)
+                del self._seqs[seq.request_id]
+
+    def _apply_aborts(self, transitions: list[tuple[str, RequestStatus]]) -> None:
+        for rid in self._aborts:
+            seq = self._seqs.pop(rid, None)
+            if seq is None:
+                continue  # finished before the abort took effect
+            if seq.status is RequestStatus.WAITING:
+                self.state.waiting.remove(seq)
+            elif seq.status is RequestStatus.RUNNING:
+                self.state.running.remove(seq)
+            elif seq.status is RequestStatus.PREFILLED:
+                del self.held[rid]
+            self.kv.free(seq)
+            seq.status = RequestStatus.FINISHED_ABORTED
+            transitions.append((rid, seq.status))
+        self._aborts.clear()

@@ -1,0 +1,71 @@
+"""The batch-planner interface: one ``plan()`` per engine step.
+
+A planner decides which sequences compute how many tokens in the next step ({sequence: tokens},
+as vLLM v1's scheduler output), admits waiting sequences (allocating their KV), and preempts by
+recompute when KV runs out: the victim's blocks are freed, its computed count drops to 0, and it
+goes back to the front of the waiting queue with the tokens it already generated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.config import EngineConfig
+from hfx.engine.sequence import RequestStatus, Sequence
+from hfx.latency import BatchShape
+
+
+@dataclass(slots=True)
+class EngineState:
+    """The queues a planner works on; owned by the engine core."""
+
+    waiting: deque[Sequence]
+    running: list[Sequence]
+    kv: BlockManager
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    num_scheduled_tokens: dict[Sequence, int] = field(default_factory=dict)
+    shape: BatchShape = field(default_factory=BatchShape)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def schedule(self, seq: Sequence, num_tokens: int) -> None:
+        self.num_scheduled_tokens[seq] = num_tokens
+        if seq.is_decode:
+            self.shape.add_decode(seq.num_tokens)
+        else:
+            self.shape.add_prefill(num_tokens, seq.num_computed_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.num_scheduled_tokens)
+
+
+class BatchPlanner(ABC):
+    name: ClassVar[str]
+    default_token_budget: ClassVar[int]
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.token_budget = config.max_num_batched_tokens or self.default_token_budget
+
+    @abstractmethod
+    def plan(self, state: EngineState) -> SchedulerOutput: ...
+
+    @staticmethod
+    def preempt(state: EngineState, seq: Sequence, out: SchedulerOutput) -> None:
+        """Recompute preemption: free the KV, keep the generated tokens, requeue at the front."""
+        state.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = RequestStatus.WAITING
+        state.waiting.appendleft(seq)
+        out.preempted.append(seq)

@@ -1,0 +1,55 @@
+"""Chunked-prefill planning (Sarathi-Serve; vLLM v1's default).
+
+Each step has a token budget. Running sequences go first in admission order: a decode takes one
+token, a partly computed prompt takes a chunk of what is left. Waiting sequences are then admitted
+FCFS with chunks of the remaining budget, unless this step had to preempt (as vLLM v1 does).
+"""
+
+from __future__ import annotations
+
+from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.sequence import RequestStatus
+
+
+class ChunkedPlanner(BatchPlanner):
+    name = "chunked"
+    default_token_budget = 2048
+
+    def plan(self, state: EngineState) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._plan_running(state, out)
+        if not out.preempted:
+            self._plan_waiting(state, out, budget)
+        return out
+
+    def _plan_running(self, state: EngineState, out: SchedulerOutput) -> int:
+        kv, running = state.kv, state.running
+        budget = self.token_budget
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.num_missing, budget)
+            while kv.allocate(seq, seq.num_computed_tokens + n) is None:
+                victim = running.pop()
+                self.preempt(state, victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.schedule(seq, n)
+                budget -= n
+                i += 1
+        return budget
+
+    def _plan_waiting(self, state: EngineState, out: SchedulerOutput, budget: int) -> None:
+        waiting, running, kv = state.waiting, state.running, state.kv
+        reserve = self.config.watermark_blocks
+        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            seq = waiting[0]
+            n = min(seq.num_missing, budget)
+            if kv.allocate(seq, seq.num_computed_tokens + n, reserve if running else 0) is None:
+                break
+            waiting.popleft()
+            seq.status = RequestStatus.RUNNING
+            running.append(seq)
+            out.schedule(seq, n)
+            budget -= n

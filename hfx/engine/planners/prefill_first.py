@@ -1,0 +1,65 @@
+"""Prefill-first planning (vLLM v0 and vLLM-Ascend's default, the seeds' engine).
+
+When waiting requests can be admitted, the step is prefill-only: FCFS from the waiting queue
+while the token budget, ``max_num_seqs`` and KV allow; decodes pause for that step. Otherwise
+every running sequence decodes one token; when a decode needs a block and none is free, the most
+recently admitted running sequence is preempted (recompute).
+"""
+
+from __future__ import annotations
+
+from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.sequence import RequestStatus
+
+
+class PrefillFirstPlanner(BatchPlanner):
+    name = "prefill-first"
+    default_token_budget = 8192
+
+    def plan(self, state: EngineState) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if state.waiting:
+            self._plan_prefill(state, out)
+            if out:
+                return out
+        self._plan_decode(state, out)
+        return out
+
+    def _plan_prefill(self, state: EngineState, out: SchedulerOutput) -> None:
+        budget = self.token_budget
+        reserve = self.config.watermark_blocks
+        waiting, running, kv = state.waiting, state.running, state.kv
+        while waiting and len(running) < self.config.max_num_seqs:
+            seq = waiting[0]
+            n = seq.num_missing
+            # A prompt longer than the budget still runs, alone, rather than never.
+            if n > budget and out:
+                break
+            if kv.allocate(seq, seq.num_tokens, reserve if running else 0) is None:
+                break  # FCFS: the head waits for KV, nobody overtakes it
+            waiting.popleft()
+            seq.status = RequestStatus.RUNNING
+            running.append(seq)
+            out.schedule(seq, n)
+            budget -= n
+
+    def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
+        # The hot path of a simulation: every running sequence decodes one token. A decode
+        # writes the KV of its last sampled token, so it needs room for num_tokens.
+        kv, running = state.kv, state.running
+        block_size = kv.block_size
+        scheduled = out.num_scheduled_tokens
+        ctx = 0
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            n = seq.num_tokens
+            if n > len(seq.block_table) * block_size and kv.allocate(seq, n) is None:
+                victim = running.pop()  # the most recently admitted
+                self.preempt(state, victim, out)
+                continue  # retry seq, unless it was the victim (then the loop ends)
+            scheduled[seq] = 1
+            ctx += n
+            i += 1
+        out.shape.decode_ctx += ctx
+        out.shape.num_decode += len(scheduled)

@@ -1,0 +1,83 @@
+"""Per-request engine state.
+
+As in vLLM v1, a sequence carries ``num_computed_tokens`` that catches up with ``num_tokens``
+(prompt + generated so far). One rule covers prefill, chunked prefill, decode and recompute after
+preemption: a step computes some of the missing tokens, and when none are missing the model
+samples the next token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Role(str, enum.Enum):
+    """What an instance does: both phases, or one side of P/D disaggregation (seed 000 §5.1)."""
+
+    COLOCATED = "colocated"
+    PREFILL = "prefill"  # holds a finished prefill's KV until the request is migrated
+    DECODE = "decode"  # accepts requests together with their KV
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every status after PREFILLED is terminal on this instance."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREFILLED = 2  # prefill role: first token sampled, KV held for migration
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_MIGRATED = 6  # left this instance with its KV
+
+    @property
+    def finished(self) -> bool:
+        return self > RequestStatus.PREFILLED
+
+
+# Finished status → OpenAI finish_reason (None: the request goes on elsewhere).
+FINISH_REASON: dict[RequestStatus, str | None] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_MIGRATED: None,
+}
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request inside one engine. Compared and hashed by identity.
+
+    ``num_tokens`` (prompt + generated) is a maintained field, not a property: the engine reads
+    it for every sequence on every step. Change the output only through ``append_token``.
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    num_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_tokens = self.prompt_len + len(self.output_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
+
+    @property
+    def num_missing(self) -> int:
+        """Tokens still to compute before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One token missing after at least one sampled token: a decode step, not a prefill."""
+        return self.num_computed_tokens == self.num_tokens - 1 and bool(self.output_token_ids)

@@ -1,0 +1,80 @@
+"""The policy interface: how a dispatch policy sees the cluster and what it decides.
+
+A policy keeps its own queue and state. The control plane calls ``enqueue`` on arrival and
+``schedule`` whenever something may have changed (an arrival, a finished request, a monitor
+snapshot, or the wake-up time the policy asked for). ``schedule`` returns a ``Decision``: which
+queued requests go to which instance, which are rejected, and when to be called again.
+Policies never read a wall clock and never reach into engines: time is ``view.now``, load is
+the monitor's snapshot and the control plane's own tallies.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hfx.cluster.instance import InstanceStats
+from hfx.engine import Role
+from hfx.latency import Profile, StepTimeModel
+from hfx.request import Request, RequestRecord
+
+
+@dataclass(slots=True)
+class InstanceView:
+    """One instance as a policy sees it."""
+
+    id: int
+    role: Role
+    stats: InstanceStats  # the Monitor's latest snapshot
+    outstanding: int = 0  # dispatched here and not yet finished (live tally)
+    outstanding_tokens: int = 0  # prompt + max tokens of those requests
+    accepting: bool = True  # False while draining
+
+
+@dataclass(slots=True)
+class ClusterView:
+    now: float
+    instances: list[InstanceView]
+    step_model: StepTimeModel  # the dispatcher's predictions (may differ from the executor's)
+    profile: Profile
+
+    def accepting(self, role: Role | None = None) -> list[InstanceView]:
+        return [i for i in self.instances if i.accepting and (role is None or i.role is role)]
+
+
+@dataclass(slots=True)
+class Dispatch:
+    request: Request
+    instance: int
+    best_effort: bool = False  # placed although its SLO is predicted lost
+
+
+@dataclass(slots=True)
+class Decision:
+    dispatch: list[Dispatch] = field(default_factory=list)
+    reject: list[Request] = field(default_factory=list)
+    wake_at: float | None = None  # call schedule() again at this time
+
+
+class Policy(ABC):
+    """A dispatch policy. Subclasses set ``name`` and register in hfx/policies/__init__.py."""
+
+    name: ClassVar[str]
+    planner: ClassVar[str] = "prefill-first"  # the engine batch planner this policy brings
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise ValueError(f"policy {self.name!r} takes no parameters {sorted(params)}")
+
+    @abstractmethod
+    def enqueue(self, request: Request, now: float) -> None: ...
+
+    @abstractmethod
+    def schedule(self, view: ClusterView) -> Decision: ...
+
+    @abstractmethod
+    def num_queued(self) -> int: ...
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:  # noqa: B027
+        """A request left the cluster (finished, aborted or failed)."""

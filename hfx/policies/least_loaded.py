@@ -1,0 +1,42 @@
+"""``least-loaded``: at arrival, the accepting instance with the fewest outstanding tokens.
+
+Load is the control plane's live tally of prompt + max tokens dispatched to an instance and not
+yet finished (a least-work router); ties go to the lower KV usage in the latest Monitor
+snapshot, then to the lower id.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.request import Request
+
+
+class LeastLoaded(Policy):
+    name = "least-loaded"
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._queue.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        targets = view.accepting()
+        if not targets:
+            return decision
+        # The control plane updates its tallies when it applies the decision; count this call's
+        # own placements meanwhile so that a burst spreads out.
+        placed: dict[int, int] = {}
+        while self._queue:
+            req = self._queue.popleft()
+            inst = min(targets, key=lambda i: (i.outstanding_tokens + placed.get(i.id, 0),
+                                               i.stats.kv_usage, i.id))
+            placed[inst.id] = placed.get(inst.id, 0) + req.prompt_len + req.max_tokens
+            decision.dispatch.append(Dispatch(req, inst.id))
+        return decision

@@ -1,0 +1,123 @@
+"""Domain model: SLOs, requests, and the record of what happened to each request.
+
+Attainment follows seed 000 Eq. 4: a request meets its SLO when its TTFT is met AND its mean
+TPOT is met. The deadline-based variant (seed 003 §2.3, "DSLO") requires token i (0-based) to
+exist by arrival + TTFT + i·TPOT; it is reported beside Eq. 4.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives in seconds: time to first token and time per output token."""
+
+    ttft: float
+    tpot: float
+
+    def __post_init__(self) -> None:
+        if not (self.ttft > 0 and self.tpot > 0):
+            raise ValueError(f"SLO targets must be positive, got ttft={self.ttft}, "
+                             f"tpot={self.tpot}")
+
+
+@dataclass(slots=True)
+class Request:
+    """One LLM request as the control plane sees it.
+
+    ``max_tokens`` is the number of tokens to generate; in simulation it is the trace's output
+    length, so a request finishes by length. ``priority`` is 0 for the most important class
+    (seed 000 §5.2; other systems use the opposite direction).
+    """
+
+    id: str
+    arrival: float
+    prompt_len: int
+    max_tokens: int
+    slo: SLO | None = None
+    task: str = "default"
+    priority: int | None = None
+    prompt_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.id}: prompt_len must be >= 1, got {self.prompt_len}")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.id}: max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class Outcome(enum.Enum):
+    """Terminal state of a request at the control plane."""
+
+    PENDING = "pending"  # not terminal yet
+    FINISHED = "finished"
+    REJECTED = "rejected"  # a policy declined it; counted as an SLO miss
+    ABORTED = "aborted"  # the client went away
+    FAILED = "failed"  # an error on the serving path
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request: times are seconds on the loop's clock."""
+
+    request: Request
+    dispatch_time: float | None = None
+    instance: int | None = None
+    token_times: array = field(default_factory=lambda: array("d"))
+    finish_time: float | None = None
+    outcome: Outcome = Outcome.PENDING
+    # The SLO the request was served under (explicit, or mapped from a priority).
+    slo: SLO | None = None
+    best_effort: bool = False  # the policy knew the SLO was already lost when it placed it
+    error: str | None = None  # why the request failed or was rejected
+
+    def __post_init__(self) -> None:
+        if self.slo is None:
+            self.slo = self.request.slo
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        first = self.first_token_time
+        return None if first is None else first - self.request.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (0 for a one-token output)."""
+        n = len(self.token_times)
+        if n == 0:
+            return None
+        if n == 1:
+            return 0.0
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.request.arrival
+
+    def meets_slo(self) -> bool:
+        """Seed 000 Eq. 4: TTFT met and mean TPOT met; an unfinished request misses."""
+        if self.outcome is not Outcome.FINISHED or self.slo is None:
+            return False
+        ttft, tpot = self.ttft, self.tpot
+        assert ttft is not None and tpot is not None
+        return ttft <= self.slo.ttft and tpot <= self.slo.tpot
+
+    def meets_deadline_slo(self) -> bool:
+        """Seed 003 §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
+        if self.outcome is not Outcome.FINISHED or self.slo is None:
+            return False
+        start = self.request.arrival + self.slo.ttft
+        tpot = self.slo.tpot
+        return all(t <= start + i * tpot for i, t in enumerate(self.token_times))

@@ -1,0 +1,104 @@
+"""Simulate a cluster: the serving code on the virtual-time loop with SimExecutors.
+
+``simulate(config)`` returns the result object of DESIGN.md "Contracts". The run is
+deterministic for a config: the same seed gives the same JSON, except ``wall_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from hfx.bench.metrics import summarize
+from hfx.bench.workloads import load_workload
+from hfx.clock import run
+from hfx.cluster.control import ControlPlane
+from hfx.cluster.instance import LocalInstance
+from hfx.cluster.monitor import Monitor
+from hfx.config import SimConfig
+from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.latency import Profile, load_profile
+from hfx.policies import make_policy
+from hfx.request import Request
+
+
+def resolve_profile(config: SimConfig) -> Profile:
+    profile = load_profile(config.profile or f"{config.model}@{config.hardware}")
+    if config.block_size != profile.block_size:
+        profile = replace(profile, block_size=config.block_size)
+    return profile
+
+
+def engine_config(config: SimConfig, profile: Profile, planner: str) -> EngineConfig:
+    capacity = config.kv_capacity_tokens or profile.kv_capacity_tokens
+    return EngineConfig(
+        num_kv_blocks=max(1, capacity // config.block_size),
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        planner=planner,
+    )
+
+
+async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
+                      progress: bool = False) -> tuple[ControlPlane, float]:
+    """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
+    (its records hold the outcome) and the time the last request finished."""
+    loop = asyncio.get_running_loop()
+    policy = make_policy(config.policy)
+    ecfg = engine_config(config, profile, config.planner or policy.planner)
+    instances = [LocalInstance(i, EngineCore(ecfg, SimExecutor(profile.model)))
+                 for i in range(config.instances)]
+    control = ControlPlane(instances, policy, profile,
+                           step_model=profile.model.scaled(1.0 + config.predictor_error),
+                           monitor=Monitor(config.monitor_interval))
+    await control.start()
+    bar = tqdm(total=len(requests), desc=f"{config.policy}@{config.qps:g}qps", unit="req",
+               disable=not progress or None, leave=False)
+
+    async def show_progress() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            bar.update(control.num_done - bar.n)
+
+    ticker = loop.create_task(show_progress()) if progress else None
+    for req in requests:
+        delay = req.arrival - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        control.submit(req)
+    await control.wait_idle()
+    end = loop.time()
+    if ticker is not None:
+        ticker.cancel()
+    bar.close()
+    await control.stop()
+    return control, end
+
+
+def simulate(config: SimConfig, progress: bool = False) -> dict:
+    """Run one simulated configuration; the result object of DESIGN.md "Contracts"."""
+    wall0 = time.perf_counter()
+    profile = resolve_profile(config)
+    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task)
+    control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
+    spans = [(control.active_since[i], control.released_at[i]) for i in control.instances]
+    records = list(control.records.values())
+    result = {
+        "policy": config.policy,
+        "workload": config.workload,
+        "mode": "colocated",
+        "qps": config.qps,
+        "seed": config.seed,
+        "instances": config.instances,
+        "profile": profile.name,
+        **summarize(records, spans),
+        "sim_seconds": end,
+        "engine_steps": sum(inst.engine.num_steps for inst in control.instances.values()),
+        "config": config.model_dump(),
+        "wall_seconds": time.perf_counter() - wall0,
+    }
+    return result
