@@ -1,0 +1,50 @@
+"""Property-based tests of the KV block manager (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hfx.engine import Sequence
+from hfx.engine.block_manager import BlockManager
+
+ops = st.lists(st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 7),
+                         st.integers(1, 40)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(1, 24), block_size=st.integers(1, 8), program=ops)
+def test_blocks_are_conserved_and_never_shared(num_blocks, block_size, program):
+    kv = BlockManager(num_blocks, block_size)
+    seqs = [Sequence(request_id=str(i), prompt_len=1, max_tokens=1) for i in range(8)]
+    wanted = [0] * 8
+    for op, i, n in program:
+        s = seqs[i]
+        if op == "grow":
+            before = list(s.block_table)
+            new = kv.allocate(s, wanted[i] + n)
+            if new is None:
+                assert s.block_table == before  # all or nothing
+                assert kv.blocks_needed(s, wanted[i] + n) > kv.num_free_blocks
+            else:
+                wanted[i] += n
+                assert len(s.block_table) == kv.blocks_for(wanted[i])
+        else:
+            kv.free(s)
+            wanted[i] = 0
+            assert s.block_table == []
+        owned = [b for q in seqs for b in q.block_table]
+        assert len(owned) == len(set(owned))  # no block in two tables
+        assert len(owned) + kv.num_free_blocks == num_blocks  # nothing lost or invented
+        assert 0 <= kv.num_used_blocks <= num_blocks
+        assert all(0 <= b < num_blocks for b in owned)
+
+
+@given(st.integers(1, 64), st.integers(0, 64))
+def test_reserve_keeps_blocks_free(num_blocks, reserve):
+    kv = BlockManager(num_blocks, 1)
+    s = Sequence(request_id="a", prompt_len=1, max_tokens=1)
+    got = kv.allocate(s, num_blocks, reserve=reserve)
+    assert (got is None) == (reserve > 0)
+    if got is None:
+        assert kv.num_free_blocks == num_blocks

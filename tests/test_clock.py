@@ -1,0 +1,67 @@
+"""The virtual-time loop, and the same serving code on both clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hfx.clock import SimulationDeadlock, VirtualTimeLoop, run
+from hfx.config import SimConfig
+from hfx.latency import Profile, StepTimeModel
+from hfx.request import SLO, Outcome, Request
+from hfx.sim import run_cluster
+
+
+def test_virtual_time_jumps_to_the_next_timer():
+    async def main():
+        loop = asyncio.get_running_loop()
+        order = []
+
+        async def sleeper(d):
+            await asyncio.sleep(d)
+            order.append((d, loop.time()))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(sleeper(3600.0), sleeper(0.5), sleeper(60.0))
+        return order, time.perf_counter() - t0
+
+    order, wall = run(main(), virtual=True)
+    assert order == [(0.5, 0.5), (60.0, 60.0), (3600.0, 3600.0)]
+    assert wall < 1.0  # an hour of virtual time, no real waiting
+
+
+def test_a_task_waiting_forever_is_a_deadlock_not_a_hang():
+    async def main():
+        await asyncio.Event().wait()
+
+    with pytest.raises(SimulationDeadlock):
+        run(main(), virtual=True)
+
+
+def test_loop_starts_at_given_time():
+    loop = VirtualTimeLoop(start=100.0)
+    try:
+        assert loop.run_until_complete(asyncio.sleep(1.5, result=loop.time())) == 100.0
+        assert loop.time() == 101.5
+    finally:
+        loop.close()
+
+
+def _tiny_cluster_run(virtual: bool):
+    # Millisecond steps so that the real-time run takes a fraction of a second.
+    model = StepTimeModel(1e-3, 1e-6, 0.0, 1e-3, 0.0, 1e-5)
+    profile = Profile("tiny", model, kv_capacity_tokens=4096)
+    requests = [Request(f"r{i}", arrival=0.01 * i, prompt_len=20 + 7 * i, max_tokens=5 + i,
+                        slo=SLO(1.0, 0.5)) for i in range(8)]
+    config = SimConfig(instances=2, policy="least-loaded", monitor_interval=0.05)
+    control, _ = run(run_cluster(config, requests, profile), virtual=virtual)
+    return {rid: (r.outcome, r.num_tokens, r.instance) for rid, r in control.records.items()}
+
+
+def test_same_engine_code_on_real_and_virtual_loops():
+    real = _tiny_cluster_run(virtual=False)
+    sim = _tiny_cluster_run(virtual=True)
+    assert {k: v[:2] for k, v in real.items()} == {k: v[:2] for k, v in sim.items()}
+    assert all(o is Outcome.FINISHED and n == 5 + int(k[1:]) for k, (o, n, _) in sim.items())

@@ -1,0 +1,96 @@
+"""The control plane with baseline policies on the virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hfx.clock import run
+from hfx.cluster.control import ControlPlane
+from hfx.cluster.instance import LocalInstance
+from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.latency import Profile, StepTimeModel
+from hfx.policies import make_policy
+from hfx.request import SLO, Outcome, Request
+
+MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)
+PROFILE = Profile("test", MODEL, kv_capacity_tokens=8192)
+
+
+def cluster(policy: str, n: int = 3) -> ControlPlane:
+    cfg = EngineConfig(num_kv_blocks=512, block_size=16)
+    instances = [LocalInstance(i, EngineCore(cfg, SimExecutor(MODEL))) for i in range(n)]
+    return ControlPlane(instances, make_policy(policy), PROFILE)
+
+
+def req(i: int, prompt: int = 50, out: int = 10, slo: SLO | None = SLO(1.0, 0.1)) -> Request:
+    return Request(f"r{i}", arrival=0.0, prompt_len=prompt, max_tokens=out, slo=slo)
+
+
+def test_round_robin_cycles_instances():
+    async def main():
+        cp = cluster("rr")
+        await cp.start()
+        for i in range(7):
+            cp.submit(req(i))
+        await cp.wait_idle()
+        await cp.stop()
+        return [cp.records[f"r{i}"].instance for i in range(7)]
+
+    assert run(main(), virtual=True) == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_least_loaded_avoids_the_busy_instance():
+    async def main():
+        cp = cluster("least-loaded", n=2)
+        await cp.start()
+        cp.submit(req(0, prompt=2000, out=200))  # heavy, on instance 0
+        cp.submit(req(1))
+        cp.submit(req(2))
+        cp.submit(req(3))
+        await cp.wait_idle()
+        await cp.stop()
+        return [cp.records[f"r{i}"].instance for i in range(4)]
+
+    assert run(main(), virtual=True) == [0, 1, 1, 1]
+
+
+def test_abort_in_flight_and_request_without_slo():
+    async def main():
+        cp = cluster("rr", n=1)
+        await cp.start()
+        long = cp.submit(req(0, out=1000))
+        short = cp.submit(req(1, out=5))
+        no_slo = cp.submit(req(2, slo=None))
+        await asyncio.sleep(0.5)
+        cp.abort("r0")
+        await cp.wait_idle()
+        await cp.stop()
+        return long, short, no_slo, cp
+
+    long, short, no_slo, cp = run(main(), virtual=True)
+    assert long.outcome is Outcome.ABORTED and 0 < long.num_tokens < 1000
+    assert short.outcome is Outcome.FINISHED and short.num_tokens == 5
+    assert no_slo.outcome is Outcome.REJECTED and "no SLO" in no_slo.error
+    engine = cp.instances[0].engine
+    assert engine.kv.num_used_blocks == 0 and not engine.has_work()
+    assert cp.num_done == 3
+
+
+def test_duplicate_request_id_is_refused():
+    async def main():
+        cp = cluster("rr", n=1)
+        await cp.start()
+        cp.submit(req(0))
+        with pytest.raises(ValueError, match="duplicate"):
+            cp.submit(req(0))
+        await cp.wait_idle()
+        await cp.stop()
+
+    run(main(), virtual=True)
+
+
+def test_unknown_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="rr, least-loaded"):
+        make_policy("nope")

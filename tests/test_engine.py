@@ -1,0 +1,200 @@
+"""Engine core with real planners and block manager, and a fake executor: exact token counts."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_engine, seq
+
+from hfx.engine import EngineError, RequestStatus, Role
+
+
+async def drain(engine, check=None):
+    """Step until idle; return {request id: token times} and every transition."""
+    tokens: dict[str, list[float]] = {}
+    transitions = []
+    for _ in range(10_000):
+        if not engine.has_work():
+            break
+        out = await engine.step()
+        for rid in out.request_ids:
+            tokens.setdefault(rid, []).append(out.time)
+        transitions.extend(out.transitions)
+        if check:
+            check(engine)
+    else:
+        raise AssertionError("engine did not drain")
+    return tokens, transitions
+
+
+def test_prefill_first_runs_prefill_alone_then_decodes(vloop):
+    engine, ex = make_engine(planner="prefill-first")
+    engine.add_request(seq("a", 10, 3))
+    engine.add_request(seq("b", 6, 2))
+
+    tokens, transitions = vloop.run_until_complete(drain(engine))
+
+    # Step 1: both prompts whole, no decodes. Then one decode token each until done.
+    assert ex.plans == [{"a": 10, "b": 6}, {"a": 1, "b": 1}, {"a": 1}]
+    assert {k: len(v) for k, v in tokens.items()} == {"a": 3, "b": 2}
+    assert sorted(transitions) == [("a", RequestStatus.FINISHED_LENGTH),
+                                   ("b", RequestStatus.FINISHED_LENGTH)]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_prefill_first_pauses_decodes_for_a_new_prompt(vloop):
+    engine, ex = make_engine(planner="prefill-first")
+    engine.add_request(seq("a", 4, 5))
+
+    async def scenario():
+        await engine.step()  # prefill a
+        await engine.step()  # decode a
+        engine.add_request(seq("b", 8, 2))
+        await engine.step()  # prefill-only step: a's decode pauses
+        await engine.step()
+
+    vloop.run_until_complete(scenario())
+    assert ex.plans == [{"a": 4}, {"a": 1}, {"b": 8}, {"a": 1, "b": 1}]
+
+
+def test_prefill_first_token_budget_bounds_a_prefill_batch(vloop):
+    engine, ex = make_engine(planner="prefill-first", max_num_batched_tokens=16)
+    for rid, n in (("a", 10), ("b", 10), ("c", 30)):
+        engine.add_request(seq(rid, n, 1))
+    vloop.run_until_complete(drain(engine))
+    # b does not fit beside a; c is longer than the budget and runs alone rather than never.
+    assert ex.plans == [{"a": 10}, {"b": 10}, {"c": 30}]
+
+
+def test_chunked_runs_decodes_first_then_chunks(vloop):
+    engine, ex = make_engine(planner="chunked", max_num_batched_tokens=8)
+    engine.add_request(seq("a", 3, 4))
+
+    async def scenario():
+        await engine.step()
+        engine.add_request(seq("b", 20, 1))
+        for _ in range(4):
+            await engine.step()
+
+    vloop.run_until_complete(scenario())
+    # a prefills (token 1), then decodes 1 token a step (tokens 2-4) while b's prompt fills the
+    # rest of the budget in chunks of 7, 7 and the last 6; both finish in step 4.
+    assert ex.plans == [{"a": 3}, {"a": 1, "b": 7}, {"a": 1, "b": 7}, {"a": 1, "b": 6}]
+    assert not engine.has_work()
+
+
+def test_chunked_step_shape_counts_chunk_over_cached_prefix(vloop):
+    from hfx.engine.planners import make_planner
+    from hfx.engine.planners.base import EngineState
+
+    engine, _ = make_engine(planner="chunked", max_num_batched_tokens=8)
+    s = seq("a", 20, 1)
+    engine.add_request(s)
+    planner = make_planner(engine.config)
+    out1 = planner.plan(engine.state)
+    assert out1.shape.prefill_tokens == 8 and out1.shape.prefill_sq == 8 * 8
+    s.num_computed_tokens = 8
+    out2 = planner.plan(EngineState(engine.state.waiting, engine.state.running, engine.kv))
+    # 8 new tokens after 8 cached: Σ c·(k + c) = 8·16.
+    assert out2.shape.prefill_tokens == 8 and out2.shape.prefill_sq == 8 * 16
+
+
+@pytest.mark.parametrize("planner", ["prefill-first", "chunked"])
+def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
+    # 12 blocks of 4 tokens = 48 tokens of KV for 6 requests that need 20 tokens each.
+    engine, ex = make_engine(num_blocks=12, block_size=4, planner=planner, watermark=0.0)
+    seqs = [seq(f"r{i}", 8, 12) for i in range(6)]
+    for s in seqs:
+        engine.add_request(s)
+    peak = []
+
+    def check(e):
+        used = e.kv.num_used_blocks
+        assert used <= e.kv.num_blocks
+        owned = sum(len(s.block_table) for s in e.state.running)
+        assert owned == used  # no leaked or double-owned blocks
+        peak.append(used)
+
+    tokens, transitions = vloop.run_until_complete(drain(engine, check))
+    assert {k: len(v) for k, v in tokens.items()} == {f"r{i}": 12 for i in range(6)}
+    assert sorted(rid for rid, _ in transitions) == [f"r{i}" for i in range(6)]  # once each
+    assert sum(s.num_preemptions for s in seqs) >= 1, "the scenario should force preemption"
+    # A recompute prefills prompt + generated tokens, more than any prompt alone.
+    assert any(n > 8 for plan in ex.plans for n in plan.values())
+    assert max(peak) == engine.kv.num_blocks
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_recompute_keeps_generated_tokens(vloop):
+    engine, _ = make_engine(num_blocks=5, block_size=4, planner="prefill-first", watermark=0.0,
+                            tokens={"a": [7, 8, 9, 10, 11, 12], "b": [1, 2, 3, 4, 5, 6]})
+    a, b = seq("a", 7, 6), seq("b", 7, 6)
+    engine.add_request(a)
+    engine.add_request(b)
+    vloop.run_until_complete(drain(engine))
+    assert a.output_token_ids == [7, 8, 9, 10, 11, 12]
+    assert b.output_token_ids == [1, 2, 3, 4, 5, 6]
+    assert a.num_preemptions + b.num_preemptions >= 1
+
+
+def test_stop_token_finishes_early(vloop):
+    engine, _ = make_engine(tokens={"a": [5, 6, 2, 9]})
+    s = seq("a", 4, 4, stop_token_ids=frozenset({2}))
+    engine.add_request(s)
+    _, transitions = vloop.run_until_complete(drain(engine))
+    assert s.output_token_ids == [5, 6, 2]
+    assert transitions == [("a", RequestStatus.FINISHED_STOPPED)]
+
+
+def test_abort_frees_kv_and_reports_once(vloop):
+    engine, _ = make_engine()
+    engine.add_request(seq("a", 8, 50))
+    engine.add_request(seq("b", 8, 3))
+
+    async def scenario():
+        await engine.step()
+        assert engine.abort("a")
+        assert not engine.abort("nope")
+        return await drain(engine)
+
+    tokens, transitions = vloop.run_until_complete(scenario())
+    assert ("a", RequestStatus.FINISHED_ABORTED) in transitions
+    assert [t for t in transitions if t[0] == "a"] == [("a", RequestStatus.FINISHED_ABORTED)]
+    assert len(tokens["b"]) == 2  # b's first token came in the first step
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_prefill_role_holds_kv_until_released(vloop):
+    engine, ex = make_engine(role=Role.PREFILL)
+    engine.add_request(seq("a", 9, 5))
+    tokens, transitions = vloop.run_until_complete(drain(engine))
+    assert len(tokens["a"]) == 1 and transitions == [("a", RequestStatus.PREFILLED)]
+    assert ex.plans == [{"a": 9}]  # never decoded here
+    assert engine.kv.num_used_blocks == 3  # 9 tokens in blocks of 4, held
+    moved = engine.release("a")
+    assert moved.status is RequestStatus.FINISHED_MIGRATED
+    assert moved.num_computed_tokens == 9 and moved.output_token_ids == [0]
+    assert engine.kv.num_used_blocks == 0
+
+
+def test_decode_role_accepts_a_prefilled_sequence(vloop):
+    prefill, _ = make_engine(role=Role.PREFILL)
+    decode, ex = make_engine(role=Role.DECODE)
+    prefill.add_request(seq("a", 9, 4))
+    vloop.run_until_complete(drain(prefill))
+    moved = prefill.release("a")
+    decode.add_request(moved)
+    tokens, _ = vloop.run_until_complete(drain(decode))
+    # The KV arrives with the sequence; only decodes run here: 3 more tokens.
+    assert ex.plans == [{"a": 1}, {"a": 1}, {"a": 1}]
+    assert len(tokens["a"]) == 3 and len(moved.output_token_ids) == 4
+
+
+def test_requests_that_can_never_run_are_refused():
+    engine, _ = make_engine(num_blocks=4, block_size=4, max_model_len=100)
+    with pytest.raises(EngineError, match="context"):
+        engine.add_request(seq("a", 90, 20))
+    with pytest.raises(EngineError, match="KV cache"):
+        engine.add_request(seq("b", 10, 10))
+    engine.add_request(seq("c", 8, 8))
+    with pytest.raises(EngineError, match="duplicate"):
+        engine.add_request(seq("c", 8, 8))

@@ -1,0 +1,109 @@
+"""Step-time model: the HFX forms, relative-error fitting, profiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hfx import roofline
+from hfx.latency import (
+    BatchShape,
+    Profile,
+    StepTimeModel,
+    fit_decode,
+    fit_prefill,
+    load_profile,
+    shipped_profiles,
+)
+
+MODEL = StepTimeModel(0.010, 5e-5, 2e-9, 0.020, 4e-8, 1e-4)
+
+
+def test_eq1_eq2_and_mixed_batch():
+    s = BatchShape()
+    s.add_prefill(100)
+    s.add_prefill(50)
+    assert MODEL.step_time(s) == pytest.approx(0.010 + 5e-5 * 150 + 2e-9 * (100**2 + 50**2))
+    d = BatchShape()
+    d.add_decode(300)
+    d.add_decode(700)
+    assert MODEL.step_time(d) == pytest.approx(0.020 + 4e-8 * 1000 + 1e-4 * 2)
+    m = BatchShape()
+    m.add_prefill(64, cached=128)
+    m.add_decode(1000)
+    # One fixed overhead (the larger), both variable parts; the chunk attends its prefix.
+    assert MODEL.step_time(m) == pytest.approx(
+        0.020 + 5e-5 * 64 + 2e-9 * 64 * (128 + 64) + 4e-8 * 1000 + 1e-4)
+    assert MODEL.step_time(BatchShape()) == 0.0
+
+
+def test_fit_recovers_known_coefficients_from_noisy_samples():
+    rng = np.random.default_rng(7)
+    pre, dec = [], []
+    for b in (1, 2, 4):
+        for n in (16, 64, 256, 1024, 4096, 8192):
+            lens = [n] * b
+            t = MODEL.prefill_time(sum(lens), sum(x * x for x in lens))
+            pre.append((lens, t * (1 + rng.normal(0, 0.01))))
+    # Decode: long contexts and big batches, so that each term moves the step time.
+    for b in (1, 8, 32, 64, 128):
+        for n in (128, 1024, 4096, 8192):
+            t = MODEL.decode_time(b * n, b)
+            dec.append((b, b * n, t * (1 + rng.normal(0, 0.01))))
+    (a, b_, c), mape = fit_prefill(pre)
+    assert (a, b_, c) == pytest.approx((0.010, 5e-5, 2e-9), rel=0.05)
+    assert mape < 0.02
+    (a2, b2, c2), mape2 = fit_decode(dec)
+    assert (a2, b2, c2) == pytest.approx((0.020, 4e-8, 1e-4), rel=0.1)
+    assert mape2 < 0.02
+
+
+def test_fit_minimises_relative_not_absolute_error():
+    # Two regimes an order of magnitude apart: a relative fit keeps the small ones accurate.
+    samples = [([n], 0.001 + 1e-6 * n) for n in (1, 2, 4, 8)]
+    samples += [([n], 0.1 + 1e-6 * n) for n in (1000, 2000)]  # outliers in absolute terms
+    (a, b, c), _ = fit_prefill(samples)
+    pred = a + b * 1 + c
+    assert abs(pred - 0.001) / 0.001 < 1.0
+
+
+def test_fit_keeps_coefficients_non_negative():
+    samples = [(b, b * 10, 0.05 - 0.0001 * b) for b in range(1, 40)]
+    coef, _ = fit_decode(samples)
+    assert all(c >= 0 for c in coef)
+
+
+def test_profile_json_round_trip(tmp_path):
+    prof = Profile("x@y", MODEL, kv_capacity_tokens=1000, fit_mape={"prefill": 0.1})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert load_profile(path) == prof
+
+
+def test_malformed_profile_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"name": "x", "prefill": {"a": 1}}')
+    with pytest.raises(ValueError, match="malformed profile"):
+        load_profile(path)
+    with pytest.raises(FileNotFoundError, match="shipped"):
+        load_profile("no-such-model@nowhere")
+
+
+def test_shipped_profiles_are_the_roofline_fits():
+    names = shipped_profiles()
+    assert len(names) == len(roofline.MODELS) * len(roofline.HARDWARE)
+    for name in names:
+        model, hw = name.split("@")
+        assert load_profile(name) == roofline.build_profile(model, hw), (
+            f"{name} is stale: run python -m hfx.roofline")
+
+
+def test_roofline_facts():
+    m = roofline.MODELS["qwen2.5-7b"]
+    assert 7.4e9 < m.params < 7.8e9  # Qwen2.5-7B has 7.6B parameters
+    assert m.kv_bytes_per_token == 28 * 2 * 4 * 128 * 2
+    rl = roofline.Roofline(m, roofline.HARDWARE["ascend-910b"])
+    # Decode at batch 1 is memory bound: at least weights / bandwidth.
+    assert rl.decode(1, 100) > m.weight_bytes / 1.6e12
+    # A long prefill is compute bound and grows with the length.
+    assert rl.prefill([2000]) > rl.prefill([1000]) > rl.prefill([10])

@@ -1,0 +1,97 @@
+"""Table 1 workloads and trace files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hfx.bench.workloads import TASKS, TraceError, generate, load_trace, lognormal_lengths
+from hfx.request import SLO
+
+
+def test_four_task_set_equal_shares_and_table1_slos():
+    reqs = generate("four-task", qps=8.0, seed=1)
+    assert len(reqs) == 1200
+    tasks = {r.task for r in reqs}
+    assert tasks == {"medical_qa", "tldr_content_gen", "tldr_headline_gen", "wikisql"}
+    assert all(sum(r.task == t for r in reqs) == 300 for t in tasks)
+    assert all(r.slo == TASKS[r.task].slo for r in reqs)
+    arrivals = [r.arrival for r in reqs]
+    assert arrivals == sorted(arrivals)
+    # Poisson at 2 QPS per task: 300 requests span about 150 s.
+    span = max(r.arrival for r in reqs if r.task == "wikisql")
+    assert 110 < span < 190
+
+
+def test_wikisql_alone_uses_the_single_task_slo():
+    reqs = generate("wikisql", qps=4.0, seed=0, requests_per_task=10)
+    assert {r.slo for r in reqs} == {SLO(0.7, 0.5)}
+
+
+def test_same_seed_same_stream_other_seed_other_stream():
+    a = generate("two-task", 4.0, seed=3)
+    b = generate("two-task", 4.0, seed=3)
+    c = generate("two-task", 4.0, seed=4)
+    key = lambda rs: [(r.id, r.arrival, r.prompt_len, r.max_tokens) for r in rs]  # noqa: E731
+    assert key(a) == key(b) and key(a) != key(c)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_lengths_match_table1_moments(name):
+    t = TASKS[name]
+    rng = np.random.default_rng(0)
+    x = lognormal_lengths(rng, t.input_mean, t.input_std, 200_000)
+    assert x.min() >= 1
+    assert x.mean() == pytest.approx(t.input_mean, rel=0.05)
+    assert x.std() == pytest.approx(t.input_std, rel=0.12)
+
+
+def test_unknown_workload_lists_valid_ones():
+    with pytest.raises(ValueError, match="four-task, two-task, wikisql"):
+        generate("nope", 1.0, 0)
+
+
+def test_jsonl_and_csv_traces(tmp_path):
+    j = tmp_path / "t.jsonl"
+    j.write_text('{"arrival": 0.5, "input_len": 10, "output_len": 3, "ttft": 1, "tpot": 0.1}\n'
+                 '\n{"arrival": 0.1, "input_len": 5, "output_len": 2, "task": "gsm8k"}\n')
+    reqs = load_trace(j)
+    assert [r.arrival for r in reqs] == [0.1, 0.5]
+    assert reqs[0].slo == TASKS["gsm8k"].slo and reqs[1].slo == SLO(1.0, 0.1)
+    c = tmp_path / "t.csv"
+    c.write_text("arrival,input_len,output_len,ttft,tpot,task,priority\n"
+                 "0.0,12,4,0.7,0.2,chat,1\n")
+    (r,) = load_trace(c)
+    assert (r.prompt_len, r.max_tokens, r.task, r.priority) == (12, 4, "chat", 1)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"arrival": 0, "input_len": 10}', "missing required field 'output_len'"),
+    ('{"arrival": 0, "input_len": "ten", "output_len": 1, "task": "gsm8k"}', "not a number"),
+    ('{"arrival": 0, "input_len": 1.5, "output_len": 1, "task": "gsm8k"}', "whole number"),
+    ('{"arrival": -1, "input_len": 1, "output_len": 1, "task": "gsm8k"}', ">= 0"),
+    ('{"arrival": 0, "input_len": 0, "output_len": 1, "task": "gsm8k"}', ">= 1"),
+    ('{"arrival": 0, "input_len": 1, "output_len": 1, "ttft": 1}', "both ttft and tpot"),
+    ('{"arrival": 0, "input_len": 1, "output_len": 1}', "no SLO"),
+    ('{"arrival": 0, "input_len": 1, "output_len": 1, "task": "gsm8k", "x": 1}', "unknown field"),
+    ('{"arrival": 0, "input_len": 1,', "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+])
+def test_bad_jsonl_row_names_file_and_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"arrival": 0, "input_len": 1, "output_len": 1, "task": "gsm8k"}\n' + line)
+    with pytest.raises(TraceError, match=message) as e:
+        load_trace(path)
+    assert f"{path}:2:" in str(e.value)
+
+
+def test_bad_csv_rows_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("arrival,input_len,output_len,task\n0,1,1,gsm8k\n0,1,1,gsm8k,extra\n")
+    with pytest.raises(TraceError, match=f"{path}:3: more values"):
+        load_trace(path)
+    path.write_text("arrival,input_len\n0,1\n")
+    with pytest.raises(TraceError, match="header lacks"):
+        load_trace(path)
+    with pytest.raises(TraceError, match="no such trace"):
+        load_trace(tmp_path / "missing.csv")
