@@ -11,6 +11,8 @@ import enum
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class SLO:
@@ -118,6 +120,6 @@ class RequestRecord:
         """Seed 003 §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
         if self.outcome is not Outcome.FINISHED or self.slo is None:
             return False
-        start = self.request.arrival + self.slo.ttft
-        tpot = self.slo.tpot
-        return all(t <= start + i * tpot for i, t in enumerate(self.token_times))
+        times = np.frombuffer(self.token_times, dtype=np.float64)
+        deadlines = self.request.arrival + self.slo.ttft + self.slo.tpot * np.arange(len(times))
+        return bool(np.all(times <= deadlines))

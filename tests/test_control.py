@@ -24,7 +24,10 @@ def cluster(policy: str, n: int = 3) -> ControlPlane:
     return ControlPlane(instances, make_policy(policy), PROFILE)
 
 
-def req(i: int, prompt: int = 50, out: int = 10, slo: SLO | None = SLO(1.0, 0.1)) -> Request:
+SLO_DEFAULT = SLO(1.0, 0.1)
+
+
+def req(i: int, prompt: int = 50, out: int = 10, slo: SLO | None = SLO_DEFAULT) -> Request:
     return Request(f"r{i}", arrival=0.0, prompt_len=prompt, max_tokens=out, slo=slo)
 
 

@@ -9,8 +9,10 @@ import pytest
 from hfx.bench.metrics import cost_units, summarize, summarize_records
 from hfx.request import SLO, Outcome, Request, RequestRecord
 
+SLO_DEFAULT = SLO(1.0, 0.5)
 
-def record(times, slo=SLO(1.0, 0.5), arrival=0.0, outcome=Outcome.FINISHED, task="t"):
+
+def record(times, slo=SLO_DEFAULT, arrival=0.0, outcome=Outcome.FINISHED, task="t"):
     r = RequestRecord(Request("r", arrival, 10, max(1, len(times)), slo, task=task))
     r.token_times = array("d", times)
     r.outcome = outcome

@@ -41,43 +41,49 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize_records(records: Sequence[RequestRecord]) -> dict:
-    """Attainment and latency keys for one group of requests."""
+def _group(records: Sequence[RequestRecord], met: Sequence[bool],
+           met_dslo: Sequence[bool]) -> dict:
     n = len(records)
     finished = [r for r in records if r.outcome is Outcome.FINISHED]
-    met = sum(r.meets_slo() for r in finished)
-    met_dslo = sum(r.meets_deadline_slo() for r in finished)
     return {
         "requests": n,
         "finished": len(finished),
         "rejected": sum(r.outcome is Outcome.REJECTED for r in records),
         "failed": sum(r.outcome is Outcome.FAILED for r in records),
         "best_effort": sum(r.best_effort for r in records),
-        "attainment": met / n if n else 0.0,
-        "attainment_dslo": met_dslo / n if n else 0.0,
+        "attainment": sum(met) / n if n else 0.0,
+        "attainment_dslo": sum(met_dslo) / n if n else 0.0,
         "ttft": distribution([r.ttft for r in finished]),
         "tpot": distribution([r.tpot for r in finished]),
         "e2e": distribution([r.e2e for r in finished]),
     }
 
 
+def summarize_records(records: Sequence[RequestRecord]) -> dict:
+    """Attainment and latency keys for one group of requests."""
+    return _group(records, [r.meets_slo() for r in records],
+                  [r.meets_deadline_slo() for r in records])
+
+
 def summarize(records: Sequence[RequestRecord], spans: Iterable[tuple[float, float]]) -> dict:
     """The metric keys of the result JSON (DESIGN.md "Contracts")."""
-    out = summarize_records(records)
+    met = [r.meets_slo() for r in records]
+    met_dslo = [r.meets_deadline_slo() for r in records]
+    out = _group(records, met, met_dslo)
     finished = [r for r in records if r.outcome is Outcome.FINISHED]
-    if records and finished:
+    span = 0.0
+    if finished:
         start = min(r.request.arrival for r in records)
-        end = max(r.finish_time for r in finished)
-        span = max(end - start, 1e-9)
-    else:
-        span = 0.0
-    met = out["attainment"] * len(records)
-    out["goodput_rps"] = round(met) / span if span else 0.0
+        span = max(max(r.finish_time for r in finished) - start, 1e-9)
+    out["goodput_rps"] = sum(met) / span if span else 0.0
     out["throughput_rps"] = len(finished) / span if span else 0.0
     out["output_tokens_per_s"] = sum(r.num_tokens for r in finished) / span if span else 0.0
     out["cost_units"] = cost_units(spans)
-    tasks: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        tasks.setdefault(r.request.task, []).append(r)
-    out["per_task"] = {t: summarize_records(rs) for t, rs in tasks.items()}
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        groups.setdefault(r.request.task, []).append(i)
+    out["per_task"] = {
+        task: _group([records[i] for i in idx], [met[i] for i in idx], [met_dslo[i] for i in idx])
+        for task, idx in groups.items()
+    }
     return out
