@@ -33,6 +33,7 @@ class InstanceStats:
     kv_total_blocks: int
     block_size: int
     decode_ctx: int  # Σ l_cur over running sequences (what Eq. 2 needs)
+    max_num_seqs: int  # sequences the engine runs at once
     busy_time: float  # seconds spent executing steps so far
     num_steps: int
 
@@ -110,6 +111,7 @@ class LocalInstance:
             kv_total_blocks=e.kv.num_blocks,
             block_size=e.kv.block_size,
             decode_ctx=sum(s.num_tokens for s in e.state.running),
+            max_num_seqs=e.config.max_num_seqs,
             busy_time=e.busy_time,
             num_steps=e.num_steps,
         )

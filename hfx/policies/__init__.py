@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.least_loaded import LeastLoaded
 from hfx.policies.round_robin import RoundRobin
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RoundRobin, LeastLoaded)}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded)
+}
 
 
 def make_policy(name: str, **params: Any) -> Policy:
@@ -16,7 +19,10 @@ def make_policy(name: str, **params: Any) -> Policy:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
-    return cls(**params)
+    try:
+        return cls(**params)
+    except TypeError as e:
+        raise ValueError(f"bad parameters for policy {name!r}: {e}") from None
 
 
 __all__ = ["POLICIES", "ClusterView", "Decision", "Dispatch", "InstanceView", "Policy",

@@ -1,0 +1,254 @@
+"""``hfx``: the HFX multi-SLO dispatcher, colocated mode (seed 000 §5.1, Algorithm 1, Eq. 5,
+Appendix B; seed 001 §3.3.1).
+
+- Q_R, the global request queue, is ordered by (TPOT, arrival): one FIFO per TPOT target,
+  scanned from the strictest target up.
+- Q_W orders instances by *maturity time*: the earliest moment an instance can take a new
+  prefill without breaking the TPOT of what it is decoding. The earliest one is served first; if
+  it is in the future the dispatcher sleeps until then (or until a request arrives).
+- Token budget (Eq. 5): n_token = (TTFT·TPOT − TTFT·E_d − a·TPOT) / (b·TPOT), with TTFT and TPOT
+  the tightest targets involved (queued requests and those in flight on the instance), E_d the
+  predicted decode step of the instance's running batch and (a, b) the linear prefill
+  coefficients. The limit is min(free KV tokens, n_token).
+- A request is admitted if calculate_p(r) ≥ θ and its prompt fits the remaining limit.
+- After dispatching R: E_p = prefill time of R; E_d = decode step with R joined;
+  relax = min TPOT − E_d; maturity = now + E_p + (E_p / relax)·E_d: the decode iterations whose
+  saved time (TPOT − E_d each) pays back the prefill's interruption.
+
+Choices the seed leaves open (our reading, also in docs/architecture.md):
+
+- calculate_p. r's prefill is the prefill of the batch it joins, so "Expected_prefill(r)" is
+  E_p(R ∪ {r}) and the slack is that of the batch's earliest deadline:
+  t_rem = min over R ∪ {r} of (arrival + TTFT) − (now + E_p(R ∪ {r})). Joining r must not cost an
+  already admitted, stricter request its TTFT. The disturbance the slack must absorb is waiting
+  for the instance's current step and the risk of KV pressure, so
+  p = clamp(t_rem / (E_d·(1 + u)), 0, 1) with u the instance's KV utilisation (p = 1 on an idle
+  instance). θ = 0.5 by default: admit while the slack covers half a decode step at full
+  utilisation.
+- relax ≤ 0: the running batch alone already misses its strictest TPOT, so no number of decode
+  iterations can pay back a prefill. Maturity is then one decode iteration after the prefill
+  (now + E_p + E_d), when the dispatcher looks again; Eq. 5 gives a budget ≤ 0 meanwhile, so
+  the instance only takes new work once requests have finished.
+- A request whose TTFT is lost even if it started alone right now (t_rem < 0) is never dropped:
+  it moves to a best-effort queue served FIFO with whatever budget the feasible requests leave,
+  and is marked best-effort in its record (it counts as a miss unless it still makes it).
+- An idle instance with nothing admitted by the budget takes the most urgent queued request
+  anyway: with nothing in flight there is nothing to protect.
+- The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
+  make every decision O(queue).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, deque
+
+from hfx.latency import StepTimeModel
+from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance
+from hfx.request import Outcome, Request, RequestRecord
+
+
+def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> float:
+    """Eq. 5: tokens a new prefill batch may hold without breaking the tightest TTFT/TPOT."""
+    return (ttft * tpot - ttft * e_d - a * tpot) / (b * tpot)
+
+
+def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
+    """Seed 000 Algorithm 1: now + E_p + (E_p / relax)·E_d, relax = min TPOT − E_d.
+
+    With relax ≤ 0 (the batch already misses its TPOT) it is one decode iteration after the
+    prefill, when the dispatcher re-evaluates.
+    """
+    relax = min_tpot - e_d
+    if relax <= 0:
+        return now + e_p + e_d
+    return now + e_p + (e_p / relax) * e_d
+
+
+class HFXDispatcher(Policy):
+    name = "hfx"
+    planner = "prefill-first"  # the seeds' engine is vLLM-Ascend (seed 000 §7.1)
+
+    def __init__(self, theta: float = 0.5, max_scan: int = 512,
+                 output_length: str = "history") -> None:
+        if not 0.0 <= theta <= 1.0:
+            raise ValueError(f"theta must be in [0, 1], got {theta}")
+        if max_scan < 1:
+            raise ValueError(f"max_scan must be >= 1, got {max_scan}")
+        self.theta = theta
+        self.max_scan = int(max_scan)
+        self.predictor = OutputLengthPredictor(output_length)
+        self._classes: dict[float, deque[Request]] = {}  # Q_R: TPOT target → FIFO by arrival
+        self._tpots: list[float] = []  # sorted keys of _classes
+        self._taken: set[str] = set()  # admitted or moved to best effort, still in a FIFO
+        self._queue_ttfts: Counter = Counter()
+        self._num_queued = 0
+        self._best_effort: deque[Request] = deque()
+        self.shadow: dict[int, ShadowInstance] = {}
+        self.maturity: dict[int, float] = {}
+        self._corrected_at: dict[int, float] = {}
+
+    # ---- queue --------------------------------------------------------------------------
+    def enqueue(self, request: Request, now: float) -> None:
+        assert request.slo is not None
+        tpot = request.slo.tpot
+        fifo = self._classes.get(tpot)
+        if fifo is None:
+            fifo = self._classes[tpot] = deque()
+            bisect.insort(self._tpots, tpot)
+        fifo.append(request)
+        self._queue_ttfts[request.slo.ttft] += 1
+        self._num_queued += 1
+
+    def num_queued(self) -> int:
+        return self._num_queued + len(self._best_effort)
+
+    def _take(self, request: Request) -> None:
+        """Remove ``request`` from Q_R (lazily: it is skipped and popped when at the head)."""
+        self._taken.add(request.id)
+        self._num_queued -= 1
+        ttft = request.slo.ttft
+        self._queue_ttfts[ttft] -= 1
+        if self._queue_ttfts[ttft] == 0:
+            del self._queue_ttfts[ttft]
+
+    def _scan(self):
+        """Q_R in (TPOT, arrival) order, skipping taken requests, at most max_scan of them."""
+        seen = 0
+        for tpot in list(self._tpots):
+            fifo = self._classes[tpot]
+            while fifo and fifo[0].id in self._taken:
+                self._taken.discard(fifo.popleft().id)
+            if not fifo:
+                del self._classes[tpot]
+                self._tpots.remove(tpot)
+                continue
+            # Taking a request only marks it, so the FIFO is not mutated while we iterate.
+            for req in fifo:
+                if req.id in self._taken:
+                    continue
+                yield req
+                seen += 1
+                if seen >= self.max_scan:
+                    return
+
+    # ---- the dispatcher ---------------------------------------------------------------------
+    def _shadow_of(self, inst: InstanceView, view: ClusterView) -> ShadowInstance:
+        sh = self.shadow.get(inst.id)
+        if sh is None:
+            cap = inst.stats.kv_total_blocks * inst.stats.block_size
+            sh = self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
+            self.maturity[inst.id] = view.now
+        if self._corrected_at.get(inst.id) != inst.stats.time:
+            sh.correct(inst.stats)
+            self._corrected_at[inst.id] = inst.stats.time
+        return sh
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        shadows = {inst.id: self._shadow_of(inst, view) for inst in targets}
+        if not self.num_queued() or not targets:
+            return decision
+        # Q_W: instances in maturity order; each mature one is served once per call.
+        for inst in sorted(targets, key=lambda i: (self.maturity[i.id], i.id)):
+            if self.maturity[inst.id] > now or not self.num_queued():
+                break
+            self._serve(inst.id, shadows[inst.id], model, now, decision)
+        if self.num_queued():
+            decision.wake_at = min(self.maturity[i.id] for i in targets)
+            if decision.wake_at <= now:  # a mature instance could take nothing: next iteration
+                decision.wake_at = now + max(model.decode_a, 1e-3)
+        return decision
+
+    def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
+        """E_d: the predicted decode step of the instance's running batch (0 when idle)."""
+        return model.decode_time(sh.decode_ctx, sh.batch_size)
+
+    def calculate_p(self, deadline: float, e_p: float, sh: ShadowInstance, e_d: float,
+                    now: float) -> float:
+        """The chance that a batch with this earliest TTFT deadline and prefill time ``e_p``
+        meets it here, mapped to [0, 1] (module docstring)."""
+        t_rem = deadline - (now + e_p)
+        if t_rem < 0:
+            return 0.0
+        if e_d <= 0:
+            return 1.0
+        util = 1.0 - max(0.0, sh.free_kv_tokens()) / sh.kv_capacity_tokens
+        return min(1.0, t_rem / (e_d * (1.0 + util)))
+
+    def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
+               decision: Decision) -> None:
+        e_d = self.decode_step(sh, model)
+        # The tightest targets involved: queued requests and those in flight here.
+        ttfts = [x for x in (min(self._queue_ttfts, default=None), sh.min_ttft()) if x]
+        tpots = [x for x in (self._tpots[0] if self._tpots else None, sh.min_tpot()) if x]
+        budget = float("inf")
+        if ttfts and tpots:
+            budget = token_budget(min(ttfts), min(tpots), e_d, model.prefill_a, model.prefill_b)
+        limit = min(sh.free_kv_tokens(), budget)
+        # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
+        # the dispatcher's sight and its maturity model.
+        slots = sh.free_slots()
+
+        admitted: list[tuple[Request, bool]] = []
+        used = sum_sq = 0
+        deadline = float("inf")  # earliest TTFT deadline in the batch being formed
+        for req in self._scan():
+            own = req.arrival + req.slo.ttft
+            alone = model.prefill_time(req.prompt_len, req.prompt_len ** 2)
+            if own < now + alone:  # hopeless even alone and now: best effort, never dropped
+                self._take(req)
+                self._best_effort.append(req)
+                continue
+            n = used + req.prompt_len
+            if n > limit:
+                continue
+            if len(admitted) >= slots:
+                break
+            # r's prefill is the batch's: every member must keep its TTFT with r joined.
+            e_p = model.prefill_time(n, sum_sq + req.prompt_len ** 2)
+            if self.calculate_p(min(deadline, own), e_p, sh, e_d, now) >= self.theta:
+                self._take(req)
+                admitted.append((req, False))
+                used, sum_sq, deadline = n, sum_sq + req.prompt_len ** 2, min(deadline, own)
+        while (self._best_effort and len(admitted) < slots
+               and used + self._best_effort[0].prompt_len <= limit):
+            req = self._best_effort.popleft()
+            admitted.append((req, True))
+            used += req.prompt_len
+        if not admitted and sh.idle and slots > 0:
+            # Nothing in flight to protect: take the most urgent request whatever the budget.
+            head = next(self._scan(), None)
+            if head is not None and head.prompt_len <= sh.free_kv_tokens():
+                self._take(head)
+                admitted.append((head, False))
+            elif self._best_effort and self._best_effort[0].prompt_len <= sh.free_kv_tokens():
+                admitted.append((self._best_effort.popleft(), True))
+        if not admitted:
+            self.maturity[iid] = now + e_d if e_d > 0 else now
+            return
+
+        sum_len = sum_sq = 0
+        for req, best_effort in admitted:
+            decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
+            sh.add(req, self.predictor.predict(req))
+            sum_len += req.prompt_len
+            sum_sq += req.prompt_len ** 2
+        e_p = model.prefill_time(sum_len, sum_sq)
+        e_d_new = self.decode_step(sh, model)
+        self.maturity[iid] = maturity_time(now, e_p, e_d_new, sh.min_tpot())
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            self.predictor.observe(req.task, record.num_tokens)
+        sh = self.shadow.get(record.instance) if record.instance is not None else None
+        if sh is None:
+            return
+        sh.remove(req.id, req.prompt_len + record.num_tokens)
+        if sh.idle:
+            self.maturity[sh.id] = min(self.maturity[sh.id], view.now)

@@ -1,0 +1,89 @@
+"""The dispatcher's shadow of one instance: what it sent there and what it expects.
+
+Policies never read engines. They keep this estimate instead, updated on each dispatch and each
+finished request, and corrected by every Monitor snapshot (seed 000 §5.1 step 5: "updates its
+local shadow state ... periodic telemetry from the monitor used to correct delayed
+observations").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hfx.cluster.instance import InstanceStats
+from hfx.request import Request
+
+
+@dataclass(slots=True)
+class _Inflight:
+    request: Request
+    predicted_output: float
+
+
+@dataclass(slots=True)
+class ShadowInstance:
+    id: int
+    kv_capacity_tokens: int
+    max_num_seqs: int
+    inflight: dict[str, _Inflight] = field(default_factory=dict)
+    # Σ l_cur of the running batch (prompt + generated), from the last snapshot, plus prompts
+    # dispatched since and minus requests finished since.
+    decode_ctx: float = 0.0
+    # KV tokens that in-flight requests will hold when they finish (prompt + predicted output).
+    reserved_tokens: float = 0.0
+    # Snapshot's KV use beyond our reservations' prompt part: corrects for drift.
+    kv_used_tokens: float = 0.0
+    _tpots: Counter = field(default_factory=Counter)
+    _ttfts: Counter = field(default_factory=Counter)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.inflight)
+
+    @property
+    def idle(self) -> bool:
+        return not self.inflight
+
+    def min_tpot(self) -> float | None:
+        return min(self._tpots) if self._tpots else None
+
+    def min_ttft(self) -> float | None:
+        return min(self._ttfts) if self._ttfts else None
+
+    def free_slots(self) -> int:
+        """Sequences the engine could still run at once (its ``max_num_seqs``)."""
+        return self.max_num_seqs - len(self.inflight)
+
+    def free_kv_tokens(self) -> float:
+        """KV tokens not yet promised: capacity minus every in-flight request's full length."""
+        return self.kv_capacity_tokens - max(self.reserved_tokens, self.kv_used_tokens)
+
+    def add(self, request: Request, predicted_output: float) -> None:
+        assert request.slo is not None
+        self.inflight[request.id] = _Inflight(request, predicted_output)
+        self.decode_ctx += request.prompt_len
+        self.reserved_tokens += request.prompt_len + predicted_output
+        self.kv_used_tokens += request.prompt_len
+        self._tpots[request.slo.tpot] += 1
+        self._ttfts[request.slo.ttft] += 1
+
+    def remove(self, request_id: str, tokens_at_finish: int) -> None:
+        """A request left; ``tokens_at_finish`` is its prompt + generated length."""
+        item = self.inflight.pop(request_id, None)
+        if item is None:
+            return
+        req = item.request
+        self.decode_ctx = max(0.0, self.decode_ctx - tokens_at_finish)
+        self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
+                                   - item.predicted_output)
+        self.kv_used_tokens = max(0.0, self.kv_used_tokens - tokens_at_finish)
+        for counter, key in ((self._tpots, req.slo.tpot), (self._ttfts, req.slo.ttft)):
+            counter[key] -= 1
+            if counter[key] == 0:
+                del counter[key]
+
+    def correct(self, stats: InstanceStats) -> None:
+        """Take the measured decode context and KV use from a Monitor snapshot."""
+        self.decode_ctx = float(stats.decode_ctx)
+        self.kv_used_tokens = float(stats.kv_used_blocks * stats.block_size)
