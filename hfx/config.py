@@ -50,6 +50,8 @@ class SimConfig(BaseModel):
                                            "tokens; default: from the profile's memory")
     monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
                                     "(seed 000 §9.3: 1 s)")
+    policy_params: dict[str, float | str] = Field(default_factory=dict, description=(
+        "policy parameters as key=value,... (e.g. theta=0.6 for hfx)"))
     predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
                                    "predictions are scaled by (1 + this); 0.2 = 20% too slow")
 
@@ -77,6 +79,20 @@ class SimConfig(BaseModel):
 
 
 # ---- CLI generation --------------------------------------------------------------------------
+def parse_params(text: str) -> dict[str, float | str]:
+    """``a=1,b=x`` → {"a": 1.0, "b": "x"}: numbers where they parse, strings otherwise."""
+    out: dict[str, float | str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected key=value, got {item!r}")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            out[key.strip()] = value.strip()
+    return out
+
+
 def _scalar_type(annotation: Any) -> type:
     """int | None → int; str → str."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
@@ -95,7 +111,10 @@ def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
         kind = _scalar_type(field.annotation)
         flag = "--" + name.replace("_", "-")
         help_text = f"{field.description} (default: {field.default})".replace("%", "%%")
-        if kind is bool:
+        if typing.get_origin(kind) is dict:
+            group.add_argument(flag, type=parse_params, default=argparse.SUPPRESS, dest=name,
+                               metavar="K=V,...", help=help_text)
+        elif kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
         else:

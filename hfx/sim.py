@@ -51,7 +51,7 @@ async def run_cluster(config: SimConfig, requests: list[Request], profile: Profi
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
     (its records hold the outcome) and the time the last request finished."""
     loop = asyncio.get_running_loop()
-    policy = make_policy(config.policy)
+    policy = make_policy(config.policy, **config.policy_params)
     ecfg = engine_config(config, profile, config.planner or policy.planner)
     instances = [LocalInstance(i, EngineCore(ecfg, SimExecutor(profile.model)))
                  for i in range(config.instances)]

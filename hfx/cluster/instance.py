@@ -91,6 +91,7 @@ class LocalInstance:
             prompt_len=request.prompt_len,
             max_tokens=request.max_tokens,
             prompt_token_ids=request.prompt_token_ids,
+            tpot=request.slo.tpot if request.slo else None,
         ))
         self._wake.set()
 

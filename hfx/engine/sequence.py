@@ -63,6 +63,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    # The request's TPOT target, for SLO-aware planners (SCORPIO's credits); None if unknown.
+    tpot: float | None = None
+    credit: float = 0.0  # SCORPIO's per-sequence decode credit
     num_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfx.policies.aladdin import Aladdin
 from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
 from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.least_loaded import LeastLoaded
 from hfx.policies.round_robin import RoundRobin
+from hfx.policies.sa import SimulatedAnnealing
+from hfx.policies.scorpio import Scorpio
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded)
+    p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded, Scorpio, Aladdin,
+                        SimulatedAnnealing)
 }
 
 

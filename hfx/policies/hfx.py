@@ -20,18 +20,20 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
 - calculate_p. r's prefill is the prefill of the batch it joins, so "Expected_prefill(r)" is
   E_p(R ∪ {r}) and the slack is that of the batch's earliest deadline:
   t_rem = min over R ∪ {r} of (arrival + TTFT) − (now + E_p(R ∪ {r})). Joining r must not cost an
-  already admitted, stricter request its TTFT. The disturbance the slack must absorb is waiting
-  for the instance's current step and the risk of KV pressure, so
-  p = clamp(t_rem / (E_d·(1 + u)), 0, 1) with u the instance's KV utilisation (p = 1 on an idle
-  instance). θ = 0.5 by default: admit while the slack covers half a decode step at full
-  utilisation.
+  already admitted, stricter request its TTFT. The slack must absorb the rest of the step in
+  progress (uniform on [0, E_d]) and the error of the predicted prefill (10% relative,
+  ``prefill_cv``), both widened by the instance's KV utilisation u (the risk of preemption):
+  p = Φ((t_rem − E_d/2) / σ) with σ = (1 + u)·√((cv·E_p)² + E_d²/12), a probability. θ = 0.9:
+  admit when the first token is 90% likely in time. Under overload this skips requests whose
+  slack is nearly gone in favour of ones that can still make it, rather than letting everyone
+  miss in arrival order.
 - relax ≤ 0: the running batch alone already misses its strictest TPOT, so no number of decode
   iterations can pay back a prefill. Maturity is then one decode iteration after the prefill
   (now + E_p + E_d), when the dispatcher looks again; Eq. 5 gives a budget ≤ 0 meanwhile, so
   the instance only takes new work once requests have finished.
 - A request whose TTFT is lost even if it started alone right now (t_rem < 0) is never dropped:
-  it moves to a best-effort queue served FIFO with whatever budget the feasible requests leave,
-  and is marked best-effort in its record (it counts as a miss unless it still makes it).
+  it moves to a best-effort queue, served FIFO once no feasible request is queued, and is
+  marked best-effort in its record (it counts as a miss unless it still makes it).
 - An idle instance with nothing admitted by the budget takes the most urgent queued request
   anyway: with nothing in flight there is nothing to protect.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
@@ -41,6 +43,7 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter, deque
 
 from hfx.latency import StepTimeModel
@@ -71,13 +74,16 @@ class HFXDispatcher(Policy):
     name = "hfx"
     planner = "prefill-first"  # the seeds' engine is vLLM-Ascend (seed 000 §7.1)
 
-    def __init__(self, theta: float = 0.5, max_scan: int = 512,
+    def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
                  output_length: str = "history") -> None:
         if not 0.0 <= theta <= 1.0:
             raise ValueError(f"theta must be in [0, 1], got {theta}")
         if max_scan < 1:
             raise ValueError(f"max_scan must be >= 1, got {max_scan}")
+        if prefill_cv < 0:
+            raise ValueError(f"prefill_cv must be >= 0, got {prefill_cv}")
         self.theta = theta
+        self.prefill_cv = prefill_cv
         self.max_scan = int(max_scan)
         self.predictor = OutputLengthPredictor(output_length)
         self._classes: dict[float, deque[Request]] = {}  # Q_R: TPOT target → FIFO by arrival
@@ -170,15 +176,21 @@ class HFXDispatcher(Policy):
 
     def calculate_p(self, deadline: float, e_p: float, sh: ShadowInstance, e_d: float,
                     now: float) -> float:
-        """The chance that a batch with this earliest TTFT deadline and prefill time ``e_p``
-        meets it here, mapped to [0, 1] (module docstring)."""
+        """P(a batch with this earliest TTFT deadline and prefill time ``e_p`` meets it here).
+
+        The first token comes at now + (rest of the step in progress) + E_p. The rest of the
+        step is uniform on [0, E_d]; E_p carries the step-time model's error (``prefill_cv``
+        relative). Both widen with the instance's KV utilisation u (preemption risk). With a
+        normal approximation: p = Φ((t_rem − E_d/2) / σ), σ = (1 + u)·√((cv·E_p)² + E_d²/12).
+        """
         t_rem = deadline - (now + e_p)
         if t_rem < 0:
             return 0.0
-        if e_d <= 0:
-            return 1.0
         util = 1.0 - max(0.0, sh.free_kv_tokens()) / sh.kv_capacity_tokens
-        return min(1.0, t_rem / (e_d * (1.0 + util)))
+        sigma = (1.0 + util) * math.sqrt((self.prefill_cv * e_p) ** 2 + e_d * e_d / 12.0)
+        if sigma <= 0:
+            return 1.0
+        return 0.5 * (1.0 + math.erf((t_rem - e_d / 2) / (sigma * math.sqrt(2.0))))
 
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision) -> None:
@@ -215,7 +227,9 @@ class HFXDispatcher(Policy):
                 self._take(req)
                 admitted.append((req, False))
                 used, sum_sq, deadline = n, sum_sq + req.prompt_len ** 2, min(deadline, own)
-        while (self._best_effort and len(admitted) < slots
+        # Best effort only when no feasible request waits: hopeless work must not take the
+        # capacity of requests that can still make their SLO.
+        while (self._best_effort and not self._num_queued and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit):
             req = self._best_effort.popleft()
             admitted.append((req, True))

@@ -11,9 +11,8 @@ then to ``prior``. ``oracle`` mode returns the request's true output length, for
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-
-import numpy as np
 
 from hfx.request import Request
 
@@ -65,11 +64,11 @@ class OutputLengthPredictor:
         m = self._moments(request.task)
         return self.prior if m is None else max(1.0, m.mean)
 
-    def sample(self, request: Request, rng: np.random.Generator) -> int:
+    def sample(self, request: Request, rng: random.Random) -> int:
         """A draw from the task's fitted Gaussian (seed 004 §5.1), at least 1 token."""
         if self.mode == "oracle":
             return request.max_tokens
         m = self._moments(request.task)
         if m is None:
             return max(1, round(self.prior))
-        return max(1, round(rng.normal(m.mean, m.std)))
+        return max(1, round(rng.gauss(m.mean, m.std)))

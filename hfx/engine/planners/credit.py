@@ -1,0 +1,39 @@
+"""Credit-based decode batching (SCORPIO, arXiv 2505.23022, as HFX's seed 000 §7.4 runs it).
+
+Prefills are planned as in prefill-first. For decodes, each running sequence earns a credit of
+TRP = (tightest TPOT in the running set) / (its own TPOT) per step and decodes in a step once its
+credit reaches 1, spending 1. The strictest requests decode every step; a request whose TPOT is
+twice as loose decodes every other step, so a step carries fewer sequences and is faster. A
+sequence with no TPOT target decodes every step.
+"""
+
+from __future__ import annotations
+
+from hfx.engine.planners.base import EngineState, SchedulerOutput
+from hfx.engine.planners.prefill_first import PrefillFirstPlanner
+
+
+class CreditPlanner(PrefillFirstPlanner):
+    name = "credit"
+
+    def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
+        running = state.running
+        tpots = [s.tpot for s in running if s.tpot]
+        tightest = min(tpots) if tpots else None
+        chosen = []
+        for seq in running:
+            seq.credit += tightest / seq.tpot if (tightest and seq.tpot) else 1.0
+            if seq.credit >= 1.0 - 1e-9:
+                chosen.append(seq)
+        if not chosen:
+            return
+        # Plan the chosen ones as prefill-first does (preempting if KV runs out), charge them,
+        # and keep the running list in admission order, which decides preemption victims.
+        order = list(running)
+        chosen_set = set(chosen)
+        state.running[:] = chosen
+        super()._plan_decode(state, out)
+        for seq in out.num_scheduled_tokens:
+            seq.credit -= 1.0
+        still = set(state.running).union(s for s in order if s not in chosen_set)
+        state.running[:] = [s for s in order if s in still]

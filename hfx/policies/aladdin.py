@@ -1,0 +1,94 @@
+"""``aladdin``: Aladdin (arXiv 2405.06856) request placement, with a fixed fleet.
+
+Our reading of the paper's placement (its scaling half is out of scope here): each arriving
+request goes to a *feasible* worker, and among feasible workers to the one with the least
+remaining KV headroom after placing it (best fit, which packs workers and leaves others free for
+large requests). A worker is feasible for request r when
+
+- predicted TTFT is within the SLO: the worker's queued prefill work (a FCFS backlog that drains
+  as the worker prefills) plus r's own prefill, from r's arrival;
+- the predicted mean decode step over r's life is within its TPOT: Eq. 2 with the worker's batch
+  plus r, every context grown by half of r's predicted output;
+- its KV can hold every in-flight request's prompt and predicted output, and r's.
+
+Output length is predicted by the per-task historical mean. No migration; inside a worker,
+FCFS continuous batching (the prefill-first engine). When no worker is feasible, the request
+goes to the worker with the most headroom as best effort (Aladdin would add a worker instead).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance
+from hfx.request import Outcome, Request, RequestRecord
+
+
+class Aladdin(Policy):
+    name = "aladdin"
+    planner = "prefill-first"
+
+    def __init__(self, output_length: str = "history") -> None:
+        self.predictor = OutputLengthPredictor(output_length)
+        self._queue: deque[Request] = deque()
+        self.shadow: dict[int, ShadowInstance] = {}
+        self._prefill_free_at: dict[int, float] = {}  # when the worker's prefill backlog drains
+        self._corrected_at: dict[int, float] = {}
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._queue.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        if not targets:
+            return decision
+        for inst in targets:
+            if inst.id not in self.shadow:
+                cap = inst.stats.kv_total_blocks * inst.stats.block_size
+                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
+                self._prefill_free_at[inst.id] = now
+            if self._corrected_at.get(inst.id) != inst.stats.time:
+                self.shadow[inst.id].correct(inst.stats)
+                self._corrected_at[inst.id] = inst.stats.time
+        while self._queue:
+            req = self._queue.popleft()
+            out_len = self.predictor.predict(req)
+            prefill = model.prefill_time(req.prompt_len, req.prompt_len ** 2)
+            best, best_headroom, fallback, fallback_headroom = None, 0.0, None, -1.0
+            for inst in targets:
+                sh = self.shadow[inst.id]
+                headroom = sh.free_kv_tokens() - req.prompt_len - out_len
+                if headroom > fallback_headroom and sh.free_slots() > 0:
+                    fallback, fallback_headroom = inst.id, headroom
+                if headroom < 0 or sh.free_slots() <= 0:
+                    continue
+                start = max(now, self._prefill_free_at[inst.id])
+                ttft = start + prefill - req.arrival
+                b = sh.batch_size + 1
+                mean_step = model.decode_time(sh.decode_ctx + req.prompt_len + b * out_len / 2, b)
+                if ttft <= req.slo.ttft and mean_step <= req.slo.tpot and (
+                        best is None or headroom < best_headroom):
+                    best, best_headroom = inst.id, headroom
+            target, best_effort = (best, False) if best is not None else (fallback, True)
+            if target is None:  # every worker is full: wait for a finish
+                self._queue.appendleft(req)
+                break
+            decision.dispatch.append(Dispatch(req, target, best_effort=best_effort))
+            self.shadow[target].add(req, out_len)
+            self._prefill_free_at[target] = max(now, self._prefill_free_at[target]) + prefill
+        return decision
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            self.predictor.observe(req.task, record.num_tokens)
+        sh = self.shadow.get(record.instance) if record.instance is not None else None
+        if sh is not None:
+            sh.remove(req.id, req.prompt_len + record.num_tokens)

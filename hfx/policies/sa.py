@@ -1,0 +1,133 @@
+"""``sa``: the SLO-aware scheduler with simulated annealing (seed 004).
+
+- Instance assignment (seed 004 §4.4): round robin, each request to the instance with the largest
+  *remaining memory*, estimated as tokens (Eq. 20) and charged with the request's prompt and
+  predicted output. When even the largest cannot hold the request, every instance's remaining
+  memory is reset to its current free KV (a fresh round).
+- Per instance, the pending requests are ordered and batched by the annealing search of
+  hfx/policies/sa_search.py (objective: attainment / mean latency). The search reruns whenever
+  the pending set changed, over the oldest ``window`` requests.
+- Release: the first planned batch is handed to the instance once its previous batches' prefills
+  are predicted done (seed 004 §4.4: "a batch ... is scheduled for execution from this queue as
+  soon as the corresponding LLM instance is prepared and available"); the engine then decodes
+  everything with continuous batching, as the seed's vLLM did.
+- Output length (seed 004 §5.1): a draw from the task's Gaussian fitted to observed lengths.
+- ``max_batch`` bounds a batch; the seed ran 1, 2 and 4 on V100s, we default to 16 for the
+  larger NPU profile.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.sa_search import ALPHA, ITERATIONS, T0, T_MIN, Job, Plan, anneal
+from hfx.policies.shadow import ShadowInstance
+from hfx.request import Outcome, Request, RequestRecord
+
+
+class SimulatedAnnealing(Policy):
+    name = "sa"
+    planner = "prefill-first"
+
+    def __init__(self, max_batch: int = 16, window: int = 40, t0: float = T0,
+                 t_min: float = T_MIN, iterations: int = ITERATIONS, alpha: float = ALPHA,
+                 seed: int = 0, output_length: str = "history") -> None:
+        if max_batch < 1 or window < 1:
+            raise ValueError("max_batch and window must be >= 1")
+        if not (0 < alpha < 1 and t0 > 0 and t_min > 0 and iterations >= 1):
+            raise ValueError("need t0 > 0, t_min > 0, iterations >= 1 and 0 < alpha < 1")
+        self.max_batch, self.window = int(max_batch), int(window)
+        self.search = {"t0": t0, "t_min": t_min, "iterations": int(iterations), "alpha": alpha}
+        self.rng = random.Random(int(seed))
+        self.predictor = OutputLengthPredictor(output_length)
+        self._arrived: list[Request] = []
+        self._pending: dict[int, list[tuple[Request, float]]] = {}  # with sampled output
+        self._plans: dict[int, Plan | None] = {}
+        self._remaining: dict[int, float] = {}
+        self._prefill_free_at: dict[int, float] = {}
+        self.shadow: dict[int, ShadowInstance] = {}
+        self._corrected_at: dict[int, float] = {}
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._arrived.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._arrived) + sum(len(p) for p in self._pending.values())
+
+    def _assign(self, req: Request, out_len: float, view: ClusterView) -> int:
+        """Largest remaining memory first; reset the round when it cannot hold the request."""
+        need = req.prompt_len + out_len
+        iid = max(self._remaining, key=lambda i: (self._remaining[i], -i))
+        if self._remaining[iid] < need:
+            for i in self._remaining:
+                self._remaining[i] = max(0.0, self.shadow[i].free_kv_tokens())
+            iid = max(self._remaining, key=lambda i: (self._remaining[i], -i))
+        self._remaining[iid] -= need
+        return iid
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        if not targets:
+            return decision
+        for inst in targets:
+            if inst.id not in self.shadow:
+                cap = inst.stats.kv_total_blocks * inst.stats.block_size
+                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
+                self._pending[inst.id], self._plans[inst.id] = [], None
+                self._remaining[inst.id] = float(cap)
+                self._prefill_free_at[inst.id] = now
+            if self._corrected_at.get(inst.id) != inst.stats.time:
+                self.shadow[inst.id].correct(inst.stats)
+                self._corrected_at[inst.id] = inst.stats.time
+        for req in self._arrived:
+            out_len = float(self.predictor.sample(req, self.rng))
+            iid = self._assign(req, out_len, view)
+            self._pending[iid].append((req, out_len))
+            self._plans[iid] = None  # the pending set changed: search again
+        self._arrived.clear()
+
+        wake = None
+        for inst in targets:
+            iid, pending, sh = inst.id, self._pending[inst.id], self.shadow[inst.id]
+            if not pending:
+                continue
+            if self._prefill_free_at[iid] > now:
+                wake = min(wake or float("inf"), self._prefill_free_at[iid])
+                continue
+            if self._plans[iid] is None:
+                head = pending[:self.window]
+                jobs = [Job(r.prompt_len, o, now - r.arrival, r.slo.ttft, r.slo.tpot)
+                        for r, o in head]
+                self._plans[iid] = anneal(jobs, model, self.max_batch, self.rng, sh.decode_ctx,
+                                          sh.batch_size, **self.search)
+            plan = self._plans[iid]
+            size = min(plan.sizes[0], sh.free_slots())
+            if size <= 0:
+                continue  # the engine is full: a finished request will call us again
+            chosen = set(plan.order[:size])
+            batch = [pending[j] for j in plan.order[:size]]
+            self._pending[iid] = [x for j, x in enumerate(pending) if j not in chosen]
+            self._plans[iid] = None
+            s_len = s_sq = 0
+            for req, out_len in batch:
+                decision.dispatch.append(Dispatch(req, iid))
+                sh.add(req, out_len)
+                s_len += req.prompt_len
+                s_sq += req.prompt_len ** 2
+            self._prefill_free_at[iid] = now + model.prefill_time(s_len, s_sq)
+            if self._pending[iid]:
+                wake = min(wake or float("inf"), self._prefill_free_at[iid])
+        decision.wake_at = wake
+        return decision
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            self.predictor.observe(req.task, record.num_tokens)
+        sh = self.shadow.get(record.instance) if record.instance is not None else None
+        if sh is not None:
+            sh.remove(req.id, req.prompt_len + record.num_tokens)

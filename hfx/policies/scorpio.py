@@ -1,0 +1,145 @@
+"""``scorpio``: SCORPIO (arXiv 2505.23022) extended with round robin across instances, as seed 000
+§7.4 runs it.
+
+- Assignment: each arriving request goes round robin to an instance's waiting queue, kept in
+  least-time-to-TTFT-deadline order (arrival + TTFT).
+- TTFT guard: the TTFT estimate of the i-th waiting request is now plus the predicted prefill
+  times of those before it and itself. A request whose estimate is past its deadline is rejected
+  (counted as missed) — SCORPIO serves the right requests rather than all of them late.
+- Admission, at each iteration boundary: walk the queue and admit w if the predicted TPOT with w
+  joined stays within the tightest TPOT of the running set (w included). Predicted TPOT is
+  ITL(n, L_avg) = α·n·L_avg + β·n + γ·L_avg + δ, evaluated as if the running requests keep going
+  for w's predicted output length (their context grows by that much on average over w's life),
+  with n the *virtual* batch size Σ TRP, and multiplied by a safety factor ε ≥ 1.
+  (α, β, γ, δ) come from the dispatcher's step-time model, Eq. 2: α = b', β = c', γ = 0, δ = a'.
+- Running requests are batched by credits inside the engine (planner ``credit``).
+- Output length: the shared per-task mean (SCORPIO's classifier is not available here).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance
+from hfx.request import Outcome, Request, RequestRecord
+
+
+def virtual_batch_size(tpots: list[float]) -> float:
+    """Σ TRP with TRP = tightest TPOT / own TPOT."""
+    if not tpots:
+        return 0.0
+    tightest = min(tpots)
+    return sum(tightest / t for t in tpots)
+
+
+class Scorpio(Policy):
+    name = "scorpio"
+    planner = "credit"
+
+    def __init__(self, epsilon: float = 1.1, output_length: str = "history") -> None:
+        if epsilon < 1.0:
+            raise ValueError(f"the safety factor epsilon must be >= 1, got {epsilon}")
+        self.epsilon = epsilon
+        self.predictor = OutputLengthPredictor(output_length)
+        self._queues: dict[int, list[tuple[float, float, int, Request]]] = {}
+        self._pending: list[Request] = []  # arrived, not yet assigned to an instance
+        self._next = 0
+        self._seq = 0
+        self.shadow: dict[int, ShadowInstance] = {}
+        self._tpot_lists: dict[int, list[float]] = {}
+        self._corrected_at: dict[int, float] = {}
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._pending.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._pending) + sum(len(q) for q in self._queues.values())
+
+    def predicted_tpot(self, sh: ShadowInstance, tpots: list[float], req: Request,
+                       out_len: float, alpha: float, beta: float, delta: float) -> float:
+        """ε·ITL(n, L_avg) with req joined, over req's predicted life."""
+        n_real = sh.batch_size + 1
+        # Each running request's context grows by out_len/2 on average over req's life.
+        ctx = sh.decode_ctx + req.prompt_len + n_real * out_len / 2
+        l_avg = ctx / n_real
+        n = virtual_batch_size([*tpots, req.slo.tpot])
+        return self.epsilon * (alpha * n * l_avg + beta * n + delta)
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        if not targets:
+            return decision
+        for inst in targets:
+            if inst.id not in self.shadow:
+                cap = inst.stats.kv_total_blocks * inst.stats.block_size
+                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
+                self._queues[inst.id] = []
+                self._tpot_lists[inst.id] = []
+            if self._corrected_at.get(inst.id) != inst.stats.time:
+                self.shadow[inst.id].correct(inst.stats)
+                self._corrected_at[inst.id] = inst.stats.time
+        for req in self._pending:  # round robin at arrival
+            iid = targets[self._next % len(targets)].id
+            self._next += 1
+            self._seq += 1
+            heapq.heappush(self._queues[iid], (req.arrival + req.slo.ttft, req.arrival,
+                                                self._seq, req))
+        self._pending.clear()
+
+        alpha, beta, delta = model.decode_b, model.decode_c, model.decode_a
+        busy = False
+        for inst in targets:
+            queue, sh = self._queues[inst.id], self.shadow[inst.id]
+            if not queue:
+                continue
+            tpots = self._tpot_lists[inst.id]
+            # TTFT guard: cumulative predicted prefill in deadline order.
+            kept, cum = [], 0.0
+            for item in sorted(queue):
+                deadline, _, _, req = item
+                cum += model.prefill_time(req.prompt_len, req.prompt_len ** 2)
+                if now + cum > deadline:
+                    decision.reject.append(req)
+                    cum -= model.prefill_time(req.prompt_len, req.prompt_len ** 2)
+                else:
+                    kept.append(item)
+            # Admission by predicted TPOT.
+            waiting = []
+            for item in kept:
+                req = item[3]
+                out_len = self.predictor.predict(req)
+                tightest = min([*tpots, req.slo.tpot])
+                fits = (sh.free_slots() > 0
+                        and req.prompt_len + out_len <= sh.free_kv_tokens())
+                if fits and self.predicted_tpot(sh, tpots, req, out_len, alpha, beta,
+                                                delta) <= tightest:
+                    decision.dispatch.append(Dispatch(req, inst.id))
+                    sh.add(req, out_len)
+                    tpots.append(req.slo.tpot)
+                elif sh.idle and not decision.dispatch:
+                    # Nothing runs here: admit it, there is no TPOT to protect.
+                    decision.dispatch.append(Dispatch(req, inst.id))
+                    sh.add(req, out_len)
+                    tpots.append(req.slo.tpot)
+                else:
+                    waiting.append(item)
+            heapq.heapify(waiting)
+            self._queues[inst.id] = waiting
+            busy = busy or bool(waiting)
+        if busy:  # look again at the next iteration boundary
+            decision.wake_at = now + max(model.decode_a, 1e-3)
+        return decision
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            self.predictor.observe(req.task, record.num_tokens)
+        sh = self.shadow.get(record.instance) if record.instance is not None else None
+        if sh is None or req.id not in sh.inflight:
+            return
+        sh.remove(req.id, req.prompt_len + record.num_tokens)
+        self._tpot_lists[sh.id].remove(req.slo.tpot)
