@@ -1,0 +1,203 @@
+"""Policy rules pinned on hand-worked examples: Eq. 5, the maturity update, SCORPIO's credits,
+SA's moves and objective, the shared output-length predictor, and every policy end to end."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import make_engine, seq
+
+from hfx.cluster.instance import InstanceStats
+from hfx.config import SimConfig
+from hfx.engine import Role
+from hfx.latency import Profile, StepTimeModel
+from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
+from hfx.policies.hfx import maturity_time, token_budget
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
+from hfx.policies.scorpio import virtual_batch_size
+from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.sim import simulate
+
+
+# ---- HFX -------------------------------------------------------------------------------------
+def test_eq5_token_budget():
+    # (0.7·0.5 − 0.7·0.1 − 0.02·0.5) / (1e-4·0.5) = 0.27 / 5e-5
+    assert token_budget(0.7, 0.5, 0.1, 0.02, 1e-4) == pytest.approx(5400)
+    # An idle instance (E_d = 0): (TTFT − a) / b.
+    assert token_budget(0.7, 0.5, 0.0, 0.02, 1e-4) == pytest.approx(6800)
+    # A batch already at its TPOT leaves nothing.
+    assert token_budget(0.7, 0.5, 0.5, 0.02, 1e-4) < 0
+
+
+def test_maturity_update():
+    # relax = 0.5 − 0.1; now + E_p + (E_p / relax)·E_d = 10 + 0.2 + 0.5·0.1
+    assert maturity_time(10.0, 0.2, 0.1, 0.5) == pytest.approx(10.25)
+    # relax ≤ 0: one decode iteration after the prefill.
+    assert maturity_time(10.0, 0.2, 0.6, 0.5) == pytest.approx(10.8)
+
+
+MODEL = StepTimeModel(0.02, 1e-4, 0.0, 0.03, 0.0, 1e-4)
+PROFILE = Profile("t", MODEL, kv_capacity_tokens=100_000)
+
+
+def view(now: float, n: int = 1, running: int = 0, ctx: int = 0) -> ClusterView:
+    stats = [InstanceStats(i, Role.COLOCATED, now, 0, running, 0, ctx // 16, 6250, 16, ctx, 256,
+                           0.0, 0) for i in range(n)]
+    return ClusterView(now, [InstanceView(i, Role.COLOCATED, s) for i, s in enumerate(stats)],
+                       MODEL, PROFILE)
+
+
+def req(rid: str, arrival: float, prompt: int, ttft: float, tpot: float) -> Request:
+    return Request(rid, arrival, prompt, 10, SLO(ttft, tpot))
+
+
+def test_hfx_dispatches_strict_tpot_first_and_sets_maturity():
+    pol = make_policy("hfx")
+    pol.enqueue(req("loose", 0.0, 100, 20.0, 1.0), 0.0)
+    pol.enqueue(req("strict", 0.0, 100, 0.7, 0.2), 0.0)
+    d = pol.schedule(view(0.0))
+    assert [x.request.id for x in d.dispatch] == ["strict", "loose"]
+    # Both in one batch: E_p = 0.02 + 1e-4·200; E_d with both joined = 0.03 + 2e-4;
+    # maturity = E_p + E_p / (0.2 − E_d) · E_d.
+    e_p, e_d = 0.04, 0.0302
+    assert pol.maturity[0] == pytest.approx(e_p + e_p / (0.2 - e_d) * e_d)
+    assert d.wake_at is None  # nothing left queued
+
+
+def test_hfx_budget_limits_a_batch_and_waits_for_maturity():
+    pol = make_policy("hfx")
+    # Eq. 5 on an idle instance: (0.7 − 0.02) / 1e-4 = 6800 tokens: two 2500-token prompts fit
+    # (E_p = 0.52 s, well inside the 0.7 s TTFT), a third does not.
+    for i in range(3):
+        pol.enqueue(req(f"r{i}", 0.0, 2500, 0.7, 0.5), 0.0)
+    d = pol.schedule(view(0.0))
+    assert [x.request.id for x in d.dispatch] == ["r0", "r1"]
+    assert d.wake_at == pytest.approx(pol.maturity[0]) and d.wake_at > 0
+    assert pol.num_queued() == 1
+
+
+def test_hfx_keeps_the_batch_within_its_earliest_deadline():
+    pol = make_policy("hfx")
+    # Within the budget, but two 3300-token prompts take E_p = 0.68 s: r0 (deadline 0.7 s) would
+    # likely miss, so r1 waits.
+    for i in range(2):
+        pol.enqueue(req(f"r{i}", 0.0, 3300, 0.7, 0.5), 0.0)
+    d = pol.schedule(view(0.0))
+    assert [x.request.id for x in d.dispatch] == ["r0"]
+
+
+def test_hfx_hopeless_request_is_best_effort_after_feasible_ones():
+    pol = make_policy("hfx")
+    pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 0.0)  # arrived 5 s ago: TTFT lost
+    pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
+    d = pol.schedule(view(5.0))
+    by_id = {x.request.id: x.best_effort for x in d.dispatch}
+    assert by_id == {"fresh": False, "late": True}  # never dropped, and marked
+    assert [x.request.id for x in d.dispatch] == ["fresh", "late"]
+
+
+def test_hfx_idle_instance_takes_work_beyond_the_budget():
+    pol = make_policy("hfx")
+    pol.enqueue(req("huge", 0.0, 9000, 0.7, 0.5), 0.0)  # more than Eq. 5 allows
+    d = pol.schedule(view(0.0))
+    assert [x.request.id for x in d.dispatch] == ["huge"]
+
+
+# ---- SCORPIO ---------------------------------------------------------------------------------
+def test_virtual_batch_size_is_sum_of_trp():
+    assert virtual_batch_size([0.25, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25)
+    assert virtual_batch_size([]) == 0.0
+
+
+def test_credit_rule_decodes_in_proportion_to_tpot(vloop):
+    engine, ex = make_engine(planner="credit")
+    for rid, tpot in (("a", 0.5), ("b", 1.0), ("c", 0.25)):
+        engine.add_request(seq(rid, 4, 50, tpot=tpot))
+
+    async def steps(n):
+        for _ in range(n):
+            await engine.step()
+
+    vloop.run_until_complete(steps(5))  # one prefill step, then four decode steps
+    assert ex.plans[0] == {"a": 4, "b": 4, "c": 4}
+    # TRP: c 1, a 0.5, b 0.25. Credits: c decodes every step, a every other, b every fourth.
+    assert ex.plans[1:] == [{"c": 1}, {"a": 1, "c": 1}, {"c": 1}, {"a": 1, "b": 1, "c": 1}]
+
+
+# ---- SA --------------------------------------------------------------------------------------
+def test_sa_moves_on_a_hand_example():
+    order, sizes = [0, 1, 2, 3, 4], [2, 2, 1]
+    assert squeeze(order, sizes, 2, 3) == ([0, 1, 2, 3, 4], [3, 1, 1])
+    assert squeeze(order, sizes, 3, 3) == ([0, 1, 3, 2, 4], [3, 1, 1])
+    assert squeeze(order, sizes, 0, 3) is None  # already in the first batch
+    assert squeeze(order, [3, 2], 3, 3) is None  # previous batch full
+    assert delay(order, sizes, 0, 3) == ([1, 0, 2, 3, 4], [1, 3, 1])
+    assert delay(order, sizes, 3, 3) == ([0, 1, 2, 3, 4], [2, 1, 2])
+    assert delay(order, sizes, 4, 3) is None  # alone in the last batch
+    assert delay(order, [2, 3], 1, 3) is None  # next batch full
+    assert delay(order, [2, 3], 4, 3) == ([0, 1, 2, 3, 4], [2, 2, 1])  # a new last batch
+    assert swap(order, sizes, 0, 4) == ([4, 1, 2, 3, 0], [2, 2, 1])
+
+
+def test_sa_objective_on_a_hand_example():
+    model = StepTimeModel(0.0, 1e-3, 0.0, 0.01, 0.0, 0.0)
+    jobs = [Job(100, 10, 0.0, 1.0, 0.05), Job(100, 10, 0.0, 1.0, 0.05)]
+    # Together: prefill 0.2, E2E 0.2 + 10·0.01 = 0.3 each → 1 / 0.3.
+    assert objective(jobs, [0, 1], [2], model) == pytest.approx(1 / 0.3)
+    # Apart: E2E 0.2 and 0.1 + 0.1 + 0.1 = 0.3 → 1 / 0.25.
+    assert objective(jobs, [0, 1], [1, 1], model) == pytest.approx(1 / 0.25)
+    # A TTFT of 0.15 is met only by the first batch when apart.
+    tight = [Job(100, 10, 0.0, 0.15, 0.05)] * 2
+    assert evaluate(tight, [0, 1], [1, 1], model) == (pytest.approx(0.5 / 0.25), 1)
+
+
+def test_sa_search_improves_on_its_starting_solutions():
+    model = StepTimeModel(0.01, 1e-4, 0.0, 0.02, 0.0, 1e-4)
+    rng = random.Random(3)
+    jobs = [Job(rng.randint(200, 1500), rng.randint(10, 60), rng.random() * 0.4,
+                rng.choice([0.5, 0.7, 5.0]), 0.5) for _ in range(12)]
+    start = max(objective(jobs, list(range(12)), [4, 4, 4], model), 0.0)
+    plan = anneal(jobs, model, 4, random.Random(0), t0=100, t_min=20, iterations=30)
+    assert sorted(plan.order) == list(range(12)) and sum(plan.sizes) == 12
+    assert all(1 <= s <= 4 for s in plan.sizes)
+    assert plan.score == pytest.approx(objective(jobs, plan.order, plan.sizes, model))
+    assert plan.score > start
+
+
+# ---- shared pieces and end to end ------------------------------------------------------------
+def test_output_length_predictor_history_and_oracle():
+    p = OutputLengthPredictor("history", prior=100, min_samples=2)
+    r = Request("x", 0, 10, 77, SLO(1, 1), task="chat")
+    assert p.predict(r) == 100
+    p.observe("code", 10)
+    p.observe("code", 30)
+    assert p.predict(r) == 20  # another task's mean until this one has samples
+    for n in (40, 60):
+        p.observe("chat", n)
+    assert p.predict(r) == 50
+    assert OutputLengthPredictor("oracle").predict(r) == 77
+    with pytest.raises(ValueError):
+        OutputLengthPredictor("psychic")
+
+
+def test_policy_bad_parameters_are_clear():
+    with pytest.raises(ValueError, match="hfx"):
+        make_policy("hfx", nonsense=1)
+    with pytest.raises(ValueError, match="theta"):
+        make_policy("hfx", theta=2)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_serves_every_request(policy):
+    params = {"t0": 100.0, "iterations": 10} if policy == "sa" else {}
+    r = simulate(SimConfig(policy=policy, qps=120, requests_per_task=30, policy_params=params))
+    assert r["requests"] == 120
+    assert r["finished"] + r["rejected"] == 120  # SCORPIO may reject; nobody loses a request
+    assert r["failed"] == 0 and r["attainment"] > 0.3
+
+
+def test_record_is_finished_once_per_request():
+    rec = RequestRecord(Request("a", 0, 5, 5, SLO(1, 1)))
+    assert rec.outcome is Outcome.PENDING
