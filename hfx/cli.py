@@ -62,15 +62,30 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hfx.bench.sweep import run_grid, table, write
+    from hfx.bench.presets import PRESETS
+    from hfx.bench.sweep import ratio_table, run_grid, table, write
 
-    base = model_from_args(SimConfig, args, args.config, policy=args.policies[0], qps=args.qps[0])
-    for p in args.policies:  # fail on a bad name before running anything
-        model_from_args(SimConfig, args, args.config, policy=p, qps=args.qps[0])
-    results = run_grid(base, args.policies, args.qps, jobs=args.jobs)
+    preset = None
+    if args.preset:
+        try:
+            preset = PRESETS[args.preset]
+        except KeyError:
+            raise ValueError(f"unknown preset {args.preset!r}; choose one of "
+                             f"{', '.join(PRESETS)}") from None
+    series = preset.series if preset else [(p, {"policy": p}) for p in args.policies]
+    qps = args.qps or (list(preset.qps) if preset else [20, 40, 60, 80, 100, 120, 140, 160])
+    fixed = {"workload": preset.workload, **preset.config} if preset else {}
+    # Fail on a bad name before running anything.
+    configs = [model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
+               for _, fields in series]
+    base = configs[0]
+    results = run_grid(base, series, qps, jobs=args.jobs)
     print(table(results))
-    name = args.name or f"sweep-{Path(base.workload).stem}"
-    title = f"{base.workload}, {base.instances} instances, {base.model} on {base.hardware}"
+    if preset and preset.ratios:
+        print(ratio_table(results, preset.ratios))
+    name = args.name or args.preset or f"sweep-{Path(base.workload).stem}"
+    title = (preset.description if preset else
+             f"{base.workload}, {base.instances} instances, {base.model} on {base.hardware}")
     json_path, png_path = write(results, args.out, name, title)
     print(f"wrote {json_path} and {png_path}")
     return 0
@@ -87,6 +102,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
                                   for w, ts in WORKLOADS.items()))
     print("profiles: ", ", ".join(shipped_profiles()))
+    from hfx.bench.presets import PRESETS
+
+    print("presets:")
+    for name, p in PRESETS.items():
+        print(f"  {name:16s} {p.description}")
     return 0
 
 
@@ -105,10 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run every policy at every QPS (in parallel processes), "
                            "print a table, write JSON and a PNG like seed 000 Figure 3.")
     sweep.add_argument("--config", help="YAML file of options (flags override it)")
+    sweep.add_argument("--preset", help="a named experiment (hfx list shows them); sets the "
+                       "workload, the series and the QPS grid")
     sweep.add_argument("--policies", type=_csv(str), default=["rr", "least-loaded"],
                        help="comma-separated policies (default: rr,least-loaded)")
-    sweep.add_argument("--qps", type=_csv(float), default=[20, 40, 60, 80, 100, 120, 140, 160],
-                       help="comma-separated total QPS values (default: 20,40,...,160)")
+    sweep.add_argument("--qps", type=_csv(float), default=None,
+                       help="comma-separated total QPS values (default: 20,40,...,160, or the "
+                       "preset's)")
     sweep.add_argument("--out", default="results", help="output folder (default: results)")
     sweep.add_argument("--name", help="file name stem (default: sweep-<workload>)")
     sweep.add_argument("--jobs", type=int, default=None,

@@ -1,4 +1,4 @@
-"""Sweeps: a grid of (policy, QPS) runs, a table, a JSON file and a plot like seed 000 Figure 3."""
+"""Sweeps: a grid of (series, QPS) runs, a table, a JSON file and a plot like seed 000 Figure 3."""
 
 from __future__ import annotations
 
@@ -18,37 +18,62 @@ from hfx.config import SimConfig
 from hfx.sim import simulate
 
 
-def run_grid(base: SimConfig, policies: Iterable[str], qps: Iterable[float],
+def run_grid(base: SimConfig, series: Iterable[tuple[str, dict]], qps: Iterable[float],
              jobs: int | None = None, progress: bool = True) -> list[dict]:
-    """Every (policy, qps) pair of ``base``; results ordered by policy, then QPS."""
-    configs = [SimConfig(**{**base.model_dump(), "policy": p, "qps": q})
-               for p in policies for q in qps]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
-    results: list[dict | None] = [None] * len(configs)
-    bar = tqdm(total=len(configs), desc="sweep", unit="run", disable=not progress or None)
+    """Every (series, qps) pair on top of ``base``; results ordered by series, then QPS.
+
+    A series is a label and the config fields it sets (``("hfx", {"policy": "hfx"})``); each
+    result carries its label under ``series``.
+    """
+    labelled = [(label, SimConfig(**{**base.model_dump(), **fields, "qps": q}))
+                for label, fields in series for q in qps]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(labelled)))
+    results: list[dict | None] = [None] * len(labelled)
+    bar = tqdm(total=len(labelled), desc="sweep", unit="run", disable=not progress or None)
     if jobs == 1:
-        for i, cfg in enumerate(configs):
+        for i, (_, cfg) in enumerate(labelled):
             results[i] = simulate(cfg)
             bar.update()
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(simulate, cfg): i for i, cfg in enumerate(configs)}
+            futures = {pool.submit(simulate, cfg): i for i, (_, cfg) in enumerate(labelled)}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
                 bar.update()
     bar.close()
-    return [r for r in results if r is not None]
+    for (label, _), r in zip(labelled, results, strict=True):
+        assert r is not None
+        r["series"] = label
+    return results  # type: ignore[return-value]
 
 
 def table(results: list[dict]) -> str:
-    head = (f"{'policy':<14}{'qps':>7}{'attain':>8}{'dslo':>7}{'ttft p90':>10}{'tpot mean':>11}"
+    head = (f"{'series':<14}{'qps':>7}{'attain':>8}{'dslo':>7}{'ttft p90':>10}{'tpot mean':>11}"
             f"{'e2e mean':>10}{'cost':>9}{'goodput':>9}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r['policy']:<14}{r['qps']:>7g}{r['attainment']:>8.3f}{r['attainment_dslo']:>7.3f}"
+            f"{r['series']:<14}{r['qps']:>7g}{r['attainment']:>8.3f}{r['attainment_dslo']:>7.3f}"
             f"{_fmt(r['ttft']['p90']):>10}{_fmt(r['tpot']['mean']):>11}{_fmt(r['e2e']['mean']):>10}"
             f"{r['cost_units']:>9}{r['goodput_rps']:>9.2f}")
+    return "\n".join(lines)
+
+
+def ratio_table(results: list[dict], pairs: Iterable[tuple[str, str]]) -> str:
+    """Per QPS: attainment ratio and mean-E2E reduction of each (numerator, denominator) pair."""
+    by = {(r["series"], r["qps"]): r for r in results}
+    qps = sorted({r["qps"] for r in results})
+    lines = []
+    for num, den in pairs:
+        lines.append(f"{num} / {den}: attainment ratio, mean E2E change")
+        for q in qps:
+            a, b = by.get((num, q)), by.get((den, q))
+            if a is None or b is None:
+                continue
+            ratio = a["attainment"] / b["attainment"] if b["attainment"] else float("inf")
+            e_a, e_b = a["e2e"]["mean"], b["e2e"]["mean"]
+            change = (e_a - e_b) / e_b * 100 if e_a is not None and e_b else float("nan")
+            lines.append(f"  qps {q:>6g}: {ratio:6.2f}x  {change:+6.1f}%")
     return "\n".join(lines)
 
 
@@ -57,16 +82,16 @@ def _fmt(x: float | None) -> str:
 
 
 def plot(results: list[dict], path: str | Path, title: str = "") -> None:
-    """Attainment, mean E2E latency and cost against QPS, one line per policy (seed Fig. 3)."""
+    """Attainment, mean E2E latency and cost against QPS, one line per series (seed Fig. 3)."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     panels = (("attainment", "SLO attainment", lambda r: r["attainment"]),
               ("e2e", "mean E2E latency (s)", lambda r: r["e2e"]["mean"]),
               ("cost", "cost (instance·50 ms units)", lambda r: r["cost_units"]))
-    policies = list(dict.fromkeys(r["policy"] for r in results))
+    series = list(dict.fromkeys(r["series"] for r in results))
     for ax, (_, label, get) in zip(axes, panels, strict=True):
-        for pol in policies:
-            rows = sorted((r for r in results if r["policy"] == pol), key=lambda r: r["qps"])
-            ax.plot([r["qps"] for r in rows], [get(r) for r in rows], marker="o", label=pol)
+        for name in series:
+            rows = sorted((r for r in results if r["series"] == name), key=lambda r: r["qps"])
+            ax.plot([r["qps"] for r in rows], [get(r) for r in rows], marker="o", label=name)
         ax.set_xlabel("QPS")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
