@@ -26,7 +26,8 @@ class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     workload: str = Field("four-task", description=(
-        f"task set ({', '.join(WORKLOADS)}) or a trace file (.jsonl/.csv)"))
+        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
+        "per client), or a trace file (.jsonl/.csv)"))
     policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)})")
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
                        "between the tasks (seed 000 §7.3); ignored for trace files")
@@ -50,6 +51,11 @@ class SimConfig(BaseModel):
                                            "tokens; default: from the profile's memory")
     monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
                                     "(seed 000 §9.3: 1 s)")
+    priorities: int | None = Field(None, ge=1, description=(
+        "give each task a priority instead of its SLO (0 = most important, by TTFT SLO) and map "
+        "priorities to SLOs with HFX-PM (seed 000 §5.2); N levels"))
+    priority_window: int = Field(200, ge=1, description="HFX-PM sliding window, completed "
+                                 "requests (the seed gives no value)")
     policy_params: dict[str, float | str] = Field(default_factory=dict, description=(
         "policy parameters as key=value,... (e.g. theta=0.6 for hfx)"))
     predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
@@ -72,9 +78,9 @@ class SimConfig(BaseModel):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str) -> str:
-        if v not in WORKLOADS and not v.endswith((".jsonl", ".csv")):
-            raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)} "
-                             "or give a trace file (.jsonl, .csv)")
+        if v not in WORKLOADS and v != "ramp" and not v.endswith((".jsonl", ".csv")):
+            raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)}, "
+                             "ramp, or give a trace file (.jsonl, .csv)")
         return v
 
 

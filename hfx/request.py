@@ -72,14 +72,24 @@ class RequestRecord:
     token_times: array = field(default_factory=lambda: array("d"))
     finish_time: float | None = None
     outcome: Outcome = Outcome.PENDING
-    # The SLO the request was served under (explicit, or mapped from a priority).
+    # The SLO the dispatcher was given (explicit, or mapped from a priority by HFX-PM)...
     slo: SLO | None = None
+    # ...and the SLO attainment is scored against: the explicit one, or for a priority request
+    # the nominal SLO of its priority (seed 000 §9.1: mapping "configured to satisfy" targets).
+    target: SLO | None = None
     best_effort: bool = False  # the policy knew the SLO was already lost when it placed it
     error: str | None = None  # why the request failed or was rejected
 
     def __post_init__(self) -> None:
         if self.slo is None:
             self.slo = self.request.slo
+        if self.target is None:
+            self.target = self.request.slo
+
+    @property
+    def queue_time(self) -> float | None:
+        """Time from arrival to dispatch."""
+        return None if self.dispatch_time is None else self.dispatch_time - self.request.arrival
 
     @property
     def first_token_time(self) -> float | None:
@@ -110,16 +120,17 @@ class RequestRecord:
 
     def meets_slo(self) -> bool:
         """Seed 000 Eq. 4: TTFT met and mean TPOT met; an unfinished request misses."""
-        if self.outcome is not Outcome.FINISHED or self.slo is None:
+        if self.outcome is not Outcome.FINISHED or self.target is None:
             return False
         ttft, tpot = self.ttft, self.tpot
         assert ttft is not None and tpot is not None
-        return ttft <= self.slo.ttft and tpot <= self.slo.tpot
+        return ttft <= self.target.ttft and tpot <= self.target.tpot
 
     def meets_deadline_slo(self) -> bool:
         """Seed 003 §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
-        if self.outcome is not Outcome.FINISHED or self.slo is None:
+        if self.outcome is not Outcome.FINISHED or self.target is None:
             return False
         times = np.frombuffer(self.token_times, dtype=np.float64)
-        deadlines = self.request.arrival + self.slo.ttft + self.slo.tpot * np.arange(len(times))
+        target = self.target
+        deadlines = self.request.arrival + target.ttft + target.tpot * np.arange(len(times))
         return bool(np.all(times <= deadlines))

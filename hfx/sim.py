@@ -16,11 +16,12 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from hfx.bench.metrics import summarize
-from hfx.bench.workloads import load_workload
+from hfx.bench.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import LocalInstance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.latency import Profile, load_profile
@@ -46,6 +47,23 @@ def engine_config(config: SimConfig, profile: Profile, planner: str) -> EngineCo
     )
 
 
+def make_mapper(config: SimConfig) -> PriorityMapper | None:
+    """HFX-PM with each priority's nominal SLO ± 25% (seed 000 §7.3), when priorities are on."""
+    if not config.priorities:
+        return None
+    _, nominal = priority_levels(workload_tasks(config.workload), config.priorities)
+    return PriorityMapper([PriorityRange.around(s) for s in nominal], config.priority_window)
+
+
+def load_requests(config: SimConfig) -> list[Request]:
+    """The config's workload; with priorities, tasks carry a priority instead of an SLO."""
+    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task)
+    if config.priorities and not config.workload.endswith((".jsonl", ".csv")):
+        of_task, _ = priority_levels(workload_tasks(config.workload), config.priorities)
+        requests = with_priorities(requests, of_task)
+    return requests
+
+
 async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
                       progress: bool = False) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
@@ -57,7 +75,8 @@ async def run_cluster(config: SimConfig, requests: list[Request], profile: Profi
                  for i in range(config.instances)]
     control = ControlPlane(instances, policy, profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
-                           monitor=Monitor(config.monitor_interval))
+                           monitor=Monitor(config.monitor_interval),
+                           mapper=make_mapper(config))
     await control.start()
     bar = tqdm(total=len(requests), desc=f"{config.policy}@{config.qps:g}qps", unit="req",
                disable=not progress or None, leave=False)
@@ -99,7 +118,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     """Run one simulated configuration; the result object of DESIGN.md "Contracts"."""
     wall0 = time.perf_counter()
     profile = resolve_profile(config)
-    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task)
+    requests = load_requests(config)
     with _fewer_gc_passes():
         control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
     spans = [(control.active_since[i], control.released_at[i]) for i in control.instances]

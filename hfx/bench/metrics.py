@@ -86,4 +86,14 @@ def summarize(records: Sequence[RequestRecord], spans: Iterable[tuple[float, flo
         task: _group([records[i] for i in idx], [met[i] for i in idx], [met_dslo[i] for i in idx])
         for task, idx in groups.items()
     }
+    levels: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        if r.request.priority is not None:
+            levels.setdefault(r.request.priority, []).append(i)
+    if levels:
+        out["per_priority"] = {
+            str(p): _group([records[i] for i in levels[p]], [met[i] for i in levels[p]],
+                           [met_dslo[i] for i in levels[p]])
+            for p in sorted(levels)
+        }
     return out

@@ -107,6 +107,57 @@ def generate(workload: str, qps: float, seed: int,
     return [r[3] for r in rows]
 
 
+# ---- priorities (HFX-PM, seed 000 §5.2, §7.3) ---------------------------------------------------
+def priority_levels(tasks: tuple[TaskSpec, ...] | list[TaskSpec], levels: int
+                    ) -> tuple[dict[str, int], list[SLO]]:
+    """Tasks in order of TTFT SLO (strictest first) split into ``levels`` priorities, 0 the
+    most important; each priority's nominal SLO is the median of its tasks' Table 1 SLOs."""
+    ordered = sorted(tasks, key=lambda t: (t.slo.ttft, t.slo.tpot, t.name))
+    if not 1 <= levels <= len(ordered):
+        raise ValueError(f"priorities must be between 1 and the number of tasks "
+                         f"({len(ordered)}), got {levels}")
+    of_task = {t.name: i * levels // len(ordered) for i, t in enumerate(ordered)}
+    nominal = []
+    for p in range(levels):
+        group = [t.slo for t in ordered if of_task[t.name] == p]
+        nominal.append(SLO(float(np.median([s.ttft for s in group])),
+                           float(np.median([s.tpot for s in group]))))
+    return of_task, nominal
+
+
+def with_priorities(requests: list[Request], of_task: dict[str, int]) -> list[Request]:
+    """The same requests carrying their task's priority instead of an SLO."""
+    out = []
+    for r in requests:
+        if r.task not in of_task:
+            raise ValueError(f"request {r.id}: task {r.task!r} has no priority")
+        out.append(Request(r.id, r.arrival, r.prompt_len, r.max_tokens, None, r.task,
+                           of_task[r.task], r.prompt_token_ids))
+    return out
+
+
+def ramp(qps: float, seed: int, until: float = 90.0, step: float = 20.0) -> list[Request]:
+    """Seed 000 §9.1 dynamic ramp on the four-task set: the lowest priority's client starts at
+    0 s, the next every ``step`` seconds (P3 at 0, P2 at 20, P1 at 40, P0 at 60 s), each sending
+    ``qps`` requests/s until ``until``. Requests carry Table 1 SLOs; use --priorities 4."""
+    tasks = sorted(WORKLOADS["four-task"], key=lambda t: t.slo.ttft, reverse=True)
+    rows = []
+    for order, task in enumerate(tasks):
+        start = order * step
+        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode()), 1])
+        n = int((until - start) * qps * 2) + 10
+        arrivals = start + np.cumsum(rng.exponential(1.0 / qps, n))
+        arrivals = arrivals[arrivals < until]
+        k = len(arrivals)
+        ins = lognormal_lengths(rng, task.input_mean, task.input_std, k)
+        outs = lognormal_lengths(rng, task.output_mean, task.output_std, k)
+        rows += [(float(arrivals[i]), order, i, Request(
+            f"{task.name}-{i}", float(arrivals[i]), int(ins[i]), int(outs[i]), task.slo,
+            task.name)) for i in range(k)]
+    rows.sort(key=lambda r: r[:3])
+    return [r[3] for r in rows]
+
+
 # ---- trace files -----------------------------------------------------------------------------
 TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
 
@@ -150,9 +201,11 @@ def _row_to_request(row: dict, where: str, index: int) -> Request:
         slo = SLO(ttft, tpot)
     elif task in TASKS:
         slo = TASKS[task].slo
+    elif priority is not None:
+        slo = None  # mapped from the priority (run with --priorities N)
     else:
-        raise TraceError(f"{where}: no SLO: give ttft and tpot, or a Table 1 task name "
-                         f"({', '.join(TASKS)})")
+        raise TraceError(f"{where}: no SLO: give ttft and tpot, a priority, or a Table 1 task "
+                         f"name ({', '.join(TASKS)})")
     return Request(id=str(row.get("id") or f"trace-{index}"), arrival=arrival,
                    prompt_len=input_len, max_tokens=output_len, slo=slo, task=task,
                    priority=priority)
@@ -202,7 +255,16 @@ def load_trace(path: str | Path) -> list[Request]:
 
 def load_workload(workload: str, qps: float, seed: int,
                   requests_per_task: int = DEFAULT_REQUESTS_PER_TASK) -> list[Request]:
-    """A named task set, or a trace file when ``workload`` ends in .jsonl or .csv."""
+    """A named task set, the priority ramp, or a trace file (.jsonl, .csv)."""
     if workload.endswith((".jsonl", ".csv")):
         return load_trace(workload)
+    if workload == "ramp":
+        return ramp(qps, seed)
     return generate(workload, qps, seed, requests_per_task)
+
+
+def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:
+    """The Table 1 tasks a workload draws from (all six for a trace file)."""
+    if workload == "ramp":
+        return WORKLOADS["four-task"]
+    return WORKLOADS.get(workload, tuple(TASKS.values()))

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.engine import EngineError, RequestStatus, StepOutput
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, InstanceView, Policy
@@ -28,6 +30,7 @@ class ControlPlane:
         *,
         step_model: StepTimeModel | None = None,
         monitor: Monitor | None = None,
+        mapper: PriorityMapper | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one instance")
@@ -36,6 +39,11 @@ class ControlPlane:
         self.profile = profile
         self.monitor = monitor or Monitor()
         self.records: dict[str, RequestRecord] = {}
+        self.mapper = mapper
+        # Priority requests still waiting for their first token, for the mapper's contention
+        # rule: id → priority, and a count per priority.
+        self._awaiting: dict[str, int] = {}
+        self._awaiting_count = [0] * (mapper.levels if mapper else 0)
         self.num_done = 0
         # Instance lifetimes on the loop's clock, for cost (seed 000 Eq. 3).
         self.active_since: dict[int, float] = {}
@@ -79,9 +87,24 @@ class ControlPlane:
         record = RequestRecord(request)
         self.records[request.id] = record
         self._idle.clear()
+        if record.slo is None and request.priority is not None and self.mapper is not None:
+            p = request.priority
+            try:
+                self.mapper.check(p)
+            except ValueError as e:
+                self._finish(record, Outcome.REJECTED, request.arrival, str(e))
+                return record
+            record.slo = self.mapper.assign(p, any(self._awaiting_count[:p]))
+            record.target = self.mapper.ranges[p].nominal
+            self._awaiting[request.id] = p
+            self._awaiting_count[p] += 1
         if record.slo is None:
-            self._finish(record, Outcome.REJECTED, request.arrival, "request has no SLO")
+            why = ("a priority needs priority mapping (--priorities N)"
+                   if request.priority is not None else "request has no SLO or priority")
+            self._finish(record, Outcome.REJECTED, request.arrival, why)
             return record
+        if request.slo is None:  # the policy sees the mapped SLO; the record keeps both
+            request = replace(request, slo=record.slo)
         self.policy.enqueue(request, asyncio.get_running_loop().time())
         self._schedule()
         return record
@@ -141,6 +164,9 @@ class ControlPlane:
         now = out.time
         for rid in out.request_ids:
             records[rid].token_times.append(now)
+        if self._awaiting:
+            for rid in out.request_ids:
+                self._first_token(rid)
         if not out.transitions:
             return
         view = self._views[instance_id]
@@ -156,12 +182,23 @@ class ControlPlane:
         if self.policy.num_queued():
             self._schedule()
 
+    def _first_token(self, request_id: str) -> None:
+        p = self._awaiting.pop(request_id, None)
+        if p is not None:
+            self._awaiting_count[p] -= 1
+
     def _finish(self, record: RequestRecord, outcome: Outcome, now: float,
                 error: str | None = None) -> None:
         record.outcome = outcome
         record.finish_time = now
         record.error = error
         self.num_done += 1
+        req = record.request
+        if self._awaiting:
+            self._first_token(req.id)
+        if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED
+                and record.queue_time is not None and 0 <= req.priority < self.mapper.levels):
+            self.mapper.observe(req.priority, record.ttft, record.queue_time, record.tpot)
         if self._view is not None:
             self.policy.on_finished(record, self._view)
         if self.num_done == len(self.records):
