@@ -39,6 +39,14 @@ PRESETS: dict[str, Preset] = {
         "seed 000 Figure 7, single task wikisql (TTFT 0.7 s, TPOT 0.5 s): hfx vs aladdin vs sa",
         "wikisql", _policies("hfx", "aladdin", "sa"), (10, 20, 30, 40, 45, 50, 60),
         ratios=(("hfx", "aladdin"), ("hfx", "sa"))),
+    "fig5-four-task": Preset(
+        "seed 000 Figure 5, four-task with priorities instead of SLOs: hfx-pm vs rr",
+        "four-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
+        (40, 80, 120, 160, 200, 240), ratios=(("hfx-pm", "rr"),), config={"priorities": 4}),
+    "fig5-two-task": Preset(
+        "seed 000 Figure 5, two-task with priorities instead of SLOs: hfx-pm vs rr",
+        "two-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
+        (40, 80, 120, 160, 200, 240), ratios=(("hfx-pm", "rr"),), config={"priorities": 2}),
     "mispredict": Preset(
         "hfx with its step-time predictions off by -20% / 0 / +20% from the executor's",
         "four-task",
