@@ -10,14 +10,14 @@ import argparse
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hfx.bench.workloads import DEFAULT_REQUESTS_PER_TASK, WORKLOADS
 from hfx.engine.planners import PLANNERS
-from hfx.policies import POLICIES
+from hfx.policies import PD_POLICIES, POLICIES
 
 
 class SimConfig(BaseModel):
@@ -28,10 +28,25 @@ class SimConfig(BaseModel):
     workload: str = Field("four-task", description=(
         f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
         "per client), or a trace file (.jsonl/.csv)"))
-    policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)})")
+    policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
+                        f"{', '.join(PD_POLICIES)})")
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
                        "between the tasks (seed 000 §7.3); ignored for trace files")
-    instances: int = Field(2, ge=1, description="number of instances (seed 000 §8.1: 2)")
+    instances: int = Field(2, ge=1, description="number of instances, colocated mode (seed 000 "
+                           "§8.1: 2)")
+    mode: Literal["colocated", "pd"] = Field("colocated", description="colocated, or pd: "
+                                             "prefill and decode on separate instances")
+    prefill: int = Field(2, ge=1, description="prefill instances in pd mode (seed 000 §8.1.2: 2)")
+    decode: int = Field(2, ge=1, description="decode instances in pd mode (seed 000 §8.1.2: 2)")
+    devices_per_node: int = Field(8, ge=1, description="devices per server, for KV links "
+                                  "(seed 000 §7.1: 8 NPUs)")
+    intra_node_gbps: float = Field(720.0, gt=0, description="KV link bandwidth within a node, "
+                                   "Gb/s (seed 001 §4.1: HCCS 720)")
+    inter_node_gbps: float = Field(200.0, gt=0, description="KV link bandwidth across nodes, "
+                                   "Gb/s (seed 001 §4.1: 200 GbE RoCE)")
+    link_latency: float = Field(0.5e-3, ge=0, description="fixed cost of one KV transfer, s")
+    kv_bytes_per_token: int | None = Field(None, ge=1, description="KV bytes per token; default:"
+                                           " from the profile's model config")
     seed: int = Field(0, ge=0, description="random seed of the workload")
     requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
                                    description="requests drawn per task (seed 000 §7.3: 300)")
@@ -61,12 +76,16 @@ class SimConfig(BaseModel):
     predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
                                    "predictions are scaled by (1 + this); 0.2 = 20% too slow")
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, v: str) -> str:
-        if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; choose one of {', '.join(POLICIES)}")
-        return v
+    @model_validator(mode="after")
+    def _known_policy(self) -> SimConfig:
+        if self.mode == "pd":
+            if self.policy not in PD_POLICIES and self.policy != "rr":
+                raise ValueError(f"unknown P/D policy {self.policy!r}; choose one of "
+                                 f"{', '.join(PD_POLICIES)}")
+        elif self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of "
+                             f"{', '.join(POLICIES)}")
+        return self
 
     @field_validator("planner")
     @classmethod
@@ -117,7 +136,10 @@ def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
         kind = _scalar_type(field.annotation)
         flag = "--" + name.replace("_", "-")
         help_text = f"{field.description} (default: {field.default})".replace("%", "%%")
-        if typing.get_origin(kind) is dict:
+        if typing.get_origin(kind) is Literal:
+            group.add_argument(flag, choices=typing.get_args(kind), default=argparse.SUPPRESS,
+                               dest=name, help=help_text)
+        elif typing.get_origin(kind) is dict:
             group.add_argument(flag, type=parse_params, default=argparse.SUPPRESS, dest=name,
                                metavar="K=V,...", help=help_text)
         elif kind is bool:

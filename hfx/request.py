@@ -68,7 +68,9 @@ class RequestRecord:
 
     request: Request
     dispatch_time: float | None = None
-    instance: int | None = None
+    instance: int | None = None  # where it was placed (the prefill instance in P/D)
+    decode_instance: int | None = None  # P/D: where it decoded after migration
+    migrated_at: float | None = None  # P/D: when its KV arrived on the decode instance
     token_times: array = field(default_factory=lambda: array("d"))
     finish_time: float | None = None
     outcome: Outcome = Outcome.PENDING

@@ -152,6 +152,14 @@ class Roofline:
         return int(free // m.kv_bytes_per_token)
 
 
+def kv_bytes_from_meta(meta: dict) -> int | None:
+    """KV bytes per token of the model a profile was made for, if its config is recorded."""
+    m = meta.get("model")
+    if not m:
+        return None
+    return m["layers"] * 2 * m["kv_heads"] * (m["hidden"] // m["heads"]) * BYTES_FP16
+
+
 # Seed 000 Appendix A profiling grid.
 GRID_BATCH = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
 GRID_LENGTH = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 284, 512, 768, 1024, 1536, 2020)

@@ -15,18 +15,20 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
-from hfx.bench.metrics import summarize
+from hfx.bench.metrics import distribution, summarize
 from hfx.bench.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import LocalInstance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
+from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
-from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.latency import Profile, load_profile
-from hfx.policies import make_policy
+from hfx.policies import make_pd_policies, make_policy
 from hfx.request import Request
+from hfx.roofline import kv_bytes_from_meta
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -47,6 +49,16 @@ def engine_config(config: SimConfig, profile: Profile, planner: str) -> EngineCo
     )
 
 
+def make_tl_manager(config: SimConfig, profile: Profile) -> TLManager:
+    kv = config.kv_bytes_per_token or kv_bytes_from_meta(profile.meta)
+    if kv is None:
+        raise ValueError(f"profile {profile.name} records no model config: give "
+                         "--kv-bytes-per-token for P/D mode")
+    tp = int(profile.meta.get("model", {}).get("tp", 1))
+    return TLManager(kv, tp, config.devices_per_node, config.intra_node_gbps,
+                     config.inter_node_gbps, config.link_latency)
+
+
 def make_mapper(config: SimConfig) -> PriorityMapper | None:
     """HFX-PM with each priority's nominal SLO ± 25% (seed 000 §7.3), when priorities are on."""
     if not config.priorities:
@@ -64,22 +76,34 @@ def load_requests(config: SimConfig) -> list[Request]:
     return requests
 
 
-async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
-                      progress: bool = False) -> tuple[ControlPlane, float]:
-    """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
-    (its records hold the outcome) and the time the last request finished."""
-    loop = asyncio.get_running_loop()
-    policy = make_policy(config.policy, **config.policy_params)
+def build_cluster(config: SimConfig, profile: Profile) -> ControlPlane:
+    """The control plane and its SimExecutor instances for ``config`` (not started)."""
+    migrator, tl = None, None
+    if config.mode == "pd":
+        policy, migrator = make_pd_policies(config.policy, **config.policy_params)
+        roles = [Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
+        tl = make_tl_manager(config, profile)
+    else:
+        policy = make_policy(config.policy, **config.policy_params)
+        roles = [Role.COLOCATED] * config.instances
     ecfg = engine_config(config, profile, config.planner or policy.planner)
-    instances = [LocalInstance(i, EngineCore(ecfg, SimExecutor(profile.model)))
-                 for i in range(config.instances)]
-    control = ControlPlane(instances, policy, profile,
-                           step_model=profile.model.scaled(1.0 + config.predictor_error),
-                           monitor=Monitor(config.monitor_interval),
-                           mapper=make_mapper(config))
+    instances = [LocalInstance(i, EngineCore(replace(ecfg, role=role),
+                                             SimExecutor(profile.model)))
+                 for i, role in enumerate(roles)]
+    return ControlPlane(instances, policy, profile,
+                        step_model=profile.model.scaled(1.0 + config.predictor_error),
+                        monitor=Monitor(config.monitor_interval),
+                        mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
+
+
+async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None
+                ) -> float:
+    """Start ``control``, submit ``requests`` at their arrival times, wait until every one has
+    an outcome, stop; returns the time the last one finished. ``progress`` labels a bar."""
+    loop = asyncio.get_running_loop()
     await control.start()
-    bar = tqdm(total=len(requests), desc=f"{config.policy}@{config.qps:g}qps", unit="req",
-               disable=not progress or None, leave=False)
+    bar = tqdm(total=len(requests), desc=progress, unit="req",
+               disable=progress is None or None, leave=False)
 
     async def show_progress() -> None:
         while True:
@@ -98,7 +122,16 @@ async def run_cluster(config: SimConfig, requests: list[Request], profile: Profi
         ticker.cancel()
     bar.close()
     await control.stop()
-    return control, end
+    return end
+
+
+async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
+                      progress: bool = False) -> tuple[ControlPlane, float]:
+    """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
+    (its records hold the outcome) and the time the last request finished."""
+    control = build_cluster(config, profile)
+    label = f"{config.policy}@{config.qps:g}qps" if progress else None
+    return control, await drive(control, requests, label)
 
 
 @contextmanager
@@ -114,6 +147,16 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
+def pd_summary(control: ControlPlane) -> dict:
+    """Migration figures of a P/D run: how many, and the delay from first token to KV arrival."""
+    records = [r for r in control.records.values() if r.migrated_at is not None]
+    delays = [r.migrated_at - r.first_token_time for r in records if r.first_token_time]
+    assert control.tl is not None
+    return {"prefill_instances": sum(i.role is Role.PREFILL for i in control.instances.values()),
+            "migrations": len(records), "migration_delay": distribution(delays),
+            "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
+
+
 def simulate(config: SimConfig, progress: bool = False) -> dict:
     """Run one simulated configuration; the result object of DESIGN.md "Contracts"."""
     wall0 = time.perf_counter()
@@ -126,14 +169,15 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     result = {
         "policy": config.policy,
         "workload": config.workload,
-        "mode": "colocated",
+        "mode": config.mode,
         "qps": config.qps,
         "seed": config.seed,
-        "instances": config.instances,
+        "instances": len(control.instances),
         "profile": profile.name,
         **summarize(records, spans),
         "sim_seconds": end,
         "engine_steps": sum(inst.engine.num_steps for inst in control.instances.values()),
+        **(pd_summary(control) if config.mode == "pd" else {}),
         "config": config.model_dump(),
         "wall_seconds": time.perf_counter() - wall0,
     }

@@ -1,24 +1,39 @@
 """The control plane: the global request path from arrival to the last token.
 
-Arrivals go to the policy's queue; the policy's decisions go to instances; token events from the
-instances update each request's record. ``schedule`` runs on every arrival, on a finished request
-while the policy still holds queued work, on each Monitor snapshot, and at the wake-up time the
-policy asked for. All times come from the running loop.
+Arrivals go to the dispatch policy's queue (after priority mapping, if the request carries a
+priority); the policy's decisions go to instances; step outputs from the instances update each
+request's record. In P/D mode (seed 000 §5.1) a second stage, the Migrator, owns the prefilled
+requests: its decisions move a request's KV from its prefill instance to a decode instance over
+the TLManager's links.
+
+A stage's policy is called on every arrival into its queue, on a finished request while it still
+holds queued work, on each Monitor snapshot, and at the wake-up time it asked for. All times come
+from the running loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper
-from hfx.engine import EngineError, RequestStatus, StepOutput
+from hfx.cluster.tl_manager import TLManager
+from hfx.engine import EngineError, RequestStatus, Role, StepOutput
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, InstanceView, Policy
 from hfx.request import Outcome, Request, RequestRecord
+
+
+@dataclass(slots=True)
+class _Stage:
+    """One scheduling stage: a policy, the instances it sees, its wake-up timer."""
+
+    policy: Policy
+    view: ClusterView
+    timer: asyncio.TimerHandle | None = None
 
 
 class ControlPlane:
@@ -31,11 +46,21 @@ class ControlPlane:
         step_model: StepTimeModel | None = None,
         monitor: Monitor | None = None,
         mapper: PriorityMapper | None = None,
+        migrator: Policy | None = None,
+        tl_manager: TLManager | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one instance")
         self.instances: dict[int, Instance] = {inst.id: inst for inst in instances}
+        roles = {inst.role for inst in instances}
+        self.pd = Role.PREFILL in roles or Role.DECODE in roles
+        if self.pd and (roles != {Role.PREFILL, Role.DECODE} or migrator is None
+                        or tl_manager is None):
+            raise ValueError("P/D needs prefill and decode instances, a migrator and a "
+                             "TLManager; colocated instances cannot mix with them")
         self.policy = policy
+        self.migrator = migrator
+        self.tl = tl_manager
         self.profile = profile
         self.monitor = monitor or Monitor()
         self.records: dict[str, RequestRecord] = {}
@@ -48,28 +73,43 @@ class ControlPlane:
         # Instance lifetimes on the loop's clock, for cost (seed 000 Eq. 3).
         self.active_since: dict[int, float] = {}
         self.released_at: dict[int, float] = {}
-        self._view: ClusterView | None = None
         self._views: dict[int, InstanceView] = {}
         self._step_model = step_model or profile.model
-        self._timer: asyncio.TimerHandle | None = None
+        self._dispatch: _Stage | None = None
+        self._migrate: _Stage | None = None
+        self._sent: dict[str, Request] = {}  # P/D: the request as the policies see it
+        self._blocked: list[Request] = []  # P/D: migrations waiting for decode KV
         self._idle = asyncio.Event()
         self._idle.set()
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        now = loop.time()
         for inst in self.instances.values():
             inst.start(self.on_events)
-            self.active_since[inst.id] = loop.time()
+            self.active_since[inst.id] = now
         snapshot = self.monitor.collect(self.instances.values())
         self._views = {i: InstanceView(i, s.role, s) for i, s in snapshot.items()}
-        self._view = ClusterView(loop.time(), list(self._views.values()), self._step_model,
-                                 self.profile)
+
+        def view(role: Role | None) -> ClusterView:
+            members = [v for v in self._views.values() if role is None or v.role is role]
+            return ClusterView(now, members, self._step_model, self.profile)
+
+        if self.pd:
+            assert self.migrator is not None and self.tl is not None
+            self._dispatch = _Stage(self.policy, view(Role.PREFILL))
+            self._migrate = _Stage(self.migrator, view(Role.DECODE))
+            for v in self._views.values():  # links before anyone serves (seed 000 §6)
+                (self.tl.add_prefill if v.role is Role.PREFILL else self.tl.add_decode)(v.id)
+        else:
+            self._dispatch = _Stage(self.policy, view(None))
         self.monitor.start(self.instances.values, self._on_snapshot)
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for stage in (self._dispatch, self._migrate):
+            if stage is not None and stage.timer is not None:
+                stage.timer.cancel()
         await self.monitor.stop()
         now = asyncio.get_running_loop().time()
         for inst in self.instances.values():
@@ -105,32 +145,40 @@ class ControlPlane:
             return record
         if request.slo is None:  # the policy sees the mapped SLO; the record keeps both
             request = replace(request, slo=record.slo)
-        self.policy.enqueue(request, asyncio.get_running_loop().time())
-        self._schedule()
+        if self.pd:
+            self._sent[request.id] = request
+        assert self._dispatch is not None, "start() the control plane first"
+        self._dispatch.policy.enqueue(request, asyncio.get_running_loop().time())
+        self._schedule(self._dispatch)
         return record
 
     def abort(self, request_id: str) -> None:
+        """Abort a request wherever it is; each instance holding it reports the abort."""
         record = self.records.get(request_id)
         if record is None or record.outcome is not Outcome.PENDING:
             return
-        if record.instance is not None:
-            self.instances[record.instance].abort(request_id)
-        else:  # still in the policy's queue: finish it now, and skip it when it is dispatched
+        if record.instance is None:  # still in the dispatch queue: skipped when dispatched
             self._finish(record, Outcome.ABORTED, asyncio.get_running_loop().time())
+            return
+        self.instances[record.instance].abort(request_id)
+        if record.decode_instance is not None:
+            self.instances[record.decode_instance].abort(request_id)
 
     # ---- scheduling ------------------------------------------------------------------------
-    def _schedule(self) -> None:
-        view = self._view
-        assert view is not None, "start() the control plane first"
+    def _schedule(self, stage: _Stage) -> None:
         loop = asyncio.get_running_loop()
-        view.now = loop.time()
-        decision = self.policy.schedule(view)
-        self._apply(decision, view.now)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        stage.view.now = loop.time()
+        decision = stage.policy.schedule(stage.view)
+        if stage is self._migrate:
+            self._apply_migrations(decision, stage.view.now)
+        else:
+            self._apply(decision, stage.view.now)
+        if stage.timer is not None:
+            stage.timer.cancel()
+            stage.timer = None
         if decision.wake_at is not None:
-            self._timer = loop.call_at(max(decision.wake_at, view.now), self._schedule)
+            stage.timer = loop.call_at(max(decision.wake_at, stage.view.now),
+                                       self._schedule, stage)
 
     def _apply(self, decision: Decision, now: float) -> None:
         for d in decision.dispatch:
@@ -145,19 +193,67 @@ class ControlPlane:
             except EngineError as e:
                 self._finish(record, Outcome.FAILED, now, str(e))
                 continue
-            view = self._views[d.instance]
-            view.outstanding += 1
-            view.outstanding_tokens += d.request.prompt_len + d.request.max_tokens
+            self._count(d.instance, d.request, +1)
         for request in decision.reject:
             self._finish(self.records[request.id], Outcome.REJECTED, now, "rejected by policy")
+
+    def _count(self, instance_id: int, request: Request, sign: int) -> None:
+        view = self._views[instance_id]
+        view.outstanding += sign
+        view.outstanding_tokens += sign * (request.prompt_len + request.max_tokens)
 
     def _on_snapshot(self, snapshot: dict) -> None:
         for iid, stats in snapshot.items():
             self._views[iid].stats = stats
-        if self.policy.num_queued():
-            self._schedule()
+        for stage in (self._dispatch, self._migrate):
+            if stage is not None and stage.policy.num_queued():
+                self._schedule(stage)
 
-    # ---- token events ----------------------------------------------------------------------
+    # ---- P/D migration (seed 000 §5.1: the Migrator and the TLManager) -------------------------
+    def _apply_migrations(self, decision: Decision, now: float) -> None:
+        for d in decision.dispatch:
+            record = self.records[d.request.id]
+            if record.outcome is not Outcome.PENDING:
+                continue
+            src, dst = record.instance, d.instance
+            assert src is not None and self.tl is not None
+            state = self.instances[src].migration_state(d.request.id)
+            try:
+                reserved = self.instances[dst].reserve_import(state)
+            except EngineError as e:
+                self.instances[src].abort(d.request.id)
+                self._finish(record, Outcome.FAILED, now, str(e))
+                continue
+            if not reserved:  # no KV free there: wait for a finish, never overcommit
+                self._blocked.append(d.request)
+                continue
+            record.decode_instance = dst
+            self._count(dst, d.request, +1)
+            done = self.tl.book(src, dst, state.num_computed_tokens, now)
+            asyncio.get_running_loop().call_at(done, self._complete_migration, record)
+
+    def _complete_migration(self, record: RequestRecord) -> None:
+        """The KV has arrived: free it on the prefill instance, decode on the decode one."""
+        src, dst = record.instance, record.decode_instance
+        assert src is not None and dst is not None and self._dispatch is not None
+        if record.outcome is not Outcome.PENDING:
+            return  # aborted in flight; both instances dropped it
+        now = asyncio.get_running_loop().time()
+        self.instances[src].export(record.request.id)
+        self._count(src, record.request, -1)
+        record.migrated_at = now
+        self._dispatch.policy.on_finished(record, self._dispatch.view)  # it left the P stage
+        self.instances[dst].activate_import(record.request.id)
+        if self._dispatch.policy.num_queued():
+            self._schedule(self._dispatch)
+
+    def _on_prefilled(self, request_id: str, now: float) -> None:
+        assert self._migrate is not None
+        record = self.records[request_id]
+        if record.outcome is Outcome.PENDING:
+            self._migrate.policy.enqueue(self._sent[request_id], now)
+
+    # ---- step outputs ----------------------------------------------------------------------
     def on_events(self, instance_id: int, out: StepOutput) -> None:
         """Sink of every instance's step outputs."""
         records = self.records
@@ -169,18 +265,27 @@ class ControlPlane:
                 self._first_token(rid)
         if not out.transitions:
             return
-        view = self._views[instance_id]
+        prefilled = finished = False
         for rid, status in out.transitions:
-            if not status.finished:
-                continue  # PREFILLED: the P/D migrator's business
+            if status is RequestStatus.PREFILLED:
+                self._on_prefilled(rid, now)
+                prefilled = True
+                continue
             record = records[rid]
-            view.outstanding -= 1
-            view.outstanding_tokens -= record.request.prompt_len + record.request.max_tokens
+            self._count(instance_id, record.request, -1)
+            if record.outcome is not Outcome.PENDING:
+                continue  # closed by the other instance of a migration aborted in flight
             outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
                        else Outcome.FINISHED)
             self._finish(record, outcome, now)
-        if self.policy.num_queued():
-            self._schedule()
+            finished = True
+        if finished and self._blocked and self._migrate is not None:
+            for request in self._blocked:  # decode KV may be free now
+                self._migrate.policy.enqueue(request, now)
+            self._blocked.clear()
+        for stage in (self._dispatch, self._migrate):
+            if stage is not None and (finished or prefilled) and stage.policy.num_queued():
+                self._schedule(stage)
 
     def _first_token(self, request_id: str) -> None:
         p = self._awaiting.pop(request_id, None)
@@ -194,12 +299,15 @@ class ControlPlane:
         record.error = error
         self.num_done += 1
         req = record.request
+        self._sent.pop(req.id, None)
         if self._awaiting:
             self._first_token(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED
                 and record.queue_time is not None and 0 <= req.priority < self.mapper.levels):
             self.mapper.observe(req.priority, record.ttft, record.queue_time, record.tpot)
-        if self._view is not None:
-            self.policy.on_finished(record, self._view)
+        last = self._migrate if self._migrate is not None and record.decode_instance is not None \
+            else self._dispatch
+        if last is not None:
+            last.policy.on_finished(record, last.view)
         if self.num_done == len(self.records):
             self._idle.set()

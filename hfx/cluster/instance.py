@@ -56,6 +56,14 @@ class Instance(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
+    def migration_state(self, request_id: str) -> Sequence: ...
+
+    def reserve_import(self, state: Sequence) -> bool: ...
+
+    def export(self, request_id: str) -> None: ...
+
+    def activate_import(self, request_id: str) -> None: ...
+
     def stats(self) -> InstanceStats: ...
 
     def start(self, sink: EventSink) -> None: ...
@@ -98,6 +106,25 @@ class LocalInstance:
     def abort(self, request_id: str) -> None:
         if self.engine.abort(request_id):
             self._wake.set()
+
+    # ---- P/D migration (seed 000 §5.1): the TLManager drives these ---------------------------
+    def migration_state(self, request_id: str) -> Sequence:
+        """Prefill role: the held sequence's progress, to reserve room for it elsewhere."""
+        return self.engine.held[request_id].migrated_copy()
+
+    def reserve_import(self, state: Sequence) -> bool:
+        """Decode role: room for the KV on its way here; False if the blocks are not free."""
+        return self.engine.reserve_import(state)
+
+    def export(self, request_id: str) -> None:
+        """Prefill role: the KV has been copied out; free it here."""
+        self.engine.release(request_id)
+        self._wake.set()  # freed blocks may admit waiting prefills
+
+    def activate_import(self, request_id: str) -> None:
+        """Decode role: the KV has arrived; decode it."""
+        self.engine.activate_import(request_id)
+        self._wake.set()
 
     def stats(self) -> InstanceStats:
         e = self.engine

@@ -46,6 +46,7 @@ class EngineCore:
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
         self.state = EngineState(waiting=deque(), running=[], kv=self.kv)
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
+        self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way
         self._seqs: dict[str, Sequence] = {}
         self._aborts: list[str] = []
         self.num_steps = 0
@@ -85,6 +86,28 @@ class EngineCore:
         seq.status = RequestStatus.FINISHED_MIGRATED
         del self._seqs[request_id]
         return seq
+
+    def reserve_import(self, seq: Sequence) -> bool:
+        """Decode role: allocate blocks for a sequence's KV before it is transferred here.
+
+        False, with nothing allocated, when the blocks are not free: the migration waits
+        rather than overcommits.
+        """
+        if seq.request_id in self._seqs:
+            raise EngineError(f"duplicate request id {seq.request_id!r}")
+        self.check(seq.prompt_len, seq.max_tokens)
+        # Room for the transferred KV and the token the first decode step writes.
+        if self.kv.allocate(seq, seq.num_tokens, self.config.watermark_blocks) is None:
+            return False
+        self.incoming[seq.request_id] = seq
+        self._seqs[seq.request_id] = seq
+        return True
+
+    def activate_import(self, request_id: str) -> None:
+        """Decode role: the KV has arrived; the sequence decodes from the next step."""
+        seq = self.incoming.pop(request_id)
+        seq.status = RequestStatus.RUNNING
+        self.state.running.append(seq)
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -179,6 +202,8 @@ class EngineCore:
                 self.state.running.remove(seq)
             elif seq.status is RequestStatus.PREFILLED:
                 del self.held[rid]
+            else:
+                self.incoming.pop(rid, None)
             self.kv.free(seq)
             seq.status = RequestStatus.FINISHED_ABORTED
             transitions.append((rid, seq.status))

@@ -75,6 +75,16 @@ class Sequence:
         self.output_token_ids.append(token_id)
         self.num_tokens += 1
 
+    def migrated_copy(self) -> Sequence:
+        """A fresh sequence with this one's progress and no KV blocks, for the instance that
+        receives it with its KV (P/D migration)."""
+        return Sequence(
+            request_id=self.request_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
+            prompt_token_ids=self.prompt_token_ids, stop_token_ids=self.stop_token_ids,
+            output_token_ids=list(self.output_token_ids),
+            num_computed_tokens=self.num_computed_tokens, tpot=self.tpot,
+        )
+
     @property
     def num_missing(self) -> int:
         """Tokens still to compute before the next token can be sampled."""

@@ -42,14 +42,14 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import Counter, deque
+from collections import deque
 
 from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance
+from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Outcome, Request, RequestRecord
 
 
@@ -86,11 +86,7 @@ class HFXDispatcher(Policy):
         self.prefill_cv = prefill_cv
         self.max_scan = int(max_scan)
         self.predictor = OutputLengthPredictor(output_length)
-        self._classes: dict[float, deque[Request]] = {}  # Q_R: TPOT target → FIFO by arrival
-        self._tpots: list[float] = []  # sorted keys of _classes
-        self._taken: set[str] = set()  # admitted or moved to best effort, still in a FIFO
-        self._queue_ttfts: Counter = Counter()
-        self._num_queued = 0
+        self.queue = SLOQueue()  # Q_R
         self._best_effort: deque[Request] = deque()
         self.shadow: dict[int, ShadowInstance] = {}
         self.maturity: dict[int, float] = {}
@@ -98,47 +94,10 @@ class HFXDispatcher(Policy):
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
-        assert request.slo is not None
-        tpot = request.slo.tpot
-        fifo = self._classes.get(tpot)
-        if fifo is None:
-            fifo = self._classes[tpot] = deque()
-            bisect.insort(self._tpots, tpot)
-        fifo.append(request)
-        self._queue_ttfts[request.slo.ttft] += 1
-        self._num_queued += 1
+        self.queue.push(request)
 
     def num_queued(self) -> int:
-        return self._num_queued + len(self._best_effort)
-
-    def _take(self, request: Request) -> None:
-        """Remove ``request`` from Q_R (lazily: it is skipped and popped when at the head)."""
-        self._taken.add(request.id)
-        self._num_queued -= 1
-        ttft = request.slo.ttft
-        self._queue_ttfts[ttft] -= 1
-        if self._queue_ttfts[ttft] == 0:
-            del self._queue_ttfts[ttft]
-
-    def _scan(self):
-        """Q_R in (TPOT, arrival) order, skipping taken requests, at most max_scan of them."""
-        seen = 0
-        for tpot in list(self._tpots):
-            fifo = self._classes[tpot]
-            while fifo and fifo[0].id in self._taken:
-                self._taken.discard(fifo.popleft().id)
-            if not fifo:
-                del self._classes[tpot]
-                self._tpots.remove(tpot)
-                continue
-            # Taking a request only marks it, so the FIFO is not mutated while we iterate.
-            for req in fifo:
-                if req.id in self._taken:
-                    continue
-                yield req
-                seen += 1
-                if seen >= self.max_scan:
-                    return
+        return len(self.queue) + len(self._best_effort)
 
     # ---- the dispatcher ---------------------------------------------------------------------
     def _shadow_of(self, inst: InstanceView, view: ClusterView) -> ShadowInstance:
@@ -195,13 +154,7 @@ class HFXDispatcher(Policy):
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision) -> None:
         e_d = self.decode_step(sh, model)
-        # The tightest targets involved: queued requests and those in flight here.
-        ttfts = [x for x in (min(self._queue_ttfts, default=None), sh.min_ttft()) if x]
-        tpots = [x for x in (self._tpots[0] if self._tpots else None, sh.min_tpot()) if x]
-        budget = float("inf")
-        if ttfts and tpots:
-            budget = token_budget(min(ttfts), min(tpots), e_d, model.prefill_a, model.prefill_b)
-        limit = min(sh.free_kv_tokens(), budget)
+        limit = min(sh.free_kv_tokens(), self.budget(sh, model, e_d))
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
         # the dispatcher's sight and its maturity model.
         slots = sh.free_slots()
@@ -209,11 +162,11 @@ class HFXDispatcher(Policy):
         admitted: list[tuple[Request, bool]] = []
         used = sum_sq = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
-        for req in self._scan():
+        for req in self.queue.scan(self.max_scan):
             own = req.arrival + req.slo.ttft
             alone = model.prefill_time(req.prompt_len, req.prompt_len ** 2)
             if own < now + alone:  # hopeless even alone and now: best effort, never dropped
-                self._take(req)
+                self.queue.take(req)
                 self._best_effort.append(req)
                 continue
             n = used + req.prompt_len
@@ -224,21 +177,21 @@ class HFXDispatcher(Policy):
             # r's prefill is the batch's: every member must keep its TTFT with r joined.
             e_p = model.prefill_time(n, sum_sq + req.prompt_len ** 2)
             if self.calculate_p(min(deadline, own), e_p, sh, e_d, now) >= self.theta:
-                self._take(req)
+                self.queue.take(req)
                 admitted.append((req, False))
                 used, sum_sq, deadline = n, sum_sq + req.prompt_len ** 2, min(deadline, own)
         # Best effort only when no feasible request waits: hopeless work must not take the
         # capacity of requests that can still make their SLO.
-        while (self._best_effort and not self._num_queued and len(admitted) < slots
+        while (self._best_effort and not self.queue and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit):
             req = self._best_effort.popleft()
             admitted.append((req, True))
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next(self._scan(), None)
+            head = next(self.queue.scan(self.max_scan), None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():
-                self._take(head)
+                self.queue.take(head)
                 admitted.append((head, False))
             elif self._best_effort and self._best_effort[0].prompt_len <= sh.free_kv_tokens():
                 admitted.append((self._best_effort.popleft(), True))
@@ -249,12 +202,29 @@ class HFXDispatcher(Policy):
         sum_len = sum_sq = 0
         for req, best_effort in admitted:
             decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
-            sh.add(req, self.predictor.predict(req))
+            sh.add(req, self.kv_reserve(req))
             sum_len += req.prompt_len
             sum_sq += req.prompt_len ** 2
-        e_p = model.prefill_time(sum_len, sum_sq)
-        e_d_new = self.decode_step(sh, model)
-        self.maturity[iid] = maturity_time(now, e_p, e_d_new, sh.min_tpot())
+        self.maturity[iid] = self.next_maturity(now, model.prefill_time(sum_len, sum_sq), sh,
+                                                model)
+
+    # ---- what the P stage of P/D changes (seed 001 §3.3.1, steps 2 and 4) ---------------------
+    def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
+        """Eq. 5 with the tightest targets involved: queued requests and those in flight."""
+        ttfts = [x for x in (self.queue.min_ttft(), sh.min_ttft()) if x]
+        tpots = [x for x in (self.queue.min_tpot(), sh.min_tpot()) if x]
+        if not (ttfts and tpots):
+            return float("inf")
+        return token_budget(min(ttfts), min(tpots), e_d, model.prefill_a, model.prefill_b)
+
+    def next_maturity(self, now: float, e_p: float, sh: ShadowInstance,
+                      model: StepTimeModel) -> float:
+        """After dispatching a batch of prefill time ``e_p`` (Algorithm 1)."""
+        return maturity_time(now, e_p, self.decode_step(sh, model), sh.min_tpot())
+
+    def kv_reserve(self, request: Request) -> float:
+        """Output tokens whose KV the instance will hold for ``request``."""
+        return self.predictor.predict(request)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         req = record.request

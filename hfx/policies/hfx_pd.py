@@ -1,0 +1,121 @@
+"""HFX in P/D-disaggregated mode (seed 000 §5.1 "PD-Disaggregated Architecture"; seed 001
+§3.3.1 "Disaggregated Mode"): the four dispatching steps run twice, once per stage.
+
+P stage (``HFXPrefillDispatcher``, over prefill instances): a prefill batch cannot be interrupted,
+so an instance matures when its current prefill batch completes (step 4), and its token budget
+is the number of tokens whose prefill fits the strictest TTFT in the queue,
+(TTFT_min − a) / b (step 2). Admission (calculate_p ≥ θ) is as in colocated mode.
+
+D stage (``HFXMigrator``, over decode instances): a queue of prefilled requests ordered by
+(TPOT, arrival). At every decode iteration boundary of a mature instance it admits requests
+while the predicted decode step with them joined stays within the strictest TPOT of the
+instance's in-flight requests (the queue's strictest when the instance is idle) — the budget of
+step 2 — and while their KV and sequence slots fit. Maturity is the end of the next decode
+iteration (step 4).
+"""
+
+from __future__ import annotations
+
+from hfx.latency import StepTimeModel
+from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.hfx import HFXDispatcher
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance
+from hfx.policies.slo_queue import SLOQueue
+from hfx.request import Outcome, Request, RequestRecord
+
+
+class HFXPrefillDispatcher(HFXDispatcher):
+    name = "hfx"
+
+    def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
+        return 0.0  # a prefill instance never decodes
+
+    def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
+        ttft = self.queue.min_ttft()
+        return float("inf") if ttft is None else (ttft - model.prefill_a) / model.prefill_b
+
+    def next_maturity(self, now: float, e_p: float, sh: ShadowInstance,
+                      model: StepTimeModel) -> float:
+        return now + e_p
+
+    def kv_reserve(self, request: Request) -> float:
+        return 1.0  # the prompt's KV and the first token's, until migration
+
+
+class HFXMigrator(Policy):
+    name = "hfx-migrator"
+
+    def __init__(self, max_scan: int = 512, output_length: str = "history") -> None:
+        self.max_scan = max_scan
+        self.queue = SLOQueue()
+        self.predictor = OutputLengthPredictor(output_length)
+        self.shadow: dict[int, ShadowInstance] = {}
+        self.maturity: dict[int, float] = {}
+        self._corrected_at: dict[int, float] = {}
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self.queue.push(request)
+
+    def num_queued(self) -> int:
+        return len(self.queue)
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        for inst in targets:
+            if inst.id not in self.shadow:
+                cap = inst.stats.kv_total_blocks * inst.stats.block_size
+                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
+                self.maturity[inst.id] = now
+            if self._corrected_at.get(inst.id) != inst.stats.time:
+                self.shadow[inst.id].correct(inst.stats)
+                self._corrected_at[inst.id] = inst.stats.time
+        if not self.queue or not targets:
+            return decision
+        for inst in sorted(targets, key=lambda i: (self.maturity[i.id], i.id)):
+            if self.maturity[inst.id] > now or not self.queue:
+                break
+            self._serve(inst.id, self.shadow[inst.id], model, now, decision)
+        if self.queue:
+            decision.wake_at = max(min(self.maturity[i.id] for i in targets),
+                                   now + model.decode_a / 4)
+        return decision
+
+    def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
+               decision: Decision) -> None:
+        tpot = sh.min_tpot() or self.queue.min_tpot()
+        ctx, batch = sh.decode_ctx, sh.batch_size
+        kv_free, slots = sh.free_kv_tokens(), sh.free_slots()
+        admitted: list[tuple[Request, float]] = []
+        for req in self.queue.scan(self.max_scan):
+            if len(admitted) >= slots:
+                break
+            out_len = self.predictor.predict(req)
+            need = req.prompt_len + out_len
+            limit = min(tpot, req.slo.tpot)
+            fits_tpot = model.decode_time(ctx + req.prompt_len + 1, batch + 1) <= limit
+            if need <= kv_free and (fits_tpot or batch == 0):
+                self.queue.take(req)
+                admitted.append((req, out_len))
+                ctx += req.prompt_len + 1
+                batch += 1
+                kv_free -= need
+                tpot = limit
+        for req, out_len in admitted:
+            decision.dispatch.append(Dispatch(req, iid))
+            sh.add(req, out_len)
+        # Decide again at the end of the next decode iteration.
+        self.maturity[iid] = now + max(model.decode_time(ctx, batch), model.decode_a)
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            self.predictor.observe(req.task, record.num_tokens)
+        sh = self.shadow.get(record.decode_instance) if record.decode_instance is not None \
+            else None
+        if sh is not None:
+            sh.remove(req.id, req.prompt_len + record.num_tokens)
+            if sh.idle:
+                self.maturity[sh.id] = min(self.maturity[sh.id], view.now)

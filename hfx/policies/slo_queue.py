@@ -1,0 +1,73 @@
+"""Q_R: requests ordered by (TPOT, arrival) — stricter TPOT first (seed 000 Algorithm 1).
+
+One FIFO per TPOT target, scanned from the strictest target up. Taking a request from the middle
+only marks it; marked requests are dropped when they reach the head, so a scan never rebuilds a
+deep queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, deque
+from collections.abc import Iterator
+
+from hfx.request import Request
+
+
+class SLOQueue:
+    def __init__(self) -> None:
+        self._classes: dict[float, deque[Request]] = {}  # TPOT target → FIFO by arrival
+        self._tpots: list[float] = []  # sorted keys of _classes
+        self._taken: set[str] = set()
+        self._ttfts: Counter = Counter()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, request: Request) -> None:
+        assert request.slo is not None
+        tpot = request.slo.tpot
+        fifo = self._classes.get(tpot)
+        if fifo is None:
+            fifo = self._classes[tpot] = deque()
+            bisect.insort(self._tpots, tpot)
+        fifo.append(request)
+        self._ttfts[request.slo.ttft] += 1
+        self._size += 1
+
+    def take(self, request: Request) -> None:
+        """Remove a request yielded by ``scan``."""
+        self._taken.add(request.id)
+        self._size -= 1
+        ttft = request.slo.ttft
+        self._ttfts[ttft] -= 1
+        if self._ttfts[ttft] == 0:
+            del self._ttfts[ttft]
+
+    def min_ttft(self) -> float | None:
+        return min(self._ttfts) if self._ttfts else None
+
+    def min_tpot(self) -> float | None:
+        return self._tpots[0] if self._tpots else None
+
+    def scan(self, limit: int) -> Iterator[Request]:
+        """Requests in (TPOT, arrival) order, at most ``limit`` of them. The caller may ``take``
+        what it is given while scanning."""
+        seen = 0
+        for tpot in list(self._tpots):
+            fifo = self._classes[tpot]
+            while fifo and fifo[0].id in self._taken:
+                self._taken.discard(fifo.popleft().id)
+            if not fifo:
+                del self._classes[tpot]
+                self._tpots.remove(tpot)
+                continue
+            # Taking a request only marks it, so the FIFO is not mutated while we iterate.
+            for req in fifo:
+                if req.id in self._taken:
+                    continue
+                yield req
+                seen += 1
+                if seen >= limit:
+                    return

@@ -1,0 +1,127 @@
+"""P/D disaggregation: migration invariants, KV pressure, links, and the stages end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import make_engine, seq
+
+from hfx.clock import run
+from hfx.cluster.tl_manager import TLManager
+from hfx.config import SimConfig
+from hfx.engine import RequestStatus, Role
+from hfx.request import Outcome
+from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simulate
+
+
+def test_transfer_time_is_bytes_over_bandwidth_plus_latency():
+    tl = TLManager(kv_bytes_per_token=57344, tp=1, devices_per_node=8)
+    for p in (0, 1):
+        tl.add_prefill(p)
+    tl.add_decode(2)
+    tl.add_decode(9)  # node 1
+    assert set(tl.links) == {(0, 2), (1, 2), (0, 9), (1, 9)}  # every pair, set up in advance
+    # 1000 tokens · 57344 B over HCCS 720 Gb/s = 90 GB/s, plus 0.5 ms.
+    assert tl.transfer_time(0, 2, 1000) == pytest.approx(57344e3 / 90e9 + 0.5e-3)
+    # Across nodes: 200 GbE = 25 GB/s.
+    assert tl.transfer_time(0, 9, 1000) == pytest.approx(57344e3 / 25e9 + 0.5e-3)
+    # One link carries one transfer at a time.
+    first = tl.book(0, 2, 1000, now=10.0)
+    second = tl.book(0, 2, 1000, now=10.0)
+    assert second == pytest.approx(first + tl.transfer_time(0, 2, 1000))
+    tl.add_prefill(3)  # a new instance gets links before it serves
+    assert (3, 2) in tl.links and (3, 9) in tl.links
+    with pytest.raises(KeyError, match="no link"):
+        tl.book(2, 0, 10, 0.0)
+
+
+def test_reserve_import_waits_rather_than_overcommits(vloop):
+    prefill, _ = make_engine(role=Role.PREFILL, num_blocks=64)
+    decode, _ = make_engine(role=Role.DECODE, num_blocks=5, block_size=4, watermark=0.0)
+    prefill.add_request(seq("a", 12, 5))
+    prefill.add_request(seq("b", 12, 5))
+
+    async def prefill_both():
+        while prefill.has_work():
+            await prefill.step()
+
+    vloop.run_until_complete(prefill_both())
+    assert set(prefill.held) == {"a", "b"}
+    assert decode.reserve_import(prefill.held["a"].migrated_copy())  # 13 tokens: 4 of 5 blocks
+    used = decode.kv.num_used_blocks
+    assert not decode.reserve_import(prefill.held["b"].migrated_copy())  # no room: refused
+    assert decode.kv.num_used_blocks == used and "b" not in decode.incoming  # nothing taken
+    prefill.release("a")
+    decode.activate_import("a")
+    assert decode.state.running[0].request_id == "a"
+    assert decode.state.running[0].status is RequestStatus.RUNNING
+
+
+def test_migration_invariants_under_kv_pressure():
+    """Every 5 ms: no request decodes on two instances; a migrated request's KV sits on exactly
+    one instance; no instance holds more KV than it has. Decode KV is small, so migrations
+    must wait."""
+    cfg = SimConfig(mode="pd", policy="rr-pd", prefill=2, decode=2, qps=60,
+                    requests_per_task=25, kv_capacity_tokens=6000, monitor_interval=0.2)
+    violations: list[str] = []
+    waited = []
+
+    control = None
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(0.005)
+            engines = {i: inst.engine for i, inst in control.instances.items()}
+            where: dict[str, list[int]] = {}
+            for iid, e in engines.items():
+                if e.kv.num_used_blocks > e.kv.num_blocks:
+                    violations.append(f"instance {iid} over capacity")
+                owned = sum(len(s.block_table) for s in e._seqs.values())
+                if owned != e.kv.num_used_blocks:
+                    violations.append(f"instance {iid}: blocks owned {owned} != used")
+                for s in e.state.running:
+                    where.setdefault(s.request_id, []).append(iid)
+            for rid, ids in where.items():
+                if len(ids) > 1:
+                    violations.append(f"{rid} decoding on {ids}")
+            for rid, rec in control.records.items():
+                if rec.migrated_at is not None and rec.outcome is Outcome.PENDING:
+                    holders = [i for i, e in engines.items()
+                               if rid in e._seqs and e._seqs[rid].block_table]
+                    if holders != [rec.decode_instance]:
+                        violations.append(f"{rid} KV on {holders}")
+            waited.append(len(control._blocked))
+
+    async def main():
+        nonlocal control
+        control = build_cluster(cfg, resolve_profile(cfg))
+        watcher = asyncio.ensure_future(watch())
+        await drive(control, load_requests(cfg))
+        watcher.cancel()
+
+    run(main(), virtual=True)
+    assert violations == []
+    assert max(waited) > 0, "decode KV should have run short and made migrations wait"
+    assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
+    assert all(r.decode_instance is not None and r.decode_instance >= 2
+               for r in control.records.values())
+    for inst in control.instances.values():
+        assert inst.engine.kv.num_used_blocks == 0  # everything freed at the end
+
+
+@pytest.mark.parametrize("policy", ["hfx", "rr-pd", "least-loaded"])
+def test_pd_policies_serve_everything(policy):
+    r = simulate(SimConfig(mode="pd", policy=policy, qps=100, requests_per_task=30))
+    assert r["mode"] == "pd" and r["instances"] == 4 and r["prefill_instances"] == 2
+    assert r["finished"] == r["requests"] == 120
+    assert r["migrations"] == 120  # every request moved once
+    assert r["migration_delay"]["mean"] > 0
+    # Qwen2.5-7B: 57,344 bytes of KV per token, prompt tokens only.
+    assert r["kv_bytes_moved"] > 120 * 20 * 57344
+
+
+def test_pd_config_errors():
+    with pytest.raises(ValueError, match="P/D policy"):
+        SimConfig(mode="pd", policy="scorpio")
+    assert SimConfig(mode="pd", policy="rr").policy == "rr"  # an alias of rr-pd
