@@ -39,6 +39,16 @@ PRESETS: dict[str, Preset] = {
         "seed 000 Figure 7, single task wikisql (TTFT 0.7 s, TPOT 0.5 s): hfx vs aladdin vs sa",
         "wikisql", _policies("hfx", "aladdin", "sa"), (10, 20, 30, 40, 45, 50, 60),
         ratios=(("hfx", "aladdin"), ("hfx", "sa"))),
+    "fig4-four-task": Preset(
+        "seed 000 Figure 4, P/D with 2 prefill + 2 decode instances, four-task: hfx vs rr-pd",
+        "four-task", (("hfx", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
+        (40, 80, 120, 160, 200, 240, 280), ratios=(("hfx", "rr-pd"),),
+        config={"mode": "pd", "prefill": 2, "decode": 2}),
+    "fig4-two-task": Preset(
+        "seed 000 Figure 4 setting on two-task, P/D 2 + 2: hfx vs rr-pd",
+        "two-task", (("hfx", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
+        (40, 80, 120, 160, 200, 240, 280), ratios=(("hfx", "rr-pd"),),
+        config={"mode": "pd", "prefill": 2, "decode": 2}),
     "fig5-four-task": Preset(
         "seed 000 Figure 5, four-task with priorities instead of SLOs: hfx-pm vs rr",
         "four-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
