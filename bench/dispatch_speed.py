@@ -35,7 +35,7 @@ PROFILE = load_profile("qwen2.5-7b@ascend-910b")
 def make_view(n: int) -> ClusterView:
     blocks = PROFILE.num_kv_blocks
     views = [InstanceView(i, Role.COLOCATED,
-                          InstanceStats(i, Role.COLOCATED, 0.0, 0, 0, 0, 0, blocks, 16, 0, 256,
+                          InstanceStats(i, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, blocks, 16, 0, 256,
                                         0.0, 0)) for i in range(n)]
     return ClusterView(0.0, views, PROFILE.model, PROFILE)
 

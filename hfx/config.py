@@ -66,6 +66,25 @@ class SimConfig(BaseModel):
                                            "tokens; default: from the profile's memory")
     monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
                                     "(seed 000 §9.3: 1 s)")
+    max_instances: int | None = Field(None, ge=1, description=(
+        "turn the Scaler on, up to this many instances (in pd mode both pools together; seed "
+        "000 §8: 2 → 4 colocated, 4 → 8 P/D)"))
+    scaling_interval: float = Field(1.0, gt=0, description="Scaler period τ, s (seed 000 §9.3)")
+    scale_out_ratio: float = Field(1.2, gt=0, description="ε_o: scale out when R_in/R_out "
+                                   "exceeds it (the seed's value was lost; ours)")
+    scale_in_ratio: float = Field(0.8, gt=0, description="ε_i: scale in below it (ours)")
+    wait_threshold: float = Field(0.5, gt=0, description="scale out when queued requests have "
+                                  "waited this fraction of their SLO on average (ours)")
+    scaling_cooldown: float = Field(2.0, ge=0, description="seconds between scaling actions")
+    weight_path: Literal["d2d", "cpu", "disk"] = Field("d2d", description="how a new instance "
+                                                       "gets its weights (seed 000 §6, Table 2)")
+    warm_pool: int | None = Field(None, ge=0, description="warm instances (runtime up, no "
+                                  "weights); default: the free devices, max - initial")
+    cold_start: float = Field(20.0, ge=0, description="runtime start without a warm instance, s")
+    d2d_failure_rate: float = Field(0.0, ge=0, le=1, description="chance a D2D copy fails and "
+                                    "falls back to disk")
+    load_profile: str | None = Field(None, description="measured load seconds per weight path "
+                                     "(JSON), replacing the model")
     priorities: int | None = Field(None, ge=1, description=(
         "give each task a priority instead of its SLO (0 = most important, by TTFT SLO) and map "
         "priorities to SLOs with HFX-PM (seed 000 §5.2); N levels"))
@@ -75,6 +94,14 @@ class SimConfig(BaseModel):
         "policy parameters as key=value,... (e.g. theta=0.6 for hfx)"))
     predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
                                    "predictions are scaled by (1 + this); 0.2 = 20% too slow")
+
+    @model_validator(mode="after")
+    def _scaling_bounds(self) -> SimConfig:
+        initial = self.prefill + self.decode if self.mode == "pd" else self.instances
+        if self.max_instances is not None and self.max_instances < initial:
+            raise ValueError(f"max_instances ({self.max_instances}) is below the initial "
+                             f"fleet ({initial})")
+        return self
 
     @model_validator(mode="after")
     def _known_policy(self) -> SimConfig:

@@ -152,6 +152,15 @@ class Roofline:
         return int(free // m.kv_bytes_per_token)
 
 
+def weight_bytes_per_device(meta: dict) -> float | None:
+    """Weight bytes each device of an instance holds, if the profile records its model."""
+    m = meta.get("model")
+    if not m:
+        return None
+    spec = ModelSpec(**m)
+    return spec.weight_bytes / spec.tp
+
+
 def kv_bytes_from_meta(meta: dict) -> int | None:
     """KV bytes per token of the model a profile was made for, if its config is recorded."""
     m = meta.get("model")

@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from tqdm import tqdm
 
@@ -21,6 +21,8 @@ from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import LocalInstance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.provisioner import LoadModel, Provisioner
+from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
@@ -28,7 +30,7 @@ from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.latency import Profile, load_profile
 from hfx.policies import make_pd_policies, make_policy
 from hfx.request import Request
-from hfx.roofline import kv_bytes_from_meta
+from hfx.roofline import kv_bytes_from_meta, weight_bytes_per_device
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -76,6 +78,27 @@ def load_requests(config: SimConfig) -> list[Request]:
     return requests
 
 
+def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
+                ecfg: EngineConfig) -> Scaler:
+    initial = len(control.instances)
+    assert config.max_instances is not None
+    weights = weight_bytes_per_device(profile.meta) or 15.2e9
+    load = (LoadModel.from_file(config.load_profile, weights) if config.load_profile
+            else LoadModel(weights))
+    warm = config.warm_pool if config.warm_pool is not None else config.max_instances - initial
+    provisioner = Provisioner(load, config.weight_path, warm, config.cold_start,
+                              config.d2d_failure_rate, config.seed)
+    scfg = ScalerConfig(min_instances=initial, max_instances=config.max_instances,
+                        interval=config.scaling_interval, scale_out_ratio=config.scale_out_ratio,
+                        scale_in_ratio=config.scale_in_ratio,
+                        wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
+
+    def factory(iid: int, role: Role) -> LocalInstance:
+        return LocalInstance(iid, EngineCore(replace(ecfg, role=role), SimExecutor(profile.model)))
+
+    return Scaler(scfg, control, provisioner, factory)
+
+
 def build_cluster(config: SimConfig, profile: Profile) -> ControlPlane:
     """The control plane and its SimExecutor instances for ``config`` (not started)."""
     migrator, tl = None, None
@@ -90,10 +113,13 @@ def build_cluster(config: SimConfig, profile: Profile) -> ControlPlane:
     instances = [LocalInstance(i, EngineCore(replace(ecfg, role=role),
                                              SimExecutor(profile.model)))
                  for i, role in enumerate(roles)]
-    return ControlPlane(instances, policy, profile,
-                        step_model=profile.model.scaled(1.0 + config.predictor_error),
-                        monitor=Monitor(config.monitor_interval),
-                        mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
+    control = ControlPlane(instances, policy, profile,
+                           step_model=profile.model.scaled(1.0 + config.predictor_error),
+                           monitor=Monitor(config.monitor_interval),
+                           mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
+    if config.max_instances is not None:
+        make_scaler(config, profile, control, ecfg)
+    return control
 
 
 async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None
@@ -102,6 +128,8 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
     an outcome, stop; returns the time the last one finished. ``progress`` labels a bar."""
     loop = asyncio.get_running_loop()
     await control.start()
+    if control.scaler is not None:
+        control.scaler.start()
     bar = tqdm(total=len(requests), desc=progress, unit="req",
                disable=progress is None or None, leave=False)
 
@@ -147,6 +175,14 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
+def scaling_summary(scaler: Scaler) -> dict:
+    return {
+        "instances_max_used": scaler.state.max_used,
+        "scale_events": [asdict(e) for e in scaler.state.events],
+        "instances_over_time": scaler.state.over_time,
+    }
+
+
 def pd_summary(control: ControlPlane) -> dict:
     """Migration figures of a P/D run: how many, and the delay from first token to KV arrival."""
     records = [r for r in control.records.values() if r.migrated_at is not None]
@@ -164,7 +200,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     requests = load_requests(config)
     with _fewer_gc_passes():
         control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
-    spans = [(control.active_since[i], control.released_at[i]) for i in control.instances]
+    spans = [(control.active_since[i], control.released_at[i]) for i in control.active_since]
     records = list(control.records.values())
     result = {
         "policy": config.policy,
@@ -172,11 +208,14 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         "mode": config.mode,
         "qps": config.qps,
         "seed": config.seed,
-        "instances": len(control.instances),
+        "instances": len(control.active_since) if control.scaler is None
+        else len(control.instances) + len(control.retired),
         "profile": profile.name,
         **summarize(records, spans),
         "sim_seconds": end,
-        "engine_steps": sum(inst.engine.num_steps for inst in control.instances.values()),
+        "engine_steps": sum(inst.engine.num_steps for inst in
+                            [*control.instances.values(), *control.retired.values()]),
+        **(scaling_summary(control.scaler) if control.scaler is not None else {}),
         **(pd_summary(control) if config.mode == "pd" else {}),
         "config": config.model_dump(),
         "wall_seconds": time.perf_counter() - wall0,

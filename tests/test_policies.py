@@ -43,7 +43,7 @@ PROFILE = Profile("t", MODEL, kv_capacity_tokens=100_000)
 
 
 def view(now: float, n: int = 1, running: int = 0, ctx: int = 0) -> ClusterView:
-    stats = [InstanceStats(i, Role.COLOCATED, now, 0, running, 0, ctx // 16, 6250, 16, ctx, 256,
+    stats = [InstanceStats(i, Role.COLOCATED, now, 0, running, 0, ctx // 16, 0, 6250, 16, ctx, 256,
                            0.0, 0) for i in range(n)]
     return ClusterView(now, [InstanceView(i, Role.COLOCATED, s) for i, s in enumerate(stats)],
                        MODEL, PROFILE)

@@ -65,10 +65,14 @@ class ControlPlane:
         self.monitor = monitor or Monitor()
         self.records: dict[str, RequestRecord] = {}
         self.mapper = mapper
-        # Priority requests still waiting for their first token, for the mapper's contention
-        # rule: id → priority, and a count per priority.
-        self._awaiting: dict[str, int] = {}
+        # Requests still waiting for their first token, tracked when the mapper (contention
+        # rule) or the scaler (its W indicator) needs them, with a count per priority.
+        self._awaiting: dict[str, RequestRecord] = {}
         self._awaiting_count = [0] * (mapper.levels if mapper else 0)
+        self._to_migrate: dict[str, tuple[float, float]] = {}  # P/D: prefilled at, TPOT
+        self.scaler = None  # set by hfx.cluster.scaler.Scaler
+        self.retired: dict[int, Instance] = {}  # released instances, kept for the record
+        self._draining: set[int] = set()
         self.num_done = 0
         # Instance lifetimes on the loop's clock, for cost (seed 000 Eq. 3).
         self.active_since: dict[int, float] = {}
@@ -112,6 +116,8 @@ class ControlPlane:
                 stage.timer.cancel()
         await self.monitor.stop()
         now = asyncio.get_running_loop().time()
+        if self.scaler is not None:
+            self.scaler.stop()
         for inst in self.instances.values():
             await inst.stop()
             self.released_at.setdefault(inst.id, now)
@@ -136,7 +142,7 @@ class ControlPlane:
                 return record
             record.slo = self.mapper.assign(p, any(self._awaiting_count[:p]))
             record.target = self.mapper.ranges[p].nominal
-            self._awaiting[request.id] = p
+            self._awaiting[request.id] = record
             self._awaiting_count[p] += 1
         if record.slo is None:
             why = ("a priority needs priority mapping (--priorities N)"
@@ -145,6 +151,10 @@ class ControlPlane:
             return record
         if request.slo is None:  # the policy sees the mapped SLO; the record keeps both
             request = replace(request, slo=record.slo)
+        if self.scaler is not None:
+            self._awaiting[request.id] = record
+            self.scaler.on_arrival(Role.PREFILL if self.pd else Role.COLOCATED,
+                                   request.arrival)
         if self.pd:
             self._sent[request.id] = request
         assert self._dispatch is not None, "start() the control plane first"
@@ -204,10 +214,96 @@ class ControlPlane:
 
     def _on_snapshot(self, snapshot: dict) -> None:
         for iid, stats in snapshot.items():
-            self._views[iid].stats = stats
+            view = self._views.get(iid)
+            if view is not None:  # an instance between roles has no view for a moment
+                view.stats = stats
         for stage in (self._dispatch, self._migrate):
             if stage is not None and stage.policy.num_queued():
                 self._schedule(stage)
+
+    # ---- the fleet changes (the Scaler drives these) -------------------------------------------
+    def accepting(self, instance_id: int) -> bool:
+        view = self._views.get(instance_id)
+        return view is not None and view.accepting
+
+    def waiting(self, role: Role):
+        """(waiting since, SLO) of queued requests: without a first token (colocated, prefill),
+        or prefilled and not yet migrated (decode) — the Scaler's W indicator."""
+        if role is Role.DECODE:
+            yield from self._to_migrate.values()
+        else:
+            for record in self._awaiting.values():
+                yield record.request.arrival, record.slo.ttft
+
+    def _stage_of(self, role: Role) -> _Stage:
+        stage = self._migrate if role is Role.DECODE else self._dispatch
+        assert stage is not None
+        return stage
+
+    def add_instance(self, instance: Instance, provisioned_at: float) -> None:
+        """A new instance serves from now on; its cost counts from ``provisioned_at``."""
+        if instance.id in self.instances or instance.id in self.retired:
+            raise ValueError(f"instance id {instance.id} is taken")
+        self.instances[instance.id] = instance
+        self.active_since[instance.id] = provisioned_at
+        instance.start(self.on_events)
+        self._join(instance)
+
+    def _join(self, instance: Instance) -> None:
+        stats = instance.stats()
+        view = self._views[instance.id] = InstanceView(instance.id, instance.role, stats)
+        stage = self._stage_of(instance.role)
+        stage.view.instances.append(view)
+        if self.pd:  # links to the other pool before it serves (seed 000 §6)
+            assert self.tl is not None
+            (self.tl.add_prefill if instance.role is Role.PREFILL else self.tl.add_decode)(
+                instance.id)
+        self.monitor.latest[instance.id] = stats
+        if stage.policy.num_queued():
+            self._schedule(stage)
+
+    def drain(self, instance_id: int) -> None:
+        """Take no new work on this instance; it leaves once it holds nothing."""
+        view = self._views[instance_id]
+        view.accepting = False
+        self._draining.add(instance_id)
+        stage = self._stage_of(view.role)
+        stage.policy.on_instance_removed(instance_id)
+        if stage.policy.num_queued():
+            self._schedule(stage)
+        self._check_drained(instance_id)
+
+    def _check_drained(self, instance_id: int) -> None:
+        if instance_id not in self._draining or self._views[instance_id].outstanding > 0:
+            return
+        self._draining.discard(instance_id)
+        if self.scaler is not None:
+            self.scaler.on_drained(instance_id)
+        else:
+            self.release(instance_id)
+
+    def _leave(self, instance_id: int) -> Instance:
+        view = self._views.pop(instance_id)
+        stage = self._stage_of(view.role)
+        stage.view.instances = [v for v in stage.view.instances if v.id != instance_id]
+        if self.tl is not None:
+            self.tl.remove(instance_id)
+        self.monitor.latest.pop(instance_id, None)
+        return self.instances[instance_id]
+
+    def release(self, instance_id: int) -> None:
+        """Stop a drained instance; its cost stops counting now."""
+        instance = self._leave(instance_id)
+        del self.instances[instance_id]
+        self.retired[instance_id] = instance
+        self.released_at[instance_id] = asyncio.get_running_loop().time()
+        asyncio.get_running_loop().create_task(instance.stop())
+
+    def switch_role(self, instance_id: int, role: Role, ready_at: float) -> None:
+        """P/D: a drained instance serves the other pool from ``ready_at`` (seed 000 §6)."""
+        instance = self._leave(instance_id)
+        instance.set_role(role)
+        asyncio.get_running_loop().call_at(ready_at, self._join, instance)
 
     # ---- P/D migration (seed 000 §5.1: the Migrator and the TLManager) -------------------------
     def _apply_migrations(self, decision: Decision, now: float) -> None:
@@ -228,6 +324,7 @@ class ControlPlane:
                 self._blocked.append(d.request)
                 continue
             record.decode_instance = dst
+            self._to_migrate.pop(d.request.id, None)
             self._count(dst, d.request, +1)
             done = self.tl.book(src, dst, state.num_computed_tokens, now)
             asyncio.get_running_loop().call_at(done, self._complete_migration, record)
@@ -241,6 +338,7 @@ class ControlPlane:
         now = asyncio.get_running_loop().time()
         self.instances[src].export(record.request.id)
         self._count(src, record.request, -1)
+        self._check_drained(src)
         record.migrated_at = now
         self._dispatch.policy.on_finished(record, self._dispatch.view)  # it left the P stage
         self.instances[dst].activate_import(record.request.id)
@@ -251,7 +349,12 @@ class ControlPlane:
         assert self._migrate is not None
         record = self.records[request_id]
         if record.outcome is Outcome.PENDING:
-            self._migrate.policy.enqueue(self._sent[request_id], now)
+            request = self._sent[request_id]
+            self._migrate.policy.enqueue(request, now)
+            if self.scaler is not None:
+                self._to_migrate[request_id] = (now, request.slo.tpot)
+                self.scaler.on_complete(Role.PREFILL, now)
+                self.scaler.on_arrival(Role.DECODE, now)
 
     # ---- step outputs ----------------------------------------------------------------------
     def on_events(self, instance_id: int, out: StepOutput) -> None:
@@ -273,6 +376,7 @@ class ControlPlane:
                 continue
             record = records[rid]
             self._count(instance_id, record.request, -1)
+            self._check_drained(instance_id)
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
             outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
@@ -288,9 +392,9 @@ class ControlPlane:
                 self._schedule(stage)
 
     def _first_token(self, request_id: str) -> None:
-        p = self._awaiting.pop(request_id, None)
-        if p is not None:
-            self._awaiting_count[p] -= 1
+        record = self._awaiting.pop(request_id, None)
+        if record is not None and self._awaiting_count and record.request.priority is not None:
+            self._awaiting_count[record.request.priority] -= 1
 
     def _finish(self, record: RequestRecord, outcome: Outcome, now: float,
                 error: str | None = None) -> None:
@@ -300,6 +404,9 @@ class ControlPlane:
         self.num_done += 1
         req = record.request
         self._sent.pop(req.id, None)
+        self._to_migrate.pop(req.id, None)
+        if self.scaler is not None and outcome is Outcome.FINISHED:
+            self.scaler.on_complete(Role.DECODE if self.pd else Role.COLOCATED, now)
         if self._awaiting:
             self._first_token(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED

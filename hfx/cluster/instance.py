@@ -30,6 +30,7 @@ class InstanceStats:
     num_running: int
     num_held: int  # prefill role: prefilled requests waiting to migrate
     kv_used_blocks: int
+    kv_waiting_blocks: int  # blocks its waiting requests will need when admitted
     kv_total_blocks: int
     block_size: int
     decode_ctx: int  # Σ l_cur over running sequences (what Eq. 2 needs)
@@ -63,6 +64,8 @@ class Instance(Protocol):
     def export(self, request_id: str) -> None: ...
 
     def activate_import(self, request_id: str) -> None: ...
+
+    def set_role(self, role: Role) -> None: ...
 
     def stats(self) -> InstanceStats: ...
 
@@ -126,6 +129,13 @@ class LocalInstance:
         self.engine.activate_import(request_id)
         self._wake.set()
 
+    def set_role(self, role: Role) -> None:
+        """Switch a drained (empty) instance between prefill and decode (seed 000 §6)."""
+        if self.engine.has_work() or self.engine.held or self.engine.incoming:
+            raise RuntimeError(f"instance {self.id} still holds requests; drain it first")
+        self.engine.config.role = role
+        self.role = role
+
     def stats(self) -> InstanceStats:
         e = self.engine
         return InstanceStats(
@@ -136,6 +146,7 @@ class LocalInstance:
             num_running=e.num_running,
             num_held=len(e.held),
             kv_used_blocks=e.kv.num_used_blocks,
+            kv_waiting_blocks=sum(e.kv.blocks_for(s.num_tokens) for s in e.state.waiting),
             kv_total_blocks=e.kv.num_blocks,
             block_size=e.kv.block_size,
             decode_ctx=sum(s.num_tokens for s in e.state.running),

@@ -78,3 +78,6 @@ class Policy(ABC):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:  # noqa: B027
         """A request left the cluster (finished, aborted or failed)."""
+
+    def on_instance_removed(self, instance_id: int) -> None:  # noqa: B027
+        """The instance drains: requests this policy queued for it must go elsewhere."""

@@ -77,9 +77,10 @@ class SimulatedAnnealing(Policy):
             if inst.id not in self.shadow:
                 cap = inst.stats.kv_total_blocks * inst.stats.block_size
                 self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self._pending[inst.id], self._plans[inst.id] = [], None
-                self._remaining[inst.id] = float(cap)
                 self._prefill_free_at[inst.id] = now
+            if inst.id not in self._pending:
+                self._pending[inst.id], self._plans[inst.id] = [], None
+                self._remaining[inst.id] = float(self.shadow[inst.id].kv_capacity_tokens)
             if self._corrected_at.get(inst.id) != inst.stats.time:
                 self.shadow[inst.id].correct(inst.stats)
                 self._corrected_at[inst.id] = inst.stats.time
@@ -123,6 +124,11 @@ class SimulatedAnnealing(Policy):
                 wake = min(wake or float("inf"), self._prefill_free_at[iid])
         decision.wake_at = wake
         return decision
+
+    def on_instance_removed(self, instance_id: int) -> None:
+        self._arrived.extend(r for r, _ in self._pending.pop(instance_id, []))
+        self._plans.pop(instance_id, None)
+        self._remaining.pop(instance_id, None)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         req = record.request

@@ -74,10 +74,11 @@ class Scorpio(Policy):
         if not targets:
             return decision
         for inst in targets:
+            if inst.id not in self._queues:
+                self._queues[inst.id] = []
             if inst.id not in self.shadow:
                 cap = inst.stats.kv_total_blocks * inst.stats.block_size
                 self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self._queues[inst.id] = []
                 self._tpot_lists[inst.id] = []
             if self._corrected_at.get(inst.id) != inst.stats.time:
                 self.shadow[inst.id].correct(inst.stats)
@@ -133,6 +134,10 @@ class Scorpio(Policy):
         if busy:  # look again at the next iteration boundary
             decision.wake_at = now + max(model.decode_a, 1e-3)
         return decision
+
+    def on_instance_removed(self, instance_id: int) -> None:
+        queue = self._queues.pop(instance_id, [])
+        self._pending.extend(item[3] for item in sorted(queue))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         req = record.request

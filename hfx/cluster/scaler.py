@@ -1,0 +1,291 @@
+"""The Scaler: SLO-aware autoscaling (seed 000 §6, Algorithm 3; seed 001 §3.3.3).
+
+Every τ seconds (1 s, seed 000 §9.3) it computes, per pool (the whole fleet when colocated; the
+prefill and the decode pool separately in P/D):
+
+1. ρ = R_in / R_out over a fixed 10 s window of enqueue and completion timestamps, suppressed
+   (None) until each rate has ``min_samples / 2`` events; each rate is taken over the span it has
+   been observed, at most the window. ρ > 1: completions lag arrivals.
+2. W = mean over queued requests of wait / SLO: for a colocated or prefill pool, requests still
+   without a first token, relative to their TTFT SLO; for a decode pool, prefilled requests not
+   yet migrated, relative to their TPOT SLO.
+3. u_k = (KV blocks held + blocks reserved by its waiting requests) / total, per instance.
+
+Scale out when ρ > ε_o or W > w_max; scale in when ρ < ε_i and the pool has more than its minimum,
+draining the instance with the smallest u_k. The seed's numeric defaults were lost in its text;
+ours: ε_o = 1.2 and ε_i = 0.8 (a ±20% band around balance, wider than the ±10% Poisson noise of
+a 10 s window holding ~100 completions), w_max = 0.5 (queued requests have used half their TTFT
+on average), and a 2 s cool-down after each action, while instances still loading count as
+capacity. docs/results.md shows the interval ablation.
+
+In P/D, when one pool wants to shrink while the other grows, a drained instance switches role
+instead of stopping one and starting another; the TLManager links it to the other pool before it
+serves. Scale-in drains: the instance takes no new work, finishes (or, prefill, migrates) what it
+holds, then stops; nothing in flight is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from hfx.cluster.instance import Instance, InstanceStats
+from hfx.cluster.provisioner import Provisioner
+from hfx.engine import Role
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerConfig:
+    min_instances: int
+    max_instances: int
+    interval: float = 1.0  # τ, seed 000 §9.3
+    window: float = 10.0  # seed 001 §3.3.3
+    min_samples: int = 20  # events in the window before ρ is trusted
+    scale_out_ratio: float = 1.2  # ε_o (ours)
+    scale_in_ratio: float = 0.8  # ε_i (ours)
+    wait_threshold: float = 0.5  # W above which to scale out (ours)
+    cooldown: float = 2.0  # seconds between actions (ours)
+    role_switch_time: float = 1.0  # a drained instance serving in its new role (ours)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_instances <= self.max_instances:
+            raise ValueError(f"need 1 <= min_instances ({self.min_instances}) <= "
+                             f"max_instances ({self.max_instances})")
+        if self.interval <= 0 or self.window <= 0:
+            raise ValueError("interval and window must be positive")
+        if not 0 < self.scale_in_ratio < self.scale_out_ratio:
+            raise ValueError("need 0 < scale_in_ratio < scale_out_ratio")
+
+
+class RateWindow:
+    """Enqueue and completion timestamps of the last ``window`` seconds."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.arrivals: deque[float] = deque()
+        self.completions: deque[float] = deque()
+        self.first_arrival: float | None = None
+        self.first_completion: float | None = None
+
+    def arrive(self, t: float) -> None:
+        if self.first_arrival is None:
+            self.first_arrival = t
+        self.arrivals.append(t)
+
+    def complete(self, t: float) -> None:
+        if self.first_completion is None:
+            self.first_completion = t
+        self.completions.append(t)
+
+    def ratio(self, now: float, min_samples: int) -> float | None:
+        """ρ = R_in / R_out over the window; None until each rate rests on ``min_samples / 2``
+        events. Each rate is taken over the span it has been observed (at most the window):
+        completions start later than arrivals, and counting both over the same span would
+        read every startup as overload."""
+        horizon = now - self.window
+        for q in (self.arrivals, self.completions):
+            while q and q[0] < horizon:
+                q.popleft()
+        need = max(1, min_samples // 2)
+        if len(self.arrivals) < need or len(self.completions) < need:
+            return None
+        assert self.first_arrival is not None and self.first_completion is not None
+        span_in = min(self.window, now - self.first_arrival)
+        span_out = min(self.window, now - self.first_completion)
+        if span_in <= 0 or span_out <= 0:
+            return None
+        return (len(self.arrivals) / span_in) / (len(self.completions) / span_out)
+
+
+def wait_indicator(now: float, waiting: Iterable[tuple[float, float]]) -> float:
+    """W: mean over queued requests of (time waited) / (its SLO); 0 with nothing queued."""
+    total = n = 0
+    for since, slo in waiting:
+        total += (now - since) / slo
+        n += 1
+    return total / n if n else 0.0
+
+
+def kv_utilisation(stats: InstanceStats) -> float:
+    """u_k: blocks held plus blocks its waiting requests will need, over its total."""
+    return (stats.kv_used_blocks + stats.kv_waiting_blocks) / stats.kv_total_blocks
+
+
+@dataclass(slots=True)
+class ScaleEvent:
+    time: float
+    action: str  # scale_out, scale_in, ready, released, switch_role
+    role: str
+    reason: str
+    instance: int
+
+
+@dataclass(slots=True)
+class _Pool:
+    role: Role
+    rates: RateWindow
+    minimum: int
+
+
+@dataclass(slots=True)
+class ScalerState:
+    events: list[ScaleEvent] = field(default_factory=list)
+    over_time: list[dict] = field(default_factory=list)
+    max_used: int = 0
+
+
+class Scaler:
+    """Watches the control plane and grows or shrinks its fleet."""
+
+    def __init__(self, config: ScalerConfig, control, provisioner: Provisioner,
+                 factory: Callable[[int, Role], Instance]) -> None:
+        self.config = config
+        self.control = control
+        self.provisioner = provisioner
+        self.factory = factory
+        self.state = ScalerState()
+        if control.pd:
+            # Each pool keeps at least one instance; together at least min_instances.
+            self.pools = {r: _Pool(r, RateWindow(config.window), 1) for r in
+                          (Role.PREFILL, Role.DECODE)}
+        else:
+            self.pools = {Role.COLOCATED: _Pool(Role.COLOCATED, RateWindow(config.window),
+                                                config.min_instances)}
+        self._provisioning: dict[int, tuple[Role, float]] = {}  # role, provisioned at
+        self._switching: dict[int, Role] = {}  # draining to change role
+        self._last_action = float("-inf")
+        self._next_id = max(control.instances) + 1
+        self._task: asyncio.Task[None] | None = None
+        control.scaler = self
+
+    # ---- events from the control plane -----------------------------------------------------
+    def on_arrival(self, role: Role, t: float) -> None:
+        self.pools[role].rates.arrive(t)
+
+    def on_complete(self, role: Role, t: float) -> None:
+        self.pools[role].rates.complete(t)
+
+    def on_drained(self, iid: int) -> None:
+        now = asyncio.get_running_loop().time()
+        new_role = self._switching.pop(iid, None)
+        if new_role is not None:
+            self.control.switch_role(iid, new_role, now + self.config.role_switch_time)
+            self._event(now, "switch_role", new_role, "drained", iid)
+        else:
+            role = self.control.instances[iid].role
+            self.control.release(iid)
+            self.provisioner.give_back()
+            self._event(now, "released", role, "drained", iid)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def start(self) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.config.interval)
+                self.tick(asyncio.get_running_loop().time())
+
+        self._sample(asyncio.get_running_loop().time())
+        self._task = asyncio.get_running_loop().create_task(loop(), name="scaler")
+
+    def stop(self) -> None:
+        """Stop deciding; instances still loading are released now (their cost counted)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        now = asyncio.get_running_loop().time()
+        for iid, (_, since) in self._provisioning.items():
+            self.control.active_since[iid] = since
+            self.control.released_at[iid] = now
+        self._provisioning.clear()
+
+    def _members(self, role: Role) -> list[int]:
+        return [i for i, inst in self.control.instances.items()
+                if inst.role is role and self.control.accepting(i)]
+
+    def _occupied(self) -> int:
+        """Devices in use: serving, draining, switching role, or loading (the max bound)."""
+        return len(self.control.instances) + len(self._provisioning)
+
+    def _serving(self) -> int:
+        """Capacity that stays: accepting instances and those loading (the min bound)."""
+        return sum(len(self._members(r)) for r in self.pools) + len(self._provisioning)
+
+    def indicators(self, role: Role, now: float) -> tuple[float | None, float]:
+        pool = self.pools[role]
+        rho = pool.rates.ratio(now, self.config.min_samples)
+        return rho, wait_indicator(now, self.control.waiting(role))
+
+    def tick(self, now: float) -> None:
+        cfg = self.config
+        wants: dict[Role, str | None] = {}
+        reasons: dict[Role, str] = {}
+        for role in self.pools:
+            rho, w = self.indicators(role, now)
+            if (rho is not None and rho > cfg.scale_out_ratio) or w > cfg.wait_threshold:
+                wants[role] = "out"
+            elif rho is not None and rho < cfg.scale_in_ratio and w <= cfg.wait_threshold:
+                wants[role] = "in"
+            else:
+                wants[role] = None
+            reasons[role] = f"rho={'-' if rho is None else f'{rho:.2f}'} W={w:.2f}"
+        if now - self._last_action >= cfg.cooldown:
+            self._act(now, wants, reasons)
+        self._sample(now)
+
+    def _act(self, now: float, wants: dict[Role, str | None], reasons: dict[Role, str]) -> None:
+        cfg = self.config
+        growing = [r for r, w in wants.items() if w == "out"]
+        shrinking = [r for r, w in wants.items() if w == "in"
+                     and len(self._members(r)) > self.pools[r].minimum]
+        if growing and shrinking and self.control.pd:
+            # One pool shrinks while the other grows: move an instance across.
+            src, dst = shrinking[0], growing[0]
+            iid = self._least_utilised(src)
+            self._switching[iid] = dst
+            self._event(now, "scale_in", src, f"switch to {dst.value}: {reasons[src]}", iid)
+            self._last_action = now
+            self.control.drain(iid)
+        elif growing and self._occupied() < cfg.max_instances:
+            self._scale_out(growing[0], now, reasons[growing[0]])
+        elif shrinking and self._serving() > cfg.min_instances:
+            role = shrinking[0]
+            iid = self._least_utilised(role)
+            self._event(now, "scale_in", role, reasons[role], iid)
+            self._last_action = now
+            self.control.drain(iid)
+
+    def _least_utilised(self, role: Role) -> int:
+        stats = {i: self.control.instances[i].stats() for i in self._members(role)}
+        return min(stats, key=lambda i: (kv_utilisation(stats[i]), -i))
+
+    def _scale_out(self, role: Role, now: float, reason: str) -> None:
+        iid = self._next_id
+        self._next_id += 1
+        plan = self.provisioner.plan(peers_running=len(self.control.instances))
+        self._provisioning[iid] = (role, now)
+        self._last_action = now
+        detail = f"{reason}; {plan.path}{' (d2d failed)' if plan.fell_back else ''}, " \
+                 f"{'warm' if plan.warm else 'cold'}, {plan.seconds:.2f} s"
+        self._event(now, "scale_out", role, detail, iid)
+        asyncio.get_running_loop().call_at(now + plan.seconds, self._ready, iid, role, now)
+
+    def _ready(self, iid: int, role: Role, provisioned_at: float) -> None:
+        if self._provisioning.pop(iid, None) is None:
+            return  # the run ended while it loaded
+        self.control.add_instance(self.factory(iid, role), provisioned_at)
+        self._event(asyncio.get_running_loop().time(), "ready", role, "weights loaded", iid)
+
+    def _event(self, now: float, action: str, role: Role, reason: str, iid: int) -> None:
+        self.state.events.append(ScaleEvent(now, action, role.value, reason, iid))
+
+    def _sample(self, now: float) -> None:
+        by_role = {r.value: len(self._members(r)) for r in self.pools}
+        active = len(self.control.instances)  # cost-bearing: serving or draining
+        self.state.max_used = max(self.state.max_used, active + len(self._provisioning))
+        self.state.over_time.append({
+            "time": now, "active": active, "provisioning": len(self._provisioning),
+            "draining": active - sum(by_role.values()), **by_role,
+            "queued": sum(1 for r in self.pools for _ in self.control.waiting(r)),
+        })

@@ -1,0 +1,136 @@
+"""The Scaler: indicators on hand-made windows, provisioning, drain, role switch, cost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hfx.bench.metrics import cost_units
+from hfx.clock import run
+from hfx.cluster.instance import InstanceStats
+from hfx.cluster.provisioner import LoadModel, Provisioner
+from hfx.cluster.scaler import RateWindow, ScalerConfig, kv_utilisation, wait_indicator
+from hfx.config import SimConfig
+from hfx.engine import Role
+from hfx.request import Outcome
+from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simulate
+
+
+def test_rate_ratio_on_a_hand_made_window():
+    w = RateWindow(10.0)
+    assert w.ratio(0.0, 4) is None
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0):
+        w.arrive(t)
+    assert w.ratio(8.0, 4) is None  # no completions yet: suppressed, not "infinite"
+    for t in (4.0, 6.0, 8.0):
+        w.complete(t)
+    # 8 arrivals over the 8 s since the first = 1/s; 3 completions over the 4 s since the first
+    # = 0.75/s.
+    assert w.ratio(8.0, 4) == pytest.approx(1.0 / 0.75)
+    assert w.ratio(8.0, 8) is None  # each rate needs 8 // 2 = 4 events; completions have 3
+    # At 15 s the window starts at 5 s: arrivals 5, 6, 7 over 10 s; completions 6, 8 over 10 s.
+    assert w.ratio(15.0, 4) == pytest.approx((3 / 10) / (2 / 10))
+
+
+def test_wait_indicator_and_kv_utilisation():
+    assert wait_indicator(10.0, []) == 0.0
+    # waited 1 s of a 2 s SLO and 3 s of a 1 s SLO: mean (0.5 + 3) / 2
+    assert wait_indicator(10.0, [(9.0, 2.0), (7.0, 1.0)]) == pytest.approx(1.75)
+    s = InstanceStats(0, Role.COLOCATED, 0.0, 1, 1, 0, kv_used_blocks=30, kv_waiting_blocks=10,
+                      kv_total_blocks=100, block_size=16, decode_ctx=0, max_num_seqs=256,
+                      busy_time=0.0, num_steps=0)
+    assert kv_utilisation(s) == pytest.approx(0.4)
+
+
+def test_load_model_reproduces_table2_and_falls_back():
+    load = LoadModel(15.2e9)  # Qwen2.5-7B, TP1
+    assert [round(load.load_time(p), 2) for p in ("d2d", "cpu", "disk")] == [0.89, 2.73, 4.14]
+    assert load.load_time("disk") / load.load_time("d2d") == pytest.approx(4.14 / 0.89)
+    prov = Provisioner(load, "d2d", warm_pool=1, cold_start=20.0)
+    first = prov.plan(peers_running=2)
+    assert (first.path, first.warm, first.seconds) == ("d2d", True, pytest.approx(0.89))
+    second = prov.plan(peers_running=2)  # the warm pool is empty: the runtime starts cold
+    assert not second.warm and second.seconds == pytest.approx(20.89)
+    lonely = Provisioner(load, "d2d", warm_pool=1).plan(peers_running=0)
+    assert (lonely.path, lonely.fell_back) == ("disk", True)  # no peer to copy from
+    failing = Provisioner(load, "d2d", warm_pool=1, d2d_failure_rate=1.0).plan(2)
+    assert failing.path == "disk" and failing.seconds == pytest.approx(4.14)
+    measured = LoadModel(15.2e9, {"d2d": 0.5})
+    assert measured.load_time("d2d") == 0.5 and measured.load_time("disk") == pytest.approx(4.14)
+
+
+def test_cost_units_of_a_hand_made_timeline():
+    # Two instances for the whole 30 s run; a third provisioned at 10 s (loading included)
+    # and released at 22.5 s.
+    assert cost_units([(0.0, 30.0), (0.0, 30.0), (10.0, 22.5)]) == 600 + 600 + 250
+
+
+def test_scaler_config_validation():
+    with pytest.raises(ValueError):
+        ScalerConfig(min_instances=3, max_instances=2)
+    with pytest.raises(ValueError):
+        ScalerConfig(1, 2, scale_in_ratio=1.5, scale_out_ratio=1.2)
+    with pytest.raises(ValueError, match="below the initial"):
+        SimConfig(instances=4, max_instances=2)
+
+
+def test_drain_never_drops_a_request():
+    cfg = SimConfig(policy="hfx", qps=80, requests_per_task=40)
+
+    async def main():
+        control = build_cluster(cfg, resolve_profile(cfg))
+        loop = asyncio.get_running_loop()
+        # Drain instance 0 two seconds in, with requests on it.
+        loop.call_later(2.0, control.drain, 0)
+        end = await drive(control, load_requests(cfg))
+        return control, end
+
+    control, end = run(main(), virtual=True)
+    assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
+    assert 0 in control.retired and 0 not in control.instances
+    assert 2.0 < control.released_at[0] < end  # it left once empty, before the run ended
+    late = [r for r in control.records.values() if r.dispatch_time and r.dispatch_time > 2.0]
+    assert late and all(r.instance == 1 for r in late)  # nothing new went to it
+
+
+def test_role_switch_keeps_every_request():
+    cfg = SimConfig(mode="pd", policy="hfx", qps=120, requests_per_task=150, max_instances=4)
+
+    async def main():
+        control = build_cluster(cfg, resolve_profile(cfg))
+        scaler = control.scaler
+        loop = asyncio.get_running_loop()
+
+        def switch():  # prefill instance 1 moves to the decode pool once drained
+            scaler._switching[1] = Role.DECODE
+            control.drain(1)
+
+        loop.call_later(1.0, switch)
+        await drive(control, load_requests(cfg))
+        return control
+
+    control = run(main(), virtual=True)
+    assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
+    assert control.instances[1].role is Role.DECODE
+    assert any(r.decode_instance == 1 for r in control.records.values())  # it decoded after
+    assert all(r.instance in (0, 1) for r in control.records.values())
+    assert [e.action for e in control.scaler.state.events].count("switch_role") == 1
+    # max_instances = 4 = the initial fleet: the draining instance still holds its device, so
+    # the scaler never started a fifth.
+    assert control.scaler.state.max_used == 4
+    assert (1, 2) in control.tl.links or (0, 1) in control.tl.links  # linked in its new role
+
+
+@pytest.mark.parametrize("mode", ["colocated", "pd"])
+def test_scaling_run_reports_events_and_loses_nothing(mode):
+    kw = {"mode": "pd", "max_instances": 8} if mode == "pd" else {"max_instances": 4}
+    r = simulate(SimConfig(policy="hfx", qps=100, requests_per_task=250, **kw))
+    assert r["finished"] == r["requests"] == 1000
+    assert r["instances_max_used"] > (4 if mode == "pd" else 2)
+    actions = [e["action"] for e in r["scale_events"]]
+    assert "scale_out" in actions and "ready" in actions
+    assert r["instances_over_time"][0]["time"] == 0.0
+    fixed = simulate(SimConfig(policy="hfx", qps=100, requests_per_task=250,
+                               **({"mode": "pd"} if mode == "pd" else {})))
+    assert r["cost_units"] != fixed["cost_units"]
