@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt
 from hfx.bench.metrics import summarize
 from hfx.clock import run
 from hfx.config import SimConfig
-from hfx.sim import load_requests, resolve_profile, run_cluster
+from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
 
 LEVELS = 4
 
@@ -67,10 +67,10 @@ def main() -> None:
     for policy in ("rr", "hfx"):
         cfg = SimConfig(workload="ramp", policy=policy, qps=args.qps, priorities=LEVELS,
                         instances=args.instances, seed=args.seed)
-        control, end = run(run_cluster(cfg, load_requests(cfg), resolve_profile(cfg)),
+        control, _ = run(run_cluster(cfg, load_requests(cfg), resolve_profile(cfg)),
                            virtual=True)
         records = list(control.records.values())
-        summary = summarize(records, [(0.0, end)] * args.instances)
+        summary = summarize(records, instance_spans(control))
         out["policies"][policy] = {
             "attainment": summary["attainment"],
             "per_priority": {p: v["attainment"] for p, v in summary["per_priority"].items()},

@@ -175,6 +175,11 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
+def instance_spans(control: ControlPlane) -> list[tuple[float, float]]:
+    """(provisioned, released) of every instance the run had, for cost (seed Eq. 3)."""
+    return [(control.active_since[i], control.released_at[i]) for i in control.active_since]
+
+
 def scaling_summary(scaler: Scaler) -> dict:
     return {
         "instances_max_used": scaler.state.max_used,
@@ -200,7 +205,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     requests = load_requests(config)
     with _fewer_gc_passes():
         control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
-    spans = [(control.active_since[i], control.released_at[i]) for i in control.active_since]
+    spans = instance_spans(control)
     records = list(control.records.values())
     result = {
         "policy": config.policy,

@@ -20,17 +20,17 @@ from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simula
 def test_rate_ratio_on_a_hand_made_window():
     w = RateWindow(10.0)
     assert w.ratio(0.0, 4) is None
-    for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0):
-        w.arrive(t)
-    assert w.ratio(8.0, 4) is None  # no completions yet: suppressed, not "infinite"
-    for t in (4.0, 6.0, 8.0):
-        w.complete(t)
-    # 8 arrivals over the 8 s since the first = 1/s; 3 completions over the 4 s since the first
-    # = 0.75/s.
-    assert w.ratio(8.0, 4) == pytest.approx(1.0 / 0.75)
-    assert w.ratio(8.0, 8) is None  # each rate needs 8 // 2 = 4 events; completions have 3
-    # At 15 s the window starts at 5 s: arrivals 5, 6, 7 over 10 s; completions 6, 8 over 10 s.
-    assert w.ratio(15.0, 4) == pytest.approx((3 / 10) / (2 / 10))
+    for t in (0.0, 1.0, 2.0):
+        w.enqueue(t)
+    assert w.ratio(3.0, 4) is None  # 3 events: suppressed until 4
+    w.enqueue(3.0)
+    assert w.ratio(3.5, 4) == float("inf")  # nothing leaves the queue
+    for t in (1.0, 2.5, 4.0):
+        w.dequeue(t)
+    assert w.ratio(5.0, 4) == pytest.approx(4 / 3)
+    # At 11.5 the window is [1.5, 11.5]: enqueued 2, 3 (2); dequeued 2.5, 4 (2).
+    assert w.ratio(11.5, 4) == pytest.approx(1.0)
+    assert w.ratio(11.5, 5) is None  # 4 events left in the window
 
 
 def test_wait_indicator_and_kv_utilisation():
@@ -125,12 +125,12 @@ def test_role_switch_keeps_every_request():
 @pytest.mark.parametrize("mode", ["colocated", "pd"])
 def test_scaling_run_reports_events_and_loses_nothing(mode):
     kw = {"mode": "pd", "max_instances": 8} if mode == "pd" else {"max_instances": 4}
-    r = simulate(SimConfig(policy="hfx", qps=100, requests_per_task=250, **kw))
-    assert r["finished"] == r["requests"] == 1000
+    r = simulate(SimConfig(policy="hfx", qps=240, requests_per_task=150, **kw))
+    assert r["finished"] == r["requests"] == 600
     assert r["instances_max_used"] > (4 if mode == "pd" else 2)
     actions = [e["action"] for e in r["scale_events"]]
     assert "scale_out" in actions and "ready" in actions
     assert r["instances_over_time"][0]["time"] == 0.0
-    fixed = simulate(SimConfig(policy="hfx", qps=100, requests_per_task=250,
+    fixed = simulate(SimConfig(policy="hfx", qps=240, requests_per_task=150,
                                **({"mode": "pd"} if mode == "pd" else {})))
     assert r["cost_units"] != fixed["cost_units"]

@@ -57,6 +57,41 @@ PRESETS: dict[str, Preset] = {
         "seed 000 Figure 5, two-task with priorities instead of SLOs: hfx-pm vs rr",
         "two-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
         (40, 80, 120, 160, 200, 240), ratios=(("hfx-pm", "rr"),), config={"priorities": 2}),
+    "fig3-scaling-four-task": Preset(
+        "seed 000 Figure 3 with scaling, four-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
+        "four-task",
+        (("hfx-scaling", {"policy": "hfx", "max_instances": 4}), *_policies("hfx", "rr",
+                                                                            "scorpio")),
+        (40, 60, 80, 100, 120, 160, 200, 240),
+        ratios=(("hfx-scaling", "rr"), ("hfx-scaling", "scorpio"))),
+    "fig3-scaling-two-task": Preset(
+        "seed 000 Figure 3 with scaling, two-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
+        "two-task",
+        (("hfx-scaling", {"policy": "hfx", "max_instances": 4}), *_policies("hfx", "rr",
+                                                                            "scorpio")),
+        (40, 80, 120, 160, 200, 240),
+        ratios=(("hfx-scaling", "rr"), ("hfx-scaling", "scorpio"))),
+    "pd-scaling": Preset(
+        "P/D scaling, four-task: hfx-pd-scaling (4 → 8) vs hfx-pd and rr-pd (2 + 2)",
+        "four-task",
+        (("hfx-pd-scaling", {"policy": "hfx", "max_instances": 8}),
+         ("hfx-pd", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
+        (80, 120, 160, 200, 240, 280, 320),
+        ratios=(("hfx-pd-scaling", "rr-pd"), ("hfx-pd-scaling", "hfx-pd")),
+        config={"mode": "pd", "prefill": 2, "decode": 2}),
+    "fig8-monitor": Preset(
+        "seed 000 Figure 8 (top): Qwen2.5-32B, four-task, 2 instances, hfx, monitor interval",
+        "four-task",
+        tuple((f"monitor {m:g}s", {"policy": "hfx", "monitor_interval": m})
+              for m in (0.05, 1.0, 5.0)),
+        (10, 20, 30, 40, 50, 60, 80), config={"model": "qwen2.5-32b"}),
+    "fig8-scaling": Preset(
+        "seed 000 Figure 8 (bottom): Qwen2.5-32B, four-task, hfx up to 4 instances, scaling "
+        "interval",
+        "four-task",
+        tuple((f"scaling {t:g}s", {"policy": "hfx", "max_instances": 4, "scaling_interval": t})
+              for t in (0.5, 1.0, 2.0)),
+        (10, 20, 30, 40, 50, 60, 80), config={"model": "qwen2.5-32b"}),
     "mispredict": Preset(
         "hfx with its step-time predictions off by -20% / 0 / +20% from the executor's",
         "four-task",

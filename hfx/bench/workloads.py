@@ -158,6 +158,33 @@ def ramp(qps: float, seed: int, until: float = 90.0, step: float = 20.0) -> list
     return [r[3] for r in rows]
 
 
+def phases(workload: str, schedule: list[tuple[float, float]], seed: int) -> list[Request]:
+    """A task set whose total QPS follows ``schedule``: (duration s, qps) phases one after
+    another, each task an equal share, Poisson within a phase (for bursty-load experiments)."""
+    tasks = WORKLOADS[workload]
+    rows = []
+    for order, task in enumerate(tasks):
+        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode()), 2])
+        t, start, times = 0.0, 0.0, []
+        for duration, qps in schedule:
+            rate = qps / len(tasks)
+            t = start
+            while True:
+                t += rng.exponential(1.0 / rate)
+                if t >= start + duration:
+                    break
+                times.append(t)
+            start += duration
+        k = len(times)
+        ins = lognormal_lengths(rng, task.input_mean, task.input_std, k)
+        outs = lognormal_lengths(rng, task.output_mean, task.output_std, k)
+        rows += [(times[i], order, i, Request(f"{task.name}-{i}", times[i], int(ins[i]),
+                                              int(outs[i]), task.slo, task.name))
+                 for i in range(k)]
+    rows.sort(key=lambda r: r[:3])
+    return [r[3] for r in rows]
+
+
 # ---- trace files -----------------------------------------------------------------------------
 TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
 

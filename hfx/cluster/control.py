@@ -153,7 +153,7 @@ class ControlPlane:
             request = replace(request, slo=record.slo)
         if self.scaler is not None:
             self._awaiting[request.id] = record
-            self.scaler.on_arrival(Role.PREFILL if self.pd else Role.COLOCATED,
+            self.scaler.on_enqueue(Role.PREFILL if self.pd else Role.COLOCATED,
                                    request.arrival)
         if self.pd:
             self._sent[request.id] = request
@@ -198,6 +198,8 @@ class ControlPlane:
             record.dispatch_time = now
             record.instance = d.instance
             record.best_effort = d.best_effort
+            if self.scaler is not None:
+                self.scaler.on_dequeue(Role.PREFILL if self.pd else Role.COLOCATED, now)
             try:
                 self.instances[d.instance].submit(d.request)
             except EngineError as e:
@@ -325,6 +327,8 @@ class ControlPlane:
                 continue
             record.decode_instance = dst
             self._to_migrate.pop(d.request.id, None)
+            if self.scaler is not None:
+                self.scaler.on_dequeue(Role.DECODE, now)
             self._count(dst, d.request, +1)
             done = self.tl.book(src, dst, state.num_computed_tokens, now)
             asyncio.get_running_loop().call_at(done, self._complete_migration, record)
@@ -353,8 +357,7 @@ class ControlPlane:
             self._migrate.policy.enqueue(request, now)
             if self.scaler is not None:
                 self._to_migrate[request_id] = (now, request.slo.tpot)
-                self.scaler.on_complete(Role.PREFILL, now)
-                self.scaler.on_arrival(Role.DECODE, now)
+                self.scaler.on_enqueue(Role.DECODE, now)
 
     # ---- step outputs ----------------------------------------------------------------------
     def on_events(self, instance_id: int, out: StepOutput) -> None:
@@ -405,8 +408,6 @@ class ControlPlane:
         req = record.request
         self._sent.pop(req.id, None)
         self._to_migrate.pop(req.id, None)
-        if self.scaler is not None and outcome is Outcome.FINISHED:
-            self.scaler.on_complete(Role.DECODE if self.pd else Role.COLOCATED, now)
         if self._awaiting:
             self._first_token(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED

@@ -3,9 +3,12 @@
 Every τ seconds (1 s, seed 000 §9.3) it computes, per pool (the whole fleet when colocated; the
 prefill and the decode pool separately in P/D):
 
-1. ρ = R_in / R_out over a fixed 10 s window of enqueue and completion timestamps, suppressed
-   (None) until each rate has ``min_samples / 2`` events; each rate is taken over the span it has
-   been observed, at most the window. ρ > 1: completions lag arrivals.
+1. ρ = R_in / R_out over a fixed 10 s window of the pool's queue: enqueue and dequeue
+   timestamps (seed 001 §3.3.3). The queue is the global request queue for a colocated or
+   prefill pool (dequeue = dispatch) and the Migrator's for a decode pool (dequeue = migration
+   start). Suppressed (None) until the window holds ``min_samples`` events. ρ > 1: the queue
+   grows. (Counting request *completions* instead reads every startup as overload: completions
+   trail arrivals by a request's lifetime while the fleet fills.)
 2. W = mean over queued requests of wait / SLO: for a colocated or prefill pool, requests still
    without a first token, relative to their TTFT SLO; for a decode pool, prefilled requests not
    yet migrated, relative to their TPOT SLO.
@@ -60,43 +63,30 @@ class ScalerConfig:
 
 
 class RateWindow:
-    """Enqueue and completion timestamps of the last ``window`` seconds."""
+    """Enqueue and dequeue timestamps of a queue over the last ``window`` seconds."""
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self.arrivals: deque[float] = deque()
-        self.completions: deque[float] = deque()
-        self.first_arrival: float | None = None
-        self.first_completion: float | None = None
+        self.enqueued: deque[float] = deque()
+        self.dequeued: deque[float] = deque()
 
-    def arrive(self, t: float) -> None:
-        if self.first_arrival is None:
-            self.first_arrival = t
-        self.arrivals.append(t)
+    def enqueue(self, t: float) -> None:
+        self.enqueued.append(t)
 
-    def complete(self, t: float) -> None:
-        if self.first_completion is None:
-            self.first_completion = t
-        self.completions.append(t)
+    def dequeue(self, t: float) -> None:
+        self.dequeued.append(t)
 
     def ratio(self, now: float, min_samples: int) -> float | None:
-        """ρ = R_in / R_out over the window; None until each rate rests on ``min_samples / 2``
-        events. Each rate is taken over the span it has been observed (at most the window):
-        completions start later than arrivals, and counting both over the same span would
-        read every startup as overload."""
+        """ρ = R_in / R_out over the window; None until it holds ``min_samples`` events. A queue
+        that enqueues and never dequeues is infinitely overloaded."""
         horizon = now - self.window
-        for q in (self.arrivals, self.completions):
+        for q in (self.enqueued, self.dequeued):
             while q and q[0] < horizon:
                 q.popleft()
-        need = max(1, min_samples // 2)
-        if len(self.arrivals) < need or len(self.completions) < need:
+        n_in, n_out = len(self.enqueued), len(self.dequeued)
+        if n_in + n_out < min_samples:
             return None
-        assert self.first_arrival is not None and self.first_completion is not None
-        span_in = min(self.window, now - self.first_arrival)
-        span_out = min(self.window, now - self.first_completion)
-        if span_in <= 0 or span_out <= 0:
-            return None
-        return (len(self.arrivals) / span_in) / (len(self.completions) / span_out)
+        return float("inf") if n_out == 0 else n_in / n_out
 
 
 def wait_indicator(now: float, waiting: Iterable[tuple[float, float]]) -> float:
@@ -161,11 +151,11 @@ class Scaler:
         control.scaler = self
 
     # ---- events from the control plane -----------------------------------------------------
-    def on_arrival(self, role: Role, t: float) -> None:
-        self.pools[role].rates.arrive(t)
+    def on_enqueue(self, role: Role, t: float) -> None:
+        self.pools[role].rates.enqueue(t)
 
-    def on_complete(self, role: Role, t: float) -> None:
-        self.pools[role].rates.complete(t)
+    def on_dequeue(self, role: Role, t: float) -> None:
+        self.pools[role].rates.dequeue(t)
 
     def on_drained(self, iid: int) -> None:
         now = asyncio.get_running_loop().time()
