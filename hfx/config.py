@@ -70,9 +70,9 @@ class SimConfig(BaseModel):
         "turn the Scaler on, up to this many instances (in pd mode both pools together; seed "
         "000 §8: 2 → 4 colocated, 4 → 8 P/D)"))
     scaling_interval: float = Field(1.0, gt=0, description="Scaler period τ, s (seed 000 §9.3)")
-    scale_out_ratio: float = Field(1.2, gt=0, description="ε_o: scale out when R_in/R_out "
+    scale_out_ratio: float = Field(1.1, gt=0, description="ε_o: scale out when R_in/R_out "
                                    "exceeds it (the seed's value was lost; ours)")
-    scale_in_ratio: float = Field(0.8, gt=0, description="ε_i: scale in below it (ours)")
+    scale_in_ratio: float = Field(0.9, gt=0, description="ε_i: scale in below it (ours)")
     wait_threshold: float = Field(0.5, gt=0, description="scale out when queued requests have "
                                   "waited this fraction of their SLO on average (ours)")
     scaling_cooldown: float = Field(2.0, ge=0, description="seconds between scaling actions")

@@ -16,10 +16,11 @@ prefill and the decode pool separately in P/D):
 
 Scale out when ρ > ε_o or W > w_max; scale in when ρ < ε_i and the pool has more than its minimum,
 draining the instance with the smallest u_k. The seed's numeric defaults were lost in its text;
-ours: ε_o = 1.2 and ε_i = 0.8 (a ±20% band around balance, wider than the ±10% Poisson noise of
-a 10 s window holding ~100 completions), w_max = 0.5 (queued requests have used half their TTFT
-on average), and a 2 s cool-down after each action, while instances still loading count as
-capacity. docs/results.md shows the interval ablation.
+ours: ε_o = 1.1 and ε_i = 0.9 — about twice the ±5% noise of ρ over a 10 s window holding
+400–1,200 events; with ε_o = 1.2 a sustained 10% excess (a burst to 120 QPS on a fleet
+dispatching 106/s) went unanswered for 30 s while 400 requests queued — w_max = 0.5 (queued
+requests have used half their SLO on average), and a 2 s cool-down after each action, while
+instances still loading count as capacity. docs/results.md shows the interval ablation.
 
 In P/D, when one pool wants to shrink while the other grows, a drained instance switches role
 instead of stopping one and starting another; the TLManager links it to the other pool before it
@@ -46,8 +47,8 @@ class ScalerConfig:
     interval: float = 1.0  # τ, seed 000 §9.3
     window: float = 10.0  # seed 001 §3.3.3
     min_samples: int = 20  # events in the window before ρ is trusted
-    scale_out_ratio: float = 1.2  # ε_o (ours)
-    scale_in_ratio: float = 0.8  # ε_i (ours)
+    scale_out_ratio: float = 1.1  # ε_o (ours)
+    scale_in_ratio: float = 0.9  # ε_i (ours)
     wait_threshold: float = 0.5  # W above which to scale out (ours)
     cooldown: float = 2.0  # seconds between actions (ours)
     role_switch_time: float = 1.0  # a drained instance serving in its new role (ours)
