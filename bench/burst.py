@@ -71,18 +71,19 @@ def main() -> None:
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
-    for label, entry in out["runs"].items():
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (label, entry), color in zip(out["runs"].items(), palette, strict=False):
         att = entry["attainment_per_second"]
-        axes[2].plot(list(att), list(att.values()), label=label)
+        axes[2].plot(list(att), list(att.values()), label=label, color=color)
         over = entry.get("instances_over_time")
         if over:
             t = [o["time"] for o in over]
             axes[0].step(t, [o["active"] + o["provisioning"] for o in over], where="post",
-                         label=f"{label}: provisioned")
+                         color=color, label=f"{label}: provisioned")
             axes[0].step(t, [o["colocated"] for o in over], where="post", linestyle=":",
-                         label=f"{label}: serving")
-            axes[1].plot(t, [o["queued"] for o in over], label=label)
-    axes[0].axhline(2, color="grey", linewidth=0.8, label="hfx, 2 fixed")
+                         color=color, label=f"{label}: serving")
+            axes[1].plot(t, [o["queued"] for o in over], label=label, color=color)
+    axes[0].axhline(2, color=palette[0], linewidth=0.8, label="hfx, 2 fixed")
     axes[0].set_ylabel("instances")
     axes[1].set_ylabel("requests without a\\nfirst token")
     axes[2].set_ylabel("attainment of\\narrivals per second")

@@ -75,10 +75,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     series = preset.series if preset else [(p, {"policy": p}) for p in args.policies]
     qps = args.qps or (list(preset.qps) if preset else [20, 40, 60, 80, 100, 120, 140, 160])
     fixed = {"workload": preset.workload, **preset.config} if preset else {}
-    # Fail on a bad name before running anything.
-    configs = [model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
-               for _, fields in series]
-    base = configs[0]
+    # The base carries the preset's fixed fields only: a series' fields must not leak into the
+    # next series. Each series is validated before anything runs.
+    base = model_from_args(SimConfig, args, args.config, **fixed, qps=qps[0])
+    for _, fields in series:
+        model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
     results = run_grid(base, series, qps, jobs=args.jobs)
     print(table(results))
     if preset and preset.ratios:

@@ -177,8 +177,8 @@ def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
                                metavar=kind.__name__.upper(), help=help_text)
 
 
-def model_from_args(model: type[BaseModel], args: argparse.Namespace,
-                    config_file: str | Path | None = None, **overrides: Any) -> BaseModel:
+def model_from_args(schema: type[BaseModel], args: argparse.Namespace,
+                    config_file: str | Path | None = None, /, **overrides: Any) -> BaseModel:
     """Field values from the YAML file, then from the flags given, then ``overrides``.
 
     Raises SystemExit with the validation messages on bad values.
@@ -189,10 +189,10 @@ def model_from_args(model: type[BaseModel], args: argparse.Namespace,
         if not isinstance(data, dict):
             raise SystemExit(f"{config_file}: expected a mapping of option: value")
         values.update({k.replace("-", "_"): v for k, v in data.items()})
-    values.update({k: v for k, v in vars(args).items() if k in model.model_fields})
+    values.update({k: v for k, v in vars(args).items() if k in schema.model_fields})
     values.update(overrides)
     try:
-        return model(**values)
+        return schema(**values)
     except ValidationError as e:
         lines = [f"  --{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
                  for err in e.errors()]

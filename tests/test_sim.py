@@ -104,6 +104,30 @@ def test_cli_unknown_names_list_the_valid_ones(capsys):
     assert "four-task" in str(e.value)
 
 
+def test_cli_sweep_series_do_not_inherit_each_others_fields(tmp_path, monkeypatch):
+    from hfx.bench import presets
+
+    monkeypatch.setitem(presets.PRESETS, "two", presets.Preset(
+        "test", "four-task", (("scaling", {"policy": "rr", "max_instances": 4}),
+                              ("fixed", {"policy": "rr"})), (10.0,),
+        config={"requests_per_task": 5}))
+    assert main(["sweep", "--preset", "two", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    rows = {r["series"]: r for r in json.loads((tmp_path / "two.json").read_text())}
+    assert rows["scaling"]["config"]["max_instances"] == 4
+    assert rows["fixed"]["config"]["max_instances"] is None
+
+
+def test_cli_sweep_preset_may_set_any_field(tmp_path, capsys, monkeypatch):
+    from hfx.bench import presets
+
+    monkeypatch.setitem(presets.PRESETS, "tiny", presets.Preset(
+        "test", "four-task", (("a", {"policy": "rr"}),), (10.0,),
+        config={"model": "qwen2.5-32b", "requests_per_task": 5}))
+    assert main(["sweep", "--preset", "tiny", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    (row,) = json.loads((tmp_path / "tiny.json").read_text())
+    assert row["profile"] == "qwen2.5-32b@ascend-910b" and row["requests"] == 20
+
+
 def test_cli_sweep_writes_table_json_and_plot(tmp_path, capsys):
     assert main(["sweep", "--policies", "rr,least-loaded", "--qps", "10,40",
                  "--requests-per-task", "15", "--out", str(tmp_path), "--jobs", "1"]) == 0
