@@ -22,8 +22,8 @@ from collections import deque
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.output_length import OutputLengthPredictor
-from hfx.policies.shadow import ShadowInstance
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.policies.shadow import Shadows
+from hfx.request import Request, RequestRecord
 
 
 class Aladdin(Policy):
@@ -33,9 +33,8 @@ class Aladdin(Policy):
     def __init__(self, output_length: str = "history") -> None:
         self.predictor = OutputLengthPredictor(output_length)
         self._queue: deque[Request] = deque()
-        self.shadow: dict[int, ShadowInstance] = {}
+        self.shadow = Shadows()
         self._prefill_free_at: dict[int, float] = {}  # when the worker's prefill backlog drains
-        self._corrected_at: dict[int, float] = {}
 
     def enqueue(self, request: Request, now: float) -> None:
         self._queue.append(request)
@@ -50,13 +49,8 @@ class Aladdin(Policy):
         if not targets:
             return decision
         for inst in targets:
-            if inst.id not in self.shadow:
-                cap = inst.stats.kv_total_blocks * inst.stats.block_size
-                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self._prefill_free_at[inst.id] = now
-            if self._corrected_at.get(inst.id) != inst.stats.time:
-                self.shadow[inst.id].correct(inst.stats)
-                self._corrected_at[inst.id] = inst.stats.time
+            self._prefill_free_at.setdefault(inst.id, now)
+            self.shadow.sync(inst)
         while self._queue:
             req = self._queue.popleft()
             out_len = self.predictor.predict(req)
@@ -86,9 +80,4 @@ class Aladdin(Policy):
         return decision
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
-        req = record.request
-        if record.outcome is Outcome.FINISHED:
-            self.predictor.observe(req.task, record.num_tokens)
-        sh = self.shadow.get(record.instance) if record.instance is not None else None
-        if sh is not None:
-            sh.remove(req.id, req.prompt_len + record.num_tokens)
+        self.shadow.finished(record, record.instance, self.predictor)

@@ -48,9 +48,9 @@ from collections import deque
 from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
 from hfx.policies.output_length import OutputLengthPredictor
-from hfx.policies.shadow import ShadowInstance
+from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.request import Request, RequestRecord
 
 
 def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> float:
@@ -88,9 +88,8 @@ class HFXDispatcher(Policy):
         self.predictor = OutputLengthPredictor(output_length)
         self.queue = SLOQueue()  # Q_R
         self._best_effort: deque[Request] = deque()
-        self.shadow: dict[int, ShadowInstance] = {}
+        self.shadow = Shadows()
         self.maturity: dict[int, float] = {}
-        self._corrected_at: dict[int, float] = {}
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -101,15 +100,8 @@ class HFXDispatcher(Policy):
 
     # ---- the dispatcher ---------------------------------------------------------------------
     def _shadow_of(self, inst: InstanceView, view: ClusterView) -> ShadowInstance:
-        sh = self.shadow.get(inst.id)
-        if sh is None:
-            cap = inst.stats.kv_total_blocks * inst.stats.block_size
-            sh = self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-            self.maturity[inst.id] = view.now
-        if self._corrected_at.get(inst.id) != inst.stats.time:
-            sh.correct(inst.stats)
-            self._corrected_at[inst.id] = inst.stats.time
-        return sh
+        self.maturity.setdefault(inst.id, view.now)
+        return self.shadow.sync(inst)
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()
@@ -227,12 +219,6 @@ class HFXDispatcher(Policy):
         return self.predictor.predict(request)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
-        req = record.request
-        if record.outcome is Outcome.FINISHED:
-            self.predictor.observe(req.task, record.num_tokens)
-        sh = self.shadow.get(record.instance) if record.instance is not None else None
-        if sh is None:
-            return
-        sh.remove(req.id, req.prompt_len + record.num_tokens)
-        if sh.idle:
+        sh = self.shadow.finished(record, record.instance, self.predictor)
+        if sh is not None and sh.idle:
             self.maturity[sh.id] = min(self.maturity[sh.id], view.now)

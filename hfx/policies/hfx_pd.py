@@ -20,9 +20,9 @@ from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.output_length import OutputLengthPredictor
-from hfx.policies.shadow import ShadowInstance
+from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.request import Request, RequestRecord
 
 
 class HFXPrefillDispatcher(HFXDispatcher):
@@ -50,9 +50,8 @@ class HFXMigrator(Policy):
         self.max_scan = max_scan
         self.queue = SLOQueue()
         self.predictor = OutputLengthPredictor(output_length)
-        self.shadow: dict[int, ShadowInstance] = {}
+        self.shadow = Shadows()
         self.maturity: dict[int, float] = {}
-        self._corrected_at: dict[int, float] = {}
 
     def enqueue(self, request: Request, now: float) -> None:
         self.queue.push(request)
@@ -65,13 +64,8 @@ class HFXMigrator(Policy):
         now, model = view.now, view.step_model
         targets = view.accepting()
         for inst in targets:
-            if inst.id not in self.shadow:
-                cap = inst.stats.kv_total_blocks * inst.stats.block_size
-                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self.maturity[inst.id] = now
-            if self._corrected_at.get(inst.id) != inst.stats.time:
-                self.shadow[inst.id].correct(inst.stats)
-                self._corrected_at[inst.id] = inst.stats.time
+            self.maturity.setdefault(inst.id, now)
+            self.shadow.sync(inst)
         if not self.queue or not targets:
             return decision
         for inst in sorted(targets, key=lambda i: (self.maturity[i.id], i.id)):
@@ -110,12 +104,6 @@ class HFXMigrator(Policy):
         self.maturity[iid] = now + max(model.decode_time(ctx, batch), model.decode_a)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
-        req = record.request
-        if record.outcome is Outcome.FINISHED:
-            self.predictor.observe(req.task, record.num_tokens)
-        sh = self.shadow.get(record.decode_instance) if record.decode_instance is not None \
-            else None
-        if sh is not None:
-            sh.remove(req.id, req.prompt_len + record.num_tokens)
-            if sh.idle:
-                self.maturity[sh.id] = min(self.maturity[sh.id], view.now)
+        sh = self.shadow.finished(record, record.decode_instance, self.predictor)
+        if sh is not None and sh.idle:
+            self.maturity[sh.id] = min(self.maturity[sh.id], view.now)

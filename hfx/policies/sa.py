@@ -23,8 +23,8 @@ import random
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import ALPHA, ITERATIONS, T0, T_MIN, Job, Plan, anneal
-from hfx.policies.shadow import ShadowInstance
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.policies.shadow import Shadows
+from hfx.request import Request, RequestRecord
 
 
 class SimulatedAnnealing(Policy):
@@ -47,8 +47,7 @@ class SimulatedAnnealing(Policy):
         self._plans: dict[int, Plan | None] = {}
         self._remaining: dict[int, float] = {}
         self._prefill_free_at: dict[int, float] = {}
-        self.shadow: dict[int, ShadowInstance] = {}
-        self._corrected_at: dict[int, float] = {}
+        self.shadow = Shadows()
 
     def enqueue(self, request: Request, now: float) -> None:
         self._arrived.append(request)
@@ -74,16 +73,11 @@ class SimulatedAnnealing(Policy):
         if not targets:
             return decision
         for inst in targets:
-            if inst.id not in self.shadow:
-                cap = inst.stats.kv_total_blocks * inst.stats.block_size
-                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self._prefill_free_at[inst.id] = now
+            sh = self.shadow.sync(inst)
+            self._prefill_free_at.setdefault(inst.id, now)
             if inst.id not in self._pending:
                 self._pending[inst.id], self._plans[inst.id] = [], None
-                self._remaining[inst.id] = float(self.shadow[inst.id].kv_capacity_tokens)
-            if self._corrected_at.get(inst.id) != inst.stats.time:
-                self.shadow[inst.id].correct(inst.stats)
-                self._corrected_at[inst.id] = inst.stats.time
+                self._remaining[inst.id] = float(sh.kv_capacity_tokens)
         for req in self._arrived:
             out_len = float(self.predictor.sample(req, self.rng))
             iid = self._assign(req, out_len, view)
@@ -131,9 +125,4 @@ class SimulatedAnnealing(Policy):
         self._remaining.pop(instance_id, None)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
-        req = record.request
-        if record.outcome is Outcome.FINISHED:
-            self.predictor.observe(req.task, record.num_tokens)
-        sh = self.shadow.get(record.instance) if record.instance is not None else None
-        if sh is not None:
-            sh.remove(req.id, req.prompt_len + record.num_tokens)
+        self.shadow.finished(record, record.instance, self.predictor)

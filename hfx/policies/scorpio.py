@@ -22,8 +22,8 @@ import heapq
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.output_length import OutputLengthPredictor
-from hfx.policies.shadow import ShadowInstance
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.policies.shadow import ShadowInstance, Shadows
+from hfx.request import Request, RequestRecord
 
 
 def virtual_batch_size(tpots: list[float]) -> float:
@@ -47,9 +47,7 @@ class Scorpio(Policy):
         self._pending: list[Request] = []  # arrived, not yet assigned to an instance
         self._next = 0
         self._seq = 0
-        self.shadow: dict[int, ShadowInstance] = {}
-        self._tpot_lists: dict[int, list[float]] = {}
-        self._corrected_at: dict[int, float] = {}
+        self.shadow = Shadows()
 
     def enqueue(self, request: Request, now: float) -> None:
         self._pending.append(request)
@@ -74,15 +72,8 @@ class Scorpio(Policy):
         if not targets:
             return decision
         for inst in targets:
-            if inst.id not in self._queues:
-                self._queues[inst.id] = []
-            if inst.id not in self.shadow:
-                cap = inst.stats.kv_total_blocks * inst.stats.block_size
-                self.shadow[inst.id] = ShadowInstance(inst.id, cap, inst.stats.max_num_seqs)
-                self._tpot_lists[inst.id] = []
-            if self._corrected_at.get(inst.id) != inst.stats.time:
-                self.shadow[inst.id].correct(inst.stats)
-                self._corrected_at[inst.id] = inst.stats.time
+            self._queues.setdefault(inst.id, [])
+            self.shadow.sync(inst)
         for req in self._pending:  # round robin at arrival
             iid = targets[self._next % len(targets)].id
             self._next += 1
@@ -97,7 +88,7 @@ class Scorpio(Policy):
             queue, sh = self._queues[inst.id], self.shadow[inst.id]
             if not queue:
                 continue
-            tpots = self._tpot_lists[inst.id]
+            tpots = sh.tpots()
             # TTFT guard: cumulative predicted prefill in deadline order.
             kept, cum = [], 0.0
             for item in sorted(queue):
@@ -121,7 +112,7 @@ class Scorpio(Policy):
                     decision.dispatch.append(Dispatch(req, inst.id))
                     sh.add(req, out_len)
                     tpots.append(req.slo.tpot)
-                elif sh.idle and not decision.dispatch:
+                elif sh.idle:
                     # Nothing runs here: admit it, there is no TPOT to protect.
                     decision.dispatch.append(Dispatch(req, inst.id))
                     sh.add(req, out_len)
@@ -140,11 +131,4 @@ class Scorpio(Policy):
         self._pending.extend(item[3] for item in sorted(queue))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
-        req = record.request
-        if record.outcome is Outcome.FINISHED:
-            self.predictor.observe(req.task, record.num_tokens)
-        sh = self.shadow.get(record.instance) if record.instance is not None else None
-        if sh is None or req.id not in sh.inflight:
-            return
-        sh.remove(req.id, req.prompt_len + record.num_tokens)
-        self._tpot_lists[sh.id].remove(req.slo.tpot)
+        self.shadow.finished(record, record.instance, self.predictor)

@@ -12,7 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hfx.cluster.instance import InstanceStats
-from hfx.request import Request
+from hfx.policies.base import InstanceView
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.request import Outcome, Request, RequestRecord
 
 
 @dataclass(slots=True)
@@ -45,6 +47,10 @@ class ShadowInstance:
     def idle(self) -> bool:
         return not self.inflight
 
+    def tpots(self) -> list[float]:
+        """The TPOT targets of the in-flight requests (with repeats)."""
+        return list(self._tpots.elements())
+
     def min_tpot(self) -> float | None:
         return min(self._tpots) if self._tpots else None
 
@@ -68,11 +74,12 @@ class ShadowInstance:
         self._tpots[request.slo.tpot] += 1
         self._ttfts[request.slo.ttft] += 1
 
-    def remove(self, request_id: str, tokens_at_finish: int) -> None:
-        """A request left; ``tokens_at_finish`` is its prompt + generated length."""
+    def remove(self, request_id: str, tokens_at_finish: int) -> bool:
+        """A request left; ``tokens_at_finish`` is its prompt + generated length. False if it
+        was not here."""
         item = self.inflight.pop(request_id, None)
         if item is None:
-            return
+            return False
         req = item.request
         self.decode_ctx = max(0.0, self.decode_ctx - tokens_at_finish)
         self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
@@ -82,8 +89,48 @@ class ShadowInstance:
             counter[key] -= 1
             if counter[key] == 0:
                 del counter[key]
+        return True
 
     def correct(self, stats: InstanceStats) -> None:
         """Take the measured decode context and KV use from a Monitor snapshot."""
         self.decode_ctx = float(stats.decode_ctx)
         self.kv_used_tokens = float(stats.kv_used_blocks * stats.block_size)
+
+
+class Shadows:
+    """The shadows of every instance a policy has seen: created on first sight, corrected by
+    each new Monitor snapshot, and told when requests finish."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, ShadowInstance] = {}
+        self._corrected_at: dict[int, float] = {}
+
+    def __getitem__(self, instance_id: int) -> ShadowInstance:
+        return self._by_id[instance_id]
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._by_id
+
+    def sync(self, inst: InstanceView) -> ShadowInstance:
+        """The shadow of ``inst``, created if new and corrected if its snapshot is newer."""
+        sh = self._by_id.get(inst.id)
+        stats = inst.stats
+        if sh is None:
+            sh = self._by_id[inst.id] = ShadowInstance(
+                inst.id, stats.kv_total_blocks * stats.block_size, stats.max_num_seqs)
+        if self._corrected_at.get(inst.id) != stats.time:
+            sh.correct(stats)
+            self._corrected_at[inst.id] = stats.time
+        return sh
+
+    def finished(self, record: RequestRecord, instance_id: int | None,
+                 predictor: OutputLengthPredictor) -> ShadowInstance | None:
+        """Learn the output length of a finished request and drop it from the shadow of
+        ``instance_id``; returns that shadow if the request was in it."""
+        req = record.request
+        if record.outcome is Outcome.FINISHED:
+            predictor.observe(req.task, record.num_tokens)
+        sh = self._by_id.get(instance_id) if instance_id is not None else None
+        if sh is None or not sh.remove(req.id, req.prompt_len + record.num_tokens):
+            return None
+        return sh
