@@ -29,7 +29,7 @@ from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.latency import Profile, load_profile
 from hfx.policies import make_pd_policies, make_policy
-from hfx.request import Request
+from hfx.request import Outcome, Request
 from hfx.roofline import kv_bytes_from_meta, weight_bytes_per_device
 
 
@@ -49,6 +49,9 @@ def engine_config(config: SimConfig, profile: Profile, planner: str) -> EngineCo
         max_num_batched_tokens=config.max_num_batched_tokens,
         planner=planner,
     )
+
+
+STALL_SECONDS = 3600.0  # after the last arrival; far beyond any workload's drain time
 
 
 def make_tl_manager(config: SimConfig, profile: Profile) -> TLManager:
@@ -144,7 +147,13 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
         if delay > 0:
             await asyncio.sleep(delay)
         control.submit(req)
-    await control.wait_idle()
+    try:
+        # A stalled engine would otherwise keep the Monitor ticking forever on a virtual clock.
+        await asyncio.wait_for(control.wait_idle(), timeout=STALL_SECONDS)
+    except asyncio.TimeoutError:
+        stuck = sum(r.outcome is Outcome.PENDING for r in control.records.values())
+        raise RuntimeError(f"{stuck} requests still unfinished {STALL_SECONDS:g} s after the "
+                           "last arrival: the cluster stalled") from None
     end = loop.time()
     if ticker is not None:
         ticker.cancel()

@@ -201,7 +201,7 @@ class ControlPlane:
             if self.scaler is not None:
                 self.scaler.on_dequeue(Role.PREFILL if self.pd else Role.COLOCATED, now)
             try:
-                self.instances[d.instance].submit(d.request)
+                self.instances[d.instance].submit(d.request, d.best_effort)
             except EngineError as e:
                 self._finish(record, Outcome.FAILED, now, str(e))
                 continue

@@ -51,8 +51,9 @@ class Instance(Protocol):
     id: int
     role: Role
 
-    def submit(self, request: Request) -> None:
-        """Queue a request; raises hfx.engine.EngineError if it can never run here."""
+    def submit(self, request: Request, best_effort: bool = False) -> None:
+        """Queue a request; raises hfx.engine.EngineError if it can never run here.
+        A best-effort request runs on leftover capacity (planners that know the tier)."""
         ...
 
     def abort(self, request_id: str) -> None: ...
@@ -96,13 +97,16 @@ class LocalInstance:
                 await self._task
             self._task = None
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, best_effort: bool = False) -> None:
+        slo = request.slo
         self.engine.add_request(Sequence(
             request_id=request.id,
             prompt_len=request.prompt_len,
             max_tokens=request.max_tokens,
             prompt_token_ids=request.prompt_token_ids,
-            tpot=request.slo.tpot if request.slo else None,
+            tpot=slo.tpot if slo else None,
+            prefill_deadline=request.arrival + slo.ttft if slo else None,
+            best_effort=best_effort,
         ))
         self._wake.set()
 

@@ -16,6 +16,7 @@ from hfx.engine.config import EngineConfig
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
+from hfx.latency import StepTimeModel
 
 
 class StepOutput(NamedTuple):
@@ -39,10 +40,12 @@ class EngineError(ValueError):
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, executor: Executor) -> None:
+    def __init__(self, config: EngineConfig, executor: Executor,
+                 step_model: StepTimeModel | None = None) -> None:
         self.config = config
         self.executor = executor
-        self.planner = make_planner(config)
+        # Planners that pace by time need the instance's step-time model; a SimExecutor has it.
+        self.planner = make_planner(config, step_model or getattr(executor, "model", None))
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
         self.state = EngineState(waiting=deque(), running=[], kv=self.kv)
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
@@ -130,6 +133,7 @@ class EngineCore:
         transitions: list[tuple[str, RequestStatus]] = []
         if self._aborts:
             self._apply_aborts(transitions)
+        self.state.now = loop.time()
         out = self.planner.plan(self.state)
         if not out:
             return StepOutput(loop.time(), [], None, transitions)

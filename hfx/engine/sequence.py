@@ -66,6 +66,9 @@ class Sequence:
     # The request's TPOT target, for SLO-aware planners (SCORPIO's credits); None if unknown.
     tpot: float | None = None
     credit: float = 0.0  # SCORPIO's per-sequence decode credit
+    prefill_deadline: float | None = None  # arrival + TTFT, for deadline-aware planners
+    best_effort: bool = False  # served with leftover capacity, preempted first (SLOs-Serve §4.1)
+    next_due: float = 0.0  # SLOs-Serve pacing: when its next decode token is due
     num_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +86,7 @@ class Sequence:
             prompt_token_ids=self.prompt_token_ids, stop_token_ids=self.stop_token_ids,
             output_token_ids=list(self.output_token_ids),
             num_computed_tokens=self.num_computed_tokens, tpot=self.tpot,
+            prefill_deadline=self.prefill_deadline, best_effort=self.best_effort,
         )
 
     @property

@@ -12,10 +12,11 @@ from hfx.policies.least_loaded import LeastLoaded
 from hfx.policies.round_robin import RoundRobin
 from hfx.policies.sa import SimulatedAnnealing
 from hfx.policies.scorpio import Scorpio
+from hfx.policies.slos_serve import SLOsServe
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded, Scorpio, Aladdin,
-                        SimulatedAnnealing)
+                        SimulatedAnnealing, SLOsServe)
 }
 
 

@@ -7,20 +7,24 @@ from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
 from hfx.engine.planners.chunked import ChunkedPlanner
 from hfx.engine.planners.credit import CreditPlanner
 from hfx.engine.planners.prefill_first import PrefillFirstPlanner
+from hfx.engine.planners.slo_paced import SLOPacedPlanner
+from hfx.latency import StepTimeModel
 
 PLANNERS: dict[str, type[BatchPlanner]] = {
-    p.name: p for p in (PrefillFirstPlanner, ChunkedPlanner, CreditPlanner)
+    p.name: p for p in (PrefillFirstPlanner, ChunkedPlanner, CreditPlanner, SLOPacedPlanner)
 }
 
 
-def make_planner(config: EngineConfig) -> BatchPlanner:
+def make_planner(config: EngineConfig, model: StepTimeModel | None = None) -> BatchPlanner:
     try:
         cls = PLANNERS[config.planner]
     except KeyError:
         raise ValueError(
             f"unknown planner {config.planner!r}; choose one of {', '.join(PLANNERS)}"
         ) from None
-    return cls(config)
+    if cls.needs_model and model is None:
+        raise ValueError(f"planner {config.planner!r} needs the instance's step-time model")
+    return cls(config, model)
 
 
 __all__ = ["PLANNERS", "BatchPlanner", "EngineState", "SchedulerOutput", "make_planner"]

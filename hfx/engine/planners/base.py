@@ -16,7 +16,7 @@ from typing import ClassVar
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.config import EngineConfig
 from hfx.engine.sequence import RequestStatus, Sequence
-from hfx.latency import BatchShape
+from hfx.latency import BatchShape, StepTimeModel
 
 
 @dataclass(slots=True)
@@ -26,6 +26,7 @@ class EngineState:
     waiting: deque[Sequence]
     running: list[Sequence]
     kv: BlockManager
+    now: float = 0.0  # the loop's time when the step is planned (set by the engine core)
 
 
 @dataclass(slots=True)
@@ -52,9 +53,11 @@ class SchedulerOutput:
 class BatchPlanner(ABC):
     name: ClassVar[str]
     default_token_budget: ClassVar[int]
+    needs_model: ClassVar[bool] = False
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: StepTimeModel | None = None) -> None:
         self.config = config
+        self.model = model  # the instance's step-time model, for planners that pace by time
         self.token_budget = config.max_num_batched_tokens or self.default_token_budget
 
     @abstractmethod

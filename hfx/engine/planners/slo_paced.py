@@ -1,0 +1,122 @@
+"""SLOs-Serve batch formation with dynamic batch size (seed 002 §3.2.2, Algorithm 2; §4.1).
+
+Each step lasts at most t0, the tightest TPOT among decoding SLO requests, and carries the largest
+token batch the step-time model fits into t0 (``time2bs``). Decode tokens are allocated earliest
+deadline first: a request's next token is due 0.9 TPOT after its previous one (``next_due``), and
+a request is scheduled in this step if its token is due by the step's end. The rest of the
+budget goes to prefill chunks, earliest prefill deadline first; what is still left decodes other
+requests ahead of time (work conservation — without it requests paced at their SLO lived so long
+that they filled every sequence slot and new prompts missed their TTFT). Best-effort requests
+(§4.1) use whatever budget is left and are preempted first when KV runs out; preemption discards
+KV and keeps generated tokens (recompute).
+"""
+
+from __future__ import annotations
+
+from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.sequence import RequestStatus, Sequence
+
+
+def time2bs(model, t0: float, decode_ctx: float, num_decode: int) -> int:
+    """Prefill tokens that fit a step of ``t0`` seconds beside these decodes (Eq. 1/2 mixed form,
+    linear in the tokens; the quadratic term is negligible for one step's chunk)."""
+    fixed = max(model.prefill_a, model.decode_a) if num_decode else model.prefill_a
+    spare = t0 - fixed - model.decode_b * decode_ctx - model.decode_c * num_decode
+    return max(0, int(spare / model.prefill_b))
+
+
+class SLOPacedPlanner(BatchPlanner):
+    name = "slo-paced"
+    default_token_budget = 2048  # per step when no SLO decode sets the pace
+    needs_model = True
+    # Decode tokens are due every pace × TPOT: paced exactly at the TPOT, every request sits on
+    # the edge of its SLO and any jitter misses it (ours; the seed gives no margin).
+    pace = 0.9
+
+    def plan(self, state: EngineState) -> SchedulerOutput:
+        out = SchedulerOutput()
+        now = state.now
+        slo_decoding = [s for s in state.running if s.is_decode and not s.best_effort and s.tpot]
+        t0 = min((s.tpot for s in slo_decoding), default=None)
+        end = now + (t0 or 0.0)
+        # 1. SLO decodes whose token is due by the end of this step, earliest due first.
+        due = sorted((s for s in slo_decoding if s.next_due <= end), key=lambda s: s.next_due)
+        ctx = 0
+        for seq in due:
+            if not self._room(state, seq, seq.num_tokens, out):
+                continue
+            out.schedule(seq, 1)
+            ctx += seq.num_tokens
+            seq.next_due = max(seq.next_due, now) + self.pace * seq.tpot
+        budget = (time2bs(self.model, t0, ctx, len(due)) if t0 is not None
+                  else self.token_budget)
+        # 2. SLO prefills, earliest prefill deadline first: running partial prompts, then waiting.
+        prefilling = [s for s in state.running if not s.is_decode and not s.best_effort
+                      and s not in out.num_scheduled_tokens]
+        candidates = sorted(prefilling, key=_deadline) + sorted(
+            (s for s in state.waiting if not s.best_effort), key=_deadline)
+        budget = self._prefill(state, out, candidates, budget)
+        # 3. Work conservation: budget left decodes SLO requests ahead of their due time,
+        # earliest due first; their deadlines stay on schedule, so an early token banks slack.
+        ahead = sorted((s for s in slo_decoding if s not in out.num_scheduled_tokens),
+                       key=lambda s: s.next_due)
+        for seq in ahead:
+            if budget <= 0:
+                break
+            if self._room(state, seq, seq.num_tokens, out):
+                out.schedule(seq, 1)
+                seq.next_due += self.pace * seq.tpot
+                budget -= 1
+        # 4. Best effort: leftover budget only.
+        for seq in [s for s in state.running if s.best_effort and s.is_decode]:
+            if budget <= 0:
+                break
+            if self._room(state, seq, seq.num_tokens, out, best_effort=True):
+                out.schedule(seq, 1)
+                budget -= 1
+        be = [s for s in state.running if s.best_effort and not s.is_decode
+              and s not in out.num_scheduled_tokens]
+        self._prefill(state, out, be + [s for s in state.waiting if s.best_effort], budget)
+        if not out and slo_decoding:
+            # Nothing is due and nothing else can run: decode the earliest now rather than idle
+            # (an engine step never waits for the clock; early is never late).
+            seq = min(slo_decoding, key=lambda s: s.next_due)
+            if self._room(state, seq, seq.num_tokens, out):
+                out.schedule(seq, 1)
+                seq.next_due = max(seq.next_due, now) + self.pace * seq.tpot
+        return out
+
+    def _prefill(self, state: EngineState, out: SchedulerOutput, seqs: list[Sequence],
+                 budget: int) -> int:
+        for seq in seqs:
+            if budget <= 0 or (len(state.running) >= self.config.max_num_seqs and \
+                    seq.status is RequestStatus.WAITING):
+                break
+            n = min(seq.num_missing, budget)
+            if not self._room(state, seq, seq.num_computed_tokens + n, out, seq.best_effort):
+                continue
+            if seq.status is RequestStatus.WAITING:
+                state.waiting.remove(seq)
+                seq.status = RequestStatus.RUNNING
+                state.running.append(seq)
+            out.schedule(seq, n)
+            budget -= n
+        return budget
+
+    def _room(self, state: EngineState, seq: Sequence, tokens: int, out: SchedulerOutput,
+              best_effort: bool = False) -> bool:
+        """Blocks for ``tokens`` of ``seq``, preempting best-effort requests (newest first)
+        for an SLO request; a best-effort request never preempts."""
+        while state.kv.allocate(seq, tokens) is None:
+            victims = [s for s in state.running if s.best_effort and s is not seq
+                       and s not in out.num_scheduled_tokens]
+            if best_effort or not victims:
+                return False
+            victim = victims[-1]
+            state.running.remove(victim)
+            self.preempt(state, victim, out)
+        return True
+
+
+def _deadline(seq: Sequence) -> float:
+    return seq.prefill_deadline if seq.prefill_deadline is not None else float("inf")

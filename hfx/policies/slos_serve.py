@@ -1,0 +1,167 @@
+"""``slos-serve``: SLOs-Serve (seed 002) as a policy: soft admission control by dynamic
+programming, SLO-driven routing, and a best-effort tier.
+
+Admission (§3.2.1, the request-throughput form of Appendix C). For one replica, candidates and
+the replica's outstanding prefill work — requests admitted since its last Monitor snapshot, and
+of the earlier ones the latest-deadline prompts that make up the snapshot's waiting tokens (its
+engine prefills earliest deadline first) — are taken in
+prefill-deadline order (pDDL = arrival + TTFT). ``pb[n]`` is the largest prefill budget left at
+the current deadline having accepted n candidates; between deadlines the replica generates
+Δpb = Δt · rate(D) prefill tokens, where D = Σ 1/TPOT is the decode demand of everything it
+serves and rate(D) is what the step-time model leaves for prefill once decodes are paced at
+their SLO (§3.2.2). Accepting request i costs its prompt p_i and adds 1/TPOT_i to D; it is
+feasible only if the budget stays ≥ 0 and the KV of all accepted requests fits. Already-admitted
+requests are forced in (continuous optimisation). The DP keeps, for every n, the state with the
+most budget (then the least demand): the per-tier counts of the seed's state are folded into D,
+exact when requests share a TPOT, O(N²) in general. The largest feasible n is admitted.
+
+Routing (§4.2): a new request goes to the next replica round robin; declined, it tries the next
+replica, up to ``route_limit`` replicas. Declined everywhere, it joins the best-effort tier
+(§4.1) on the replica with the most free KV: served with leftover budget, preempted first.
+
+Batch formation (Algorithm 2) runs inside each replica: the ``slo-paced`` planner.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hfx.engine.planners.slo_paced import SLOPacedPlanner, time2bs
+from hfx.latency import StepTimeModel
+from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance, Shadows
+from hfx.request import Request, RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A request as the admission DP sees it."""
+
+    key: str
+    deadline: float  # pDDL: arrival + TTFT
+    prompt: int
+    demand: float  # 1 / TPOT, decode tokens per second once it decodes
+    memory: float  # KV tokens: prompt + predicted output
+    forced: bool = False  # already admitted
+
+
+def prefill_rate(model: StepTimeModel, demand: float, t0: float, ctx_per_seq: float) -> float:
+    """Prefill tokens per second a replica has left when its decodes need ``demand``
+    tokens/s, paced in steps of ``t0`` seconds (time2bs over one step, per second)."""
+    decodes = demand * t0
+    return time2bs(model, t0, decodes * ctx_per_seq, round(decodes)) / t0
+
+
+def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand0: float,
+          memory_free: float, ctx_per_seq: float) -> list[str]:
+    """The largest set of candidates the replica can serve within every SLO (keys)."""
+    # n → (budget, demand, memory used, accepted keys)
+    State = tuple[float, float, float, tuple[str, ...]]
+    states: dict[int, State] = {0: (0.0, demand0, 0.0, ())}
+    t = now
+    for item in sorted(items, key=lambda x: (x.deadline, x.key)):
+        dt = max(0.0, item.deadline - t)
+        t = max(t, item.deadline)
+        grown = {n: (pb + dt * prefill_rate(model, d, t0, ctx_per_seq), d, m, acc)
+                 for n, (pb, d, m, acc) in states.items()}
+        nxt: dict[int, State] = {}
+
+        def keep(n: int, state: State, nxt: dict[int, State] = nxt) -> None:
+            best = nxt.get(n)
+            if best is None or (state[0], -state[1]) > (best[0], -best[1]):
+                nxt[n] = state
+
+        for n, (pb, d, m, acc) in grown.items():
+            if item.forced:
+                keep(n, (pb - item.prompt, d + item.demand, m, acc))
+                continue
+            keep(n, (pb, d, m, acc))  # decline
+            pb_in, m_in = pb - item.prompt, m + item.memory
+            if pb_in >= 0 and m_in <= memory_free:
+                keep(n + 1, (pb_in, d + item.demand, m_in, (*acc, item.key)))
+        states = nxt
+    return list(states[max(states)][3])
+
+
+class SLOsServe(Policy):
+    name = "slos-serve"
+    planner = SLOPacedPlanner.name
+
+    def __init__(self, route_limit: int = 2, output_length: str = "history") -> None:
+        if route_limit < 1:
+            raise ValueError(f"route_limit must be >= 1, got {route_limit}")
+        self.route_limit = int(route_limit)
+        self.predictor = OutputLengthPredictor(output_length)
+        self.shadow = Shadows()
+        self._queue: deque[Request] = deque()
+        self._next = 0
+        # Requests admitted to each replica and not finished: id → (admitted at, item).
+        self._admitted: dict[int, dict[str, tuple[float, Item]]] = {}
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._queue.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    def _item(self, req: Request, forced: bool = False) -> Item:
+        return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 1.0 / req.slo.tpot,
+                    req.prompt_len + self.predictor.predict(req), forced)
+
+    def _try(self, inst: InstanceView, sh: ShadowInstance, req: Request, model: StepTimeModel,
+             now: float) -> bool:
+        """Run the replica's admission DP with ``req`` as the one candidate."""
+        # Forced work (continuous optimisation): prompts not yet prefilled. Those admitted since
+        # the last snapshot, and of the earlier ones the latest-deadline prompts that make up the
+        # snapshot's waiting tokens (the engine prefills earliest deadline first). Their decode
+        # demand is already in demand0 (they are in the shadow).
+        since = inst.stats.time
+        admitted = self._admitted.setdefault(inst.id, {})
+        pending = [x for t, x in admitted.values() if t >= since]
+        left = inst.stats.kv_waiting_blocks * inst.stats.block_size
+        for x in sorted((x for t, x in admitted.values() if t < since),
+                        key=lambda x: x.deadline, reverse=True):
+            if left <= 0:
+                break
+            pending.append(x)
+            left -= x.prompt
+        forced = [Item(x.key, x.deadline, x.prompt, 0.0, 0.0, True) for x in pending]
+        demand0 = sum(1.0 / t for t in sh.tpots())
+        t0 = SLOPacedPlanner.pace * min([*sh.tpots(), req.slo.tpot])
+        ctx = sh.decode_ctx / sh.batch_size if sh.batch_size else float(req.prompt_len)
+        return bool(admit([*forced, self._item(req)], now, model, t0, demand0,
+                          sh.free_kv_tokens(), ctx))
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now, model = view.now, view.step_model
+        targets = view.accepting()
+        if not targets:
+            return decision
+        shadows = {inst.id: self.shadow.sync(inst) for inst in targets}
+        while self._queue:
+            req = self._queue.popleft()
+            start = self._next % len(targets)
+            self._next += 1
+            placed = False
+            for k in range(min(self.route_limit, len(targets))):
+                inst = targets[(start + k) % len(targets)]
+                sh = shadows[inst.id]
+                if self._try(inst, sh, req, model, now):
+                    decision.dispatch.append(Dispatch(req, inst.id))
+                    sh.add(req, self.predictor.predict(req))
+                    self._admitted[inst.id][req.id] = (now, self._item(req))
+                    placed = True
+                    break
+            if not placed:  # the best-effort tier (§4.1)
+                inst = max(targets, key=lambda i: (shadows[i.id].free_kv_tokens(), -i.id))
+                # Not in the shadow: best-effort work yields to SLO work (preempted first) and
+                # must not tighten the replica's admission of SLO requests.
+                decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
+        return decision
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        self.shadow.finished(record, record.instance, self.predictor)
+        self._admitted.get(record.instance, {}).pop(record.request.id, None)
