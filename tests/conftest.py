@@ -29,8 +29,9 @@ class RecordingExecutor:
 def make_engine(num_blocks: int = 64, block_size: int = 4, **kw) -> tuple[EngineCore,
                                                                             RecordingExecutor]:
     executor = RecordingExecutor(tokens=kw.pop("tokens", None))
+    model = kw.pop("step_model", None)
     return EngineCore(EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, **kw),
-                      executor), executor
+                      executor, model), executor
 
 
 def seq(rid: str, prompt: int, out: int, **kw) -> Sequence:

@@ -9,6 +9,7 @@ from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Pol
 from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.hfx_pd import HFXMigrator, HFXPrefillDispatcher
 from hfx.policies.least_loaded import LeastLoaded
+from hfx.policies.polyserve import PolyServe
 from hfx.policies.round_robin import RoundRobin
 from hfx.policies.sa import SimulatedAnnealing
 from hfx.policies.scorpio import Scorpio
@@ -16,7 +17,7 @@ from hfx.policies.slos_serve import SLOsServe
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded, Scorpio, Aladdin,
-                        SimulatedAnnealing, SLOsServe)
+                        SimulatedAnnealing, SLOsServe, PolyServe)
 }
 
 

@@ -8,10 +8,12 @@ from hfx.engine.planners.chunked import ChunkedPlanner
 from hfx.engine.planners.credit import CreditPlanner
 from hfx.engine.planners.prefill_first import PrefillFirstPlanner
 from hfx.engine.planners.slo_paced import SLOPacedPlanner
+from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.latency import StepTimeModel
 
 PLANNERS: dict[str, type[BatchPlanner]] = {
-    p.name: p for p in (PrefillFirstPlanner, ChunkedPlanner, CreditPlanner, SLOPacedPlanner)
+    p.name: p for p in (PrefillFirstPlanner, ChunkedPlanner, CreditPlanner, SLOPacedPlanner,
+                        TPOTChunkedPlanner)
 }
 
 

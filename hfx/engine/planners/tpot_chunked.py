@@ -1,0 +1,63 @@
+"""PolyServe's continuous batching with dynamic chunking (seed 003 §4.5, §4.7).
+
+Every running sequence decodes each step. The prefill token budget is what keeps the step within
+the tightest TPOT of the running sequences (``time2bs``; the configured budget when none decodes).
+Dynamic chunking: a prompt whose remaining tokens are fewer than twice the budget runs to the end
+in this step, and no other prompt is admitted beside it — one iteration fewer for almost every
+request, at the price of one longer step.
+"""
+
+from __future__ import annotations
+
+from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.planners.slo_paced import time2bs
+from hfx.engine.sequence import RequestStatus
+
+
+class TPOTChunkedPlanner(BatchPlanner):
+    name = "tpot-chunked"
+    default_token_budget = 2048
+    needs_model = True
+
+    def budget(self, state: EngineState) -> int:
+        decoding = [s for s in state.running if s.is_decode]
+        t0 = min((s.tpot for s in decoding if s.tpot), default=None)
+        if t0 is None:
+            return self.token_budget
+        ctx = sum(s.num_tokens for s in decoding)
+        return max(1, time2bs(self.model, t0, ctx, len(decoding)))
+
+    def plan(self, state: EngineState) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.budget(state)
+        kv = state.kv
+        # Decodes first, every step (preempting the newest when KV runs out).
+        for seq in [s for s in state.running if s.is_decode]:
+            while kv.allocate(seq, seq.num_tokens) is None:
+                victim = state.running.pop()
+                self.preempt(state, victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.schedule(seq, 1)
+        # Then prompts: those already started, then new ones, in order.
+        for seq in [s for s in state.running if not s.is_decode] + list(state.waiting):
+            if budget <= 0:
+                break
+            remaining = seq.num_missing
+            whole = remaining < 2 * budget  # dynamic chunking (seed 003 §4.7)
+            n = remaining if whole else budget
+            if seq.status is RequestStatus.WAITING and len(state.running) >= \
+                    self.config.max_num_seqs:
+                break
+            if kv.allocate(seq, seq.num_computed_tokens + n) is None:
+                break
+            if seq.status is RequestStatus.WAITING:
+                state.waiting.remove(seq)
+                seq.status = RequestStatus.RUNNING
+                state.running.append(seq)
+            out.schedule(seq, n)
+            if whole and n >= budget:
+                break  # the step is full: no other prompt beside an oversized final chunk
+            budget -= n
+        return out

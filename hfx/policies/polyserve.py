@@ -1,0 +1,193 @@
+"""``polyserve``: PolyServe (seed 003) as a policy, colocated mode.
+
+- Binning (§4.2): one queue per TPOT tier, earliest deadline (arrival + TTFT) first.
+- Instances belong to a tier or to the idle pool; all start idle. A tier with pending requests
+  takes an idle instance (§4.3; joining a tier is instant, as the seed assumes).
+- Routing (§4.5, §4.6): a request goes to the *highest-load* instance of its tier that can still
+  meet its SLO — building the load gradient that lets the last instance empty out. Failing that,
+  lazy promotion (§4.4): an instance of a tighter tier, nearest tier first, only when the own tier
+  is full. Failing that, an idle instance joins the tier; else the request waits.
+- Admission check on an instance: predicted iteration time from a (batch size, KV size) table
+  (``IterationTable``, built from the step-time profile), with the KV cache grown as its requests
+  progress over the new request's predicted life (average output length); it must stay within the
+  instance's tier TPOT and leave a prefill chunk of at least ``min_chunk`` tokens. TTFT:
+  continuous chunked-prefill prediction — the rest of the current iteration (wait time), then one
+  iteration per chunk for the prompts queued there and this one, within arrival + TTFT.
+- Scale down (§4.3, §4.4): an instance with nothing in flight returns to the idle pool; one that
+  runs only other tiers' requests is on the pending list, free to join a tier that needs one.
+- Inside an instance: continuous batching with dynamic chunking (planner ``tpot-chunked``).
+- Deadline-based SLO attainment (§2.3) is reported for every run as ``attainment_dslo``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+
+from hfx.engine.planners.slo_paced import time2bs
+from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
+from hfx.latency import StepTimeModel
+from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.shadow import ShadowInstance, Shadows
+from hfx.request import Request, RequestRecord
+
+
+class IterationTable:
+    """Iteration time by (batch size, KV tokens), interpolated bilinearly on a profiled grid
+    (seed 003 §4.5). Built from a step-time model; a measured table can replace ``times``."""
+
+    BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    KV = (0, 1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000)
+
+    def __init__(self, model: StepTimeModel) -> None:
+        self.times = [[model.decode_time(kv, b) for kv in self.KV] for b in self.BATCH]
+
+    def __call__(self, batch: int, kv: float) -> float:
+        def locate(grid: tuple, x: float) -> tuple[int, float]:
+            i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
+            return i, min(max((x - grid[i]) / (grid[i + 1] - grid[i]), 0.0), 1.0)
+
+        i, fb = locate(self.BATCH, batch)
+        j, fk = locate(self.KV, kv)
+        t = self.times
+        low = t[i][j] * (1 - fk) + t[i][j + 1] * fk
+        high = t[i + 1][j] * (1 - fk) + t[i + 1][j + 1] * fk
+        return low * (1 - fb) + high * fb
+
+
+class PolyServe(Policy):
+    name = "polyserve"
+    planner = TPOTChunkedPlanner.name
+
+    def __init__(self, min_chunk: int = 64, output_length: str = "history") -> None:
+        self.min_chunk = int(min_chunk)
+        self.predictor = OutputLengthPredictor(output_length)
+        self.shadow = Shadows()
+        self.tier_of: dict[int, float | None] = {}  # instance → TPOT tier, None = idle pool
+        self._queues: dict[float, list[tuple[float, str, Request]]] = defaultdict(list)
+        self._own: dict[int, int] = defaultdict(int)  # in-flight requests of its own tier
+        # Prompts dispatched since each instance's last Monitor snapshot: (time, tokens).
+        self._recent: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        self._stats_time: dict[int, float] = {}
+        self._waiting_tokens: dict[int, int] = {}
+        self._table: IterationTable | None = None
+        self._model: StepTimeModel | None = None
+
+    def enqueue(self, request: Request, now: float) -> None:
+        bisect.insort(self._queues[request.slo.tpot],
+                      (request.arrival + request.slo.ttft, request.id, request))
+
+    def num_queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    # ---- the admission check -------------------------------------------------------------
+    def queued_prefill(self, iid: int) -> int:
+        """Prompt tokens not yet prefilled: waiting at the last snapshot, plus those sent since."""
+        since = self._stats_time.get(iid, 0.0)
+        recent = [(t, n) for t, n in self._recent[iid] if t >= since]
+        self._recent[iid] = recent
+        return self._waiting_tokens.get(iid, 0) + sum(n for _, n in recent)
+
+    def fits(self, sh: ShadowInstance, tier: float, req: Request, now: float,
+             ttft: bool = True) -> bool:
+        """Can ``sh`` (serving ``tier``) take ``req`` within its TPOT, KV and — unless ``ttft``
+        is False — TTFT?"""
+        model, table = self._model, self._table
+        assert model is not None and table is not None
+        out_len = self.predictor.predict(req)
+        batch = sh.batch_size + 1
+        kv_max = sh.decode_ctx + req.prompt_len + batch * out_len  # grown over its life
+        if table(batch, kv_max) > tier or sh.free_slots() <= 0:
+            return False
+        if req.prompt_len + out_len > sh.free_kv_tokens():
+            return False
+        chunk = time2bs(model, tier, kv_max, batch)
+        if chunk < self.min_chunk:
+            return False  # the chunk size could not be kept up through the prefill
+        iteration = min(tier, table(batch, sh.decode_ctx) + model.prefill_b * chunk)
+        chunks = math.ceil((self.queued_prefill(sh.id) + req.prompt_len) / chunk)
+        first_token = now + iteration + chunks * iteration  # wait for the current one, then
+        return (not ttft or first_token <= req.arrival + req.slo.ttft) and req.slo.tpot >= tier
+
+    def _place(self, req: Request, candidates: list[InstanceView],
+               now: float) -> InstanceView | None:
+        """The highest-load candidate that fits its own tier's TPOT (the load gradient). A
+        request whose TTFT is lost whatever happens is placed for its TPOT alone: it misses, but
+        it is served, never left waiting forever."""
+        lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) > \
+            req.arrival + req.slo.ttft
+        for inst in sorted(candidates, key=lambda i: (-self.shadow[i.id].batch_size, i.id)):
+            tier = self.tier_of[inst.id]
+            assert tier is not None
+            if self.fits(self.shadow[inst.id], tier, req, now, ttft=not lost):
+                return inst
+        return None
+
+    def schedule(self, view: ClusterView) -> Decision:
+        decision = Decision()
+        now = view.now
+        targets = view.accepting()
+        if not targets:
+            return decision
+        if self._model is not view.step_model:
+            self._model, self._table = view.step_model, IterationTable(view.step_model)
+        for inst in targets:
+            self.shadow.sync(inst)
+            self.tier_of.setdefault(inst.id, None)
+            self._stats_time[inst.id] = inst.stats.time
+            self._waiting_tokens[inst.id] = inst.stats.kv_waiting_blocks * inst.stats.block_size
+        self._scale_down(targets)
+        tiers = sorted(t for t, q in self._queues.items() if q)
+        for tier in tiers:
+            queue, waiting = self._queues[tier], []
+            for item in queue:
+                req = item[2]
+                own = [i for i in targets if self.tier_of[i.id] == tier]
+                inst = self._place(req, own, now)
+                if inst is None:  # lazy promotion: tighter tiers, nearest first
+                    for tighter in sorted((t for t in set(self.tier_of.values())
+                                           if t is not None and t < tier), reverse=True):
+                        members = [i for i in targets if self.tier_of[i.id] == tighter]
+                        inst = self._place(req, members, now)
+                        if inst is not None:
+                            break
+                if inst is None:  # an idle (or pending-list) instance joins this tier
+                    spare = [i for i in targets if self.tier_of[i.id] is None] or [
+                        i for i in targets if self.tier_of[i.id] is not None
+                        and self._own[i.id] == 0 and self.tier_of[i.id] != tier]
+                    lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) \
+                        > req.arrival + req.slo.ttft
+                    for cand in spare:
+                        if self.fits(self.shadow[cand.id], tier, req, now, ttft=not lost):
+                            self.tier_of[cand.id] = tier
+                            inst = cand
+                            break
+                if inst is None:
+                    waiting.append(item)
+                    continue
+                decision.dispatch.append(Dispatch(req, inst.id))
+                self.shadow[inst.id].add(req, self.predictor.predict(req))
+                self._recent[inst.id].append((now, req.prompt_len))
+                if self.tier_of[inst.id] == req.slo.tpot:
+                    self._own[inst.id] += 1
+            self._queues[tier] = waiting
+        if self.num_queued():  # requests wait for capacity: look again at the next iteration
+            decision.wake_at = now + max(view.step_model.decode_a, 1e-3)
+        return decision
+
+    def _scale_down(self, targets: list[InstanceView]) -> None:
+        for inst in targets:
+            if self.tier_of[inst.id] is not None and self.shadow[inst.id].idle:
+                self.tier_of[inst.id] = None  # back to the idle pool
+
+    def on_instance_removed(self, instance_id: int) -> None:
+        self.tier_of.pop(instance_id, None)
+
+    def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        iid = record.instance
+        if (iid is not None and self.tier_of.get(iid) == record.request.slo.tpot
+                and self._own[iid] > 0):
+            self._own[iid] -= 1
+        self.shadow.finished(record, iid, self.predictor)
