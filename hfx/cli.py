@@ -63,7 +63,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hfx.bench.presets import PRESETS
-    from hfx.bench.sweep import ratio_table, run_grid, table, write
+    from hfx.bench.sweep import capacity_table, ratio_table, run_grid, table, write
 
     preset = None
     if args.preset:
@@ -84,6 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(table(results))
     if preset and preset.ratios:
         print(ratio_table(results, preset.ratios))
+    print(capacity_table(results))
     name = args.name or args.preset or f"sweep-{Path(base.workload).stem}"
     title = (preset.description if preset else
              f"{base.workload}, {base.instances} instances, {base.model} on {base.hardware}")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hfx.bench.workloads import DEFAULT_REQUESTS_PER_TASK, WORKLOADS
+from hfx.bench.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
 
@@ -27,7 +27,8 @@ class SimConfig(BaseModel):
 
     workload: str = Field("four-task", description=(
         f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
-        "per client), or a trace file (.jsonl/.csv)"))
+        f"per client), {', '.join(TIERED)} (PolyServe's setting, seed 003 §5.1; 4 × "
+        "requests-per-task requests), or a trace file (.jsonl/.csv)"))
     policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
                         f"{', '.join(PD_POLICIES)})")
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
@@ -124,9 +125,10 @@ class SimConfig(BaseModel):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str) -> str:
-        if v not in WORKLOADS and v != "ramp" and not v.endswith((".jsonl", ".csv")):
+        if v not in WORKLOADS and v not in ("ramp", *TIERED) and \
+                not v.endswith((".jsonl", ".csv")):
             raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)}, "
-                             "ramp, or give a trace file (.jsonl, .csv)")
+                             f"ramp, {', '.join(TIERED)}, or give a trace file (.jsonl, .csv)")
         return v
 
 

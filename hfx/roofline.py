@@ -90,6 +90,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, tp=1),
         ModelSpec("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, tp=2),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, tp=8),
+        # PolyServe's model (seed 003 §5.1), on one device.
+        ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, tp=1),
     )
 }
 

@@ -127,3 +127,18 @@ def test_dynamic_chunking_runs_a_short_remainder_at_once(vloop):
 def test_peer_policies_serve_everything(policy):
     r = simulate(SimConfig(policy=policy, workload="two-task", qps=120, requests_per_task=40))
     assert r["finished"] == r["requests"] == 80 and r["attainment"] > 0.5
+
+
+def test_capacity_interpolates_the_90_percent_crossing():
+    from hfx.bench.sweep import capacity
+
+    def row(series, qps, att):
+        return {"series": series, "qps": qps, "attainment": att, "attainment_dslo": att,
+                "instances": 2, "config": {"max_instances": None}}
+
+    rows = [row("a", 10, 1.0), row("a", 20, 0.95), row("a", 30, 0.85), row("b", 10, 0.5),
+            row("c", 10, 1.0), row("c", 20, 0.99)]
+    cap = capacity(rows)
+    assert cap["a"] == pytest.approx(25 / 2)  # 0.95 → 0.85 crosses 0.9 halfway, 2 instances
+    assert cap["b"] is None  # misses even at the lowest load
+    assert cap["c"] == pytest.approx(10.0)  # never crosses: the highest QPS tried

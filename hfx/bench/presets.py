@@ -92,6 +92,36 @@ PRESETS: dict[str, Preset] = {
         tuple((f"scaling {t:g}s", {"policy": "hfx", "max_instances": 4, "scaling_interval": t})
               for t in (0.5, 1.0, 2.0)),
         (10, 20, 30, 40, 50, 60, 80), config={"model": "qwen2.5-32b"}),
+    "peers-four-task": Preset(
+        "issue 10 exp. 1: hfx vs slos-serve vs polyserve vs rr, four-task, 2 instances",
+        "four-task", _policies("hfx", "slos-serve", "polyserve", "rr"),
+        (40, 80, 120, 160, 200, 240), ratios=(("hfx", "slos-serve"), ("hfx", "polyserve"))),
+    "peers-two-task": Preset(
+        "issue 10 exp. 1: hfx vs slos-serve vs polyserve vs rr, two-task, 2 instances",
+        "two-task", _policies("hfx", "slos-serve", "polyserve", "rr"),
+        (40, 80, 120, 160, 200, 240), ratios=(("hfx", "slos-serve"), ("hfx", "polyserve"))),
+    "peers-four-task-scaling": Preset(
+        "issue 10 exp. 1, each system's own scaling up to 4 instances, four-task",
+        "four-task",
+        (("hfx-scaling", {"policy": "hfx", "instances": 2, "max_instances": 4}),
+         ("slos-serve", {"policy": "slos-serve", "instances": 4}),
+         ("polyserve", {"policy": "polyserve", "instances": 4}),
+         ("rr", {"policy": "rr", "instances": 4})),
+        (80, 160, 240, 320, 400), ratios=(("hfx-scaling", "slos-serve"),
+                                          ("hfx-scaling", "polyserve"))),
+    "polyserve-512": Preset(
+        "PolyServe's setting (seed 003 §5.1): 20 x Llama-3.1-8B on H200, uniform 512/512, TPOT "
+        "tiers 20/30/50/100 ms",
+        "tiered-512-512", _policies("hfx", "slos-serve", "polyserve", "rr"),
+        (400, 800, 1200, 1600),
+        config={"instances": 20, "model": "llama-3.1-8b", "hardware": "h200",
+                "requests_per_task": 750}),
+    "polyserve-4096": Preset(
+        "PolyServe's setting (seed 003 §5.1): 20 x Llama-3.1-8B on H200, uniform 4096/1024",
+        "tiered-4096-1024", _policies("hfx", "slos-serve", "polyserve", "rr"),
+        (50, 100, 150, 200),
+        config={"instances": 20, "model": "llama-3.1-8b", "hardware": "h200",
+                "requests_per_task": 250}),
     "mispredict": Preset(
         "hfx with its step-time predictions off by -20% / 0 / +20% from the executor's",
         "four-task",

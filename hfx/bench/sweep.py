@@ -77,6 +77,37 @@ def ratio_table(results: list[dict], pairs: Iterable[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def capacity(results: list[dict], metric: str = "attainment", threshold: float = 0.9
+             ) -> dict[str, float | None]:
+    """SLOs-Serve's capacity (seed 002 §6.1): per series, the highest QPS per instance at which
+    ``metric`` stays ≥ ``threshold``, interpolated linearly between grid points; None if even
+    the lowest QPS misses it."""
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(r["series"] for r in results):
+        rows = sorted((r for r in results if r["series"] == name), key=lambda r: r["qps"])
+        best = None
+        for lo, hi in zip([None, *rows], rows, strict=False):
+            if hi[metric] >= threshold:
+                best = hi["qps"]
+                continue
+            if lo is not None and lo[metric] >= threshold:
+                frac = (lo[metric] - threshold) / (lo[metric] - hi[metric])
+                best = lo["qps"] + frac * (hi["qps"] - lo["qps"])
+            break
+        n = rows[0]["config"].get("max_instances") or rows[0]["instances"]
+        out[name] = None if best is None else best / n
+    return out
+
+
+def capacity_table(results: list[dict]) -> str:
+    lines = ["capacity: max QPS per instance at 90% attainment (Eq. 4 / deadline-based)"]
+    eq4, dslo = capacity(results), capacity(results, "attainment_dslo")
+    for name in eq4:
+        fmt = [("-" if v is None else f"{v:.1f}") for v in (eq4[name], dslo[name])]
+        lines.append(f"  {name:<24}{fmt[0]:>8}{fmt[1]:>8}")
+    return "\n".join(lines)
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 

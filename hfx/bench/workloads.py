@@ -185,6 +185,31 @@ def phases(workload: str, schedule: list[tuple[float, float]], seed: int) -> lis
     return [r[3] for r in rows]
 
 
+# PolyServe's setting (seed 003 §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the
+# requests, TTFT drawn from {300, 500, 1000} ms, lengths uniform with the given means.
+TIERS = ((0.02, 0.1), (0.03, 0.2), (0.05, 0.3), (0.1, 0.4))
+TTFTS = (0.3, 0.5, 1.0)
+TIERED = {"tiered-512-512": (512, 512), "tiered-4096-1024": (4096, 1024)}
+
+
+def tiered(workload: str, qps: float, seed: int, requests: int) -> list[Request]:
+    """Poisson arrivals at ``qps``; each request's TPOT tier, TTFT and uniform lengths drawn
+    independently (input uniform on [1, 2·mean], output likewise). Tasks are the tiers."""
+    mean_in, mean_out = TIERED[workload]
+    rng = np.random.default_rng([seed, zlib.crc32(workload.encode())])
+    arrivals = np.cumsum(rng.exponential(1.0 / qps, requests))
+    tiers = rng.choice(len(TIERS), requests, p=[share for _, share in TIERS])
+    ttfts = rng.choice(TTFTS, requests)
+    ins = rng.integers(1, 2 * mean_in, requests, endpoint=True)
+    outs = rng.integers(1, 2 * mean_out, requests, endpoint=True)
+    out = []
+    for i in range(requests):
+        tpot = TIERS[tiers[i]][0]
+        out.append(Request(f"r{i}", float(arrivals[i]), int(ins[i]), int(outs[i]),
+                           SLO(float(ttfts[i]), tpot), f"tpot{round(tpot * 1000)}ms"))
+    return out
+
+
 # ---- trace files -----------------------------------------------------------------------------
 TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
 
@@ -287,6 +312,8 @@ def load_workload(workload: str, qps: float, seed: int,
         return load_trace(workload)
     if workload == "ramp":
         return ramp(qps, seed)
+    if workload in TIERED:
+        return tiered(workload, qps, seed, 4 * requests_per_task)
     return generate(workload, qps, seed, requests_per_task)
 
 

@@ -61,8 +61,12 @@ class PolyServe(Policy):
     name = "polyserve"
     planner = TPOTChunkedPlanner.name
 
-    def __init__(self, min_chunk: int = 64, output_length: str = "history") -> None:
+    def __init__(self, min_chunk: int = 64, max_misses: int = 8,
+                 output_length: str = "history") -> None:
         self.min_chunk = int(min_chunk)
+        # Requests of one tier that may fail to place in one call before the rest of the tier
+        # waits for the next (bounds a call's work; the tier is in deadline order).
+        self.max_misses = int(max_misses)
         self.predictor = OutputLengthPredictor(output_length)
         self.shadow = Shadows()
         self.tier_of: dict[int, float | None] = {}  # instance → TPOT tier, None = idle pool
@@ -84,11 +88,9 @@ class PolyServe(Policy):
 
     # ---- the admission check -------------------------------------------------------------
     def queued_prefill(self, iid: int) -> int:
-        """Prompt tokens not yet prefilled: waiting at the last snapshot, plus those sent since."""
-        since = self._stats_time.get(iid, 0.0)
-        recent = [(t, n) for t, n in self._recent[iid] if t >= since]
-        self._recent[iid] = recent
-        return self._waiting_tokens.get(iid, 0) + sum(n for _, n in recent)
+        """Prompt tokens not yet prefilled: waiting at the last snapshot, plus those sent since
+        (prompts sent before the snapshot are dropped from the list in ``schedule``)."""
+        return self._waiting_tokens.get(iid, 0) + sum(n for _, n in self._recent[iid])
 
     def fits(self, sh: ShadowInstance, tier: float, req: Request, now: float,
              ttft: bool = True) -> bool:
@@ -138,11 +140,17 @@ class PolyServe(Policy):
             self.tier_of.setdefault(inst.id, None)
             self._stats_time[inst.id] = inst.stats.time
             self._waiting_tokens[inst.id] = inst.stats.kv_waiting_blocks * inst.stats.block_size
+            self._recent[inst.id] = [(t, n) for t, n in self._recent[inst.id]
+                                     if t >= inst.stats.time]
         self._scale_down(targets)
         tiers = sorted(t for t, q in self._queues.items() if q)
         for tier in tiers:
             queue, waiting = self._queues[tier], []
-            for item in queue:
+            misses = 0
+            for pos, item in enumerate(queue):
+                if misses >= self.max_misses:  # later requests of the tier wait for next time
+                    waiting.extend(queue[pos:])
+                    break
                 req = item[2]
                 own = [i for i in targets if self.tier_of[i.id] == tier]
                 inst = self._place(req, own, now)
@@ -166,6 +174,7 @@ class PolyServe(Policy):
                             break
                 if inst is None:
                     waiting.append(item)
+                    misses += 1
                     continue
                 decision.dispatch.append(Dispatch(req, inst.id))
                 self.shadow[inst.id].add(req, self.predictor.predict(req))
