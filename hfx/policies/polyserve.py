@@ -4,9 +4,11 @@
 - Instances belong to a tier or to the idle pool; all start idle. A tier with pending requests
   takes an idle instance (§4.3; joining a tier is instant, as the seed assumes).
 - Routing (§4.5, §4.6): a request goes to the *highest-load* instance of its tier that can still
-  meet its SLO — building the load gradient that lets the last instance empty out. Failing that,
-  lazy promotion (§4.4): an instance of a tighter tier, nearest tier first, only when the own tier
-  is full. Failing that, an idle instance joins the tier; else the request waits.
+  meet its SLO — building the load gradient that lets the last instance empty out. Failing that
+  (the tier is full), an idle or pending-list instance joins the tier; failing that, lazy
+  promotion (§4.4): an instance of a tighter tier, nearest tier first; else the request waits.
+  (Promoting before taking an idle instance, our first reading, let looser tiers fill the
+  tightest tier's instances and starved it: four-task on 4 instances attained 0.50.)
 - Admission check on an instance: predicted iteration time from a (batch size, KV size) table
   (``IterationTable``, built from the step-time profile), with the KV cache grown as its requests
   progress over the new request's predicted life (average output length); it must stay within the
@@ -154,23 +156,23 @@ class PolyServe(Policy):
                 req = item[2]
                 own = [i for i in targets if self.tier_of[i.id] == tier]
                 inst = self._place(req, own, now)
-                if inst is None:  # lazy promotion: tighter tiers, nearest first
+                if inst is None:  # the tier is full: an idle (or pending-list) instance joins
+                    lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) \
+                        > req.arrival + req.slo.ttft
+                    spare = [i for i in targets if self.tier_of[i.id] is None] or [
+                        i for i in targets if self.tier_of[i.id] is not None
+                        and self._own[i.id] == 0 and self.tier_of[i.id] != tier]
+                    for cand in spare:
+                        if self.fits(self.shadow[cand.id], tier, req, now, ttft=not lost):
+                            self.tier_of[cand.id] = tier
+                            inst = cand
+                            break
+                if inst is None:  # no instance to add: lazy promotion, nearest tighter first
                     for tighter in sorted((t for t in set(self.tier_of.values())
                                            if t is not None and t < tier), reverse=True):
                         members = [i for i in targets if self.tier_of[i.id] == tighter]
                         inst = self._place(req, members, now)
                         if inst is not None:
-                            break
-                if inst is None:  # an idle (or pending-list) instance joins this tier
-                    spare = [i for i in targets if self.tier_of[i.id] is None] or [
-                        i for i in targets if self.tier_of[i.id] is not None
-                        and self._own[i.id] == 0 and self.tier_of[i.id] != tier]
-                    lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) \
-                        > req.arrival + req.slo.ttft
-                    for cand in spare:
-                        if self.fits(self.shadow[cand.id], tier, req, now, ttft=not lost):
-                            self.tier_of[cand.id] = tier
-                            inst = cand
                             break
                 if inst is None:
                     waiting.append(item)
