@@ -110,9 +110,14 @@ class PolyServe(Policy):
         chunk = time2bs(model, tier, kv_max, batch)
         if chunk < self.min_chunk:
             return False  # the chunk size could not be kept up through the prefill
-        iteration = min(tier, table(batch, sh.decode_ctx) + model.prefill_b * chunk)
-        chunks = math.ceil((self.queued_prefill(sh.id) + req.prompt_len) / chunk)
-        first_token = now + iteration + chunks * iteration  # wait for the current one, then
+        # Continuous chunked-prefill prediction: the rest of the iteration in progress (wait
+        # time), then one iteration per chunk of the prompts queued here and this one; each
+        # costs the decode step plus its prompt tokens.
+        tokens = self.queued_prefill(sh.id) + req.prompt_len
+        chunks = math.ceil(tokens / chunk)
+        step = table(batch, sh.decode_ctx)
+        first_token = now + table(max(1, sh.batch_size), sh.decode_ctx) + chunks * step \
+            + model.prefill_b * tokens
         return (not ttft or first_token <= req.arrival + req.slo.ttft) and req.slo.tpot >= tier
 
     def _place(self, req: Request, candidates: list[InstanceView],
