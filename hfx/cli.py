@@ -94,7 +94,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from hfx.bench.workloads import WORKLOADS
+    from hfx.bench.workloads import TIERED, WORKLOADS
     from hfx.engine.planners import PLANNERS
     from hfx.latency import shipped_profiles
     from hfx.policies import POLICIES
@@ -102,7 +102,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("policies: ", ", ".join(POLICIES))
     print("planners: ", ", ".join(PLANNERS))
     print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
-                                  for w, ts in WORKLOADS.items()))
+                                  for w, ts in WORKLOADS.items()),
+          "; ramp (the priority ramp, seed 000 §9.1); " + ", ".join(TIERED)
+          + " (PolyServe's setting, seed 003 §5.1); or a .jsonl/.csv trace")
     print("profiles: ", ", ".join(shipped_profiles()))
     from hfx.bench.presets import PRESETS
 

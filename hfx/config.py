@@ -196,6 +196,6 @@ def model_from_args(schema: type[BaseModel], args: argparse.Namespace,
     try:
         return schema(**values)
     except ValidationError as e:
-        lines = [f"  --{'.'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
-                 for err in e.errors()]
+        lines = [(f"  --{'.'.join(map(str, err['loc'])).replace('_', '-')}: " if err["loc"]
+                  else "  ") + err["msg"].removeprefix("Value error, ") for err in e.errors()]
         raise SystemExit("invalid configuration:\n" + "\n".join(lines)) from None
