@@ -64,6 +64,14 @@ class BatchPlanner(ABC):
     def plan(self, state: EngineState) -> SchedulerOutput: ...
 
     @staticmethod
+    def admit(state: EngineState, seq: Sequence) -> None:
+        """Move a waiting sequence (whose KV was just allocated) to the running list."""
+        if seq.status is RequestStatus.WAITING:
+            state.waiting.remove(seq)
+            seq.status = RequestStatus.RUNNING
+            state.running.append(seq)
+
+    @staticmethod
     def preempt(state: EngineState, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute preemption: free the KV, keep the generated tokens, requeue at the front."""
         state.kv.free(seq)

@@ -8,7 +8,6 @@ FCFS with chunks of the remaining budget, unless this step had to preempt (as vL
 from __future__ import annotations
 
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
-from hfx.engine.sequence import RequestStatus
 
 
 class ChunkedPlanner(BatchPlanner):
@@ -48,8 +47,6 @@ class ChunkedPlanner(BatchPlanner):
             n = min(seq.num_missing, budget)
             if kv.allocate(seq, seq.num_computed_tokens + n, reserve if running else 0) is None:
                 break
-            waiting.popleft()
-            seq.status = RequestStatus.RUNNING
-            running.append(seq)
+            self.admit(state, seq)
             out.schedule(seq, n)
             budget -= n

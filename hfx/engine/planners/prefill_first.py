@@ -9,7 +9,6 @@ recently admitted running sequence is preempted (recompute).
 from __future__ import annotations
 
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
-from hfx.engine.sequence import RequestStatus
 
 
 class PrefillFirstPlanner(BatchPlanner):
@@ -37,9 +36,7 @@ class PrefillFirstPlanner(BatchPlanner):
                 break
             if kv.allocate(seq, seq.num_tokens, reserve if running else 0) is None:
                 break  # FCFS: the head waits for KV, nobody overtakes it
-            waiting.popleft()
-            seq.status = RequestStatus.RUNNING
-            running.append(seq)
+            self.admit(state, seq)
             out.schedule(seq, n)
             budget -= n
 

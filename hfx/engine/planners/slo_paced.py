@@ -95,10 +95,7 @@ class SLOPacedPlanner(BatchPlanner):
             n = min(seq.num_missing, budget)
             if not self._room(state, seq, seq.num_computed_tokens + n, out, seq.best_effort):
                 continue
-            if seq.status is RequestStatus.WAITING:
-                state.waiting.remove(seq)
-                seq.status = RequestStatus.RUNNING
-                state.running.append(seq)
+            self.admit(state, seq)
             out.schedule(seq, n)
             budget -= n
         return budget

@@ -52,10 +52,7 @@ class TPOTChunkedPlanner(BatchPlanner):
                 break
             if kv.allocate(seq, seq.num_computed_tokens + n) is None:
                 break
-            if seq.status is RequestStatus.WAITING:
-                state.waiting.remove(seq)
-                seq.status = RequestStatus.RUNNING
-                state.running.append(seq)
+            self.admit(state, seq)
             out.schedule(seq, n)
             if whole and n >= budget:
                 break  # the step is full: no other prompt beside an oversized final chunk
