@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -47,10 +47,6 @@ class BatchShape:
     def add_decode(self, context: int) -> None:
         self.decode_ctx += context
         self.num_decode += 1
-
-    @property
-    def empty(self) -> bool:
-        return self.num_prefill == 0 and self.num_decode == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +149,6 @@ class Profile:
     @property
     def num_kv_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
-
-    def with_model(self, model: StepTimeModel) -> Profile:
-        return replace(self, model=model)
 
     def to_json(self) -> dict:
         return {

@@ -42,10 +42,6 @@ class InstanceStats:
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_total_blocks
 
-    @property
-    def kv_free_tokens(self) -> int:
-        return (self.kv_total_blocks - self.kv_used_blocks) * self.block_size
-
 
 class Instance(Protocol):
     id: int

@@ -50,7 +50,8 @@ class Sequence:
     """One request inside one engine. Compared and hashed by identity.
 
     ``num_tokens`` (prompt + generated) is a maintained field, not a property: the engine reads
-    it for every sequence on every step. Change the output only through ``append_token``.
+    it for every sequence on every step. Change the output through ``append_token`` (the engine
+    core's hot loop, ``EngineCore._advance``, inlines it).
     """
 
     request_id: str

@@ -42,10 +42,6 @@ class SchedulerOutput:
         else:
             self.shape.add_prefill(num_tokens, seq.num_computed_tokens)
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
     def __bool__(self) -> bool:
         return bool(self.num_scheduled_tokens)
 
