@@ -64,6 +64,10 @@ class StepTimeModel:
         """Eq. 1 for a prefill-only batch."""
         return self.prefill_a + self.prefill_b * sum_len + self.prefill_c * sum_sq
 
+    def prefill_one(self, prompt_len: int) -> float:
+        """Eq. 1 for one whole prompt alone."""
+        return self.prefill_time(prompt_len, prompt_len * prompt_len)
+
     def decode_time(self, sum_ctx: float, batch: int) -> float:
         """Eq. 2 for a decode-only batch; 0 for an empty batch."""
         if batch == 0:

@@ -18,7 +18,8 @@ import csv
 import json
 import math
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -92,17 +93,25 @@ def generate(workload: str, qps: float, seed: int,
     if requests_per_task < 1:
         raise ValueError(f"requests_per_task must be >= 1, got {requests_per_task}")
     rate = qps / len(tasks)
-    rows: list[tuple[float, int, int, Request]] = []
+    return _task_stream(tasks, [seed], lambda order, task, rng: np.cumsum(
+        rng.exponential(1.0 / rate, requests_per_task)))
+
+
+def _task_stream(tasks: Iterable[TaskSpec], key: list[int],
+                 arrivals_of: Callable[[int, TaskSpec, np.random.Generator], Sequence[float]]
+                 ) -> list[Request]:
+    """Each task's requests — arrival times from ``arrivals_of``, then Table 1 lengths, drawn
+    from the task's own generator (``key`` + the task's name) — merged in arrival order."""
+    rows = []
     for order, task in enumerate(tasks):
-        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode())])
-        arrivals = np.cumsum(rng.exponential(1.0 / rate, requests_per_task))
-        ins = lognormal_lengths(rng, task.input_mean, task.input_std, requests_per_task)
-        outs = lognormal_lengths(rng, task.output_mean, task.output_std, requests_per_task)
-        for i in range(requests_per_task):
-            req = Request(id=f"{task.name}-{i}", arrival=float(arrivals[i]),
-                          prompt_len=int(ins[i]), max_tokens=int(outs[i]), slo=task.slo,
-                          task=task.name)
-            rows.append((req.arrival, order, i, req))
+        rng = np.random.default_rng([key[0], zlib.crc32(task.name.encode()), *key[1:]])
+        times = arrivals_of(order, task, rng)
+        k = len(times)
+        ins = lognormal_lengths(rng, task.input_mean, task.input_std, k)
+        outs = lognormal_lengths(rng, task.output_mean, task.output_std, k)
+        rows += [(float(times[i]), order, i, Request(f"{task.name}-{i}", float(times[i]),
+                                                      int(ins[i]), int(outs[i]), task.slo,
+                                                      task.name)) for i in range(k)]
     rows.sort(key=lambda r: r[:3])
     return [r[3] for r in rows]
 
@@ -127,13 +136,10 @@ def priority_levels(tasks: tuple[TaskSpec, ...] | list[TaskSpec], levels: int
 
 def with_priorities(requests: list[Request], of_task: dict[str, int]) -> list[Request]:
     """The same requests carrying their task's priority instead of an SLO."""
-    out = []
-    for r in requests:
-        if r.task not in of_task:
-            raise ValueError(f"request {r.id}: task {r.task!r} has no priority")
-        out.append(Request(r.id, r.arrival, r.prompt_len, r.max_tokens, None, r.task,
-                           of_task[r.task], r.prompt_token_ids))
-    return out
+    missing = next((r for r in requests if r.task not in of_task), None)
+    if missing is not None:
+        raise ValueError(f"request {missing.id}: task {missing.task!r} has no priority")
+    return [replace(r, slo=None, priority=of_task[r.task]) for r in requests]
 
 
 def ramp(qps: float, seed: int, until: float = 90.0, step: float = 20.0) -> list[Request]:
@@ -141,48 +147,34 @@ def ramp(qps: float, seed: int, until: float = 90.0, step: float = 20.0) -> list
     0 s, the next every ``step`` seconds (P3 at 0, P2 at 20, P1 at 40, P0 at 60 s), each sending
     ``qps`` requests/s until ``until``. Requests carry Table 1 SLOs; use --priorities 4."""
     tasks = sorted(WORKLOADS["four-task"], key=lambda t: t.slo.ttft, reverse=True)
-    rows = []
-    for order, task in enumerate(tasks):
+
+    def arrivals(order: int, task: TaskSpec, rng: np.random.Generator) -> np.ndarray:
         start = order * step
-        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode()), 1])
         n = int((until - start) * qps * 2) + 10
-        arrivals = start + np.cumsum(rng.exponential(1.0 / qps, n))
-        arrivals = arrivals[arrivals < until]
-        k = len(arrivals)
-        ins = lognormal_lengths(rng, task.input_mean, task.input_std, k)
-        outs = lognormal_lengths(rng, task.output_mean, task.output_std, k)
-        rows += [(float(arrivals[i]), order, i, Request(
-            f"{task.name}-{i}", float(arrivals[i]), int(ins[i]), int(outs[i]), task.slo,
-            task.name)) for i in range(k)]
-    rows.sort(key=lambda r: r[:3])
-    return [r[3] for r in rows]
+        times = start + np.cumsum(rng.exponential(1.0 / qps, n))
+        return times[times < until]
+
+    return _task_stream(tasks, [seed, 1], arrivals)
 
 
 def phases(workload: str, schedule: list[tuple[float, float]], seed: int) -> list[Request]:
     """A task set whose total QPS follows ``schedule``: (duration s, qps) phases one after
     another, each task an equal share, Poisson within a phase (for bursty-load experiments)."""
     tasks = WORKLOADS[workload]
-    rows = []
-    for order, task in enumerate(tasks):
-        rng = np.random.default_rng([seed, zlib.crc32(task.name.encode()), 2])
-        t, start, times = 0.0, 0.0, []
+
+    def arrivals(order: int, task: TaskSpec, rng: np.random.Generator) -> list[float]:
+        start, times = 0.0, []
         for duration, qps in schedule:
-            rate = qps / len(tasks)
             t = start
             while True:
-                t += rng.exponential(1.0 / rate)
+                t += rng.exponential(1.0 / (qps / len(tasks)))
                 if t >= start + duration:
                     break
                 times.append(t)
             start += duration
-        k = len(times)
-        ins = lognormal_lengths(rng, task.input_mean, task.input_std, k)
-        outs = lognormal_lengths(rng, task.output_mean, task.output_std, k)
-        rows += [(times[i], order, i, Request(f"{task.name}-{i}", times[i], int(ins[i]),
-                                              int(outs[i]), task.slo, task.name))
-                 for i in range(k)]
-    rows.sort(key=lambda r: r[:3])
-    return [r[3] for r in rows]
+        return times
+
+    return _task_stream(tasks, [seed, 2], arrivals)
 
 
 # PolyServe's setting (seed 003 §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the

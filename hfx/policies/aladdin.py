@@ -54,7 +54,7 @@ class Aladdin(Policy):
         while self._queue:
             req = self._queue.popleft()
             out_len = self.predictor.predict(req)
-            prefill = model.prefill_time(req.prompt_len, req.prompt_len ** 2)
+            prefill = model.prefill_one(req.prompt_len)
             best, best_headroom, fallback, fallback_headroom = None, 0.0, None, -1.0
             for inst in targets:
                 sh = self.shadow[inst.id]

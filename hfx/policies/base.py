@@ -43,6 +43,11 @@ class ClusterView:
         return [i for i in self.instances if i.accepting and (role is None or i.role is role)]
 
 
+def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
+    """Whether ``request`` misses its TTFT even if its prompt were prefilled alone, now."""
+    return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
+
+
 @dataclass(slots=True)
 class Dispatch:
     request: Request

@@ -46,7 +46,14 @@ import math
 from collections import deque
 
 from hfx.latency import StepTimeModel
-from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.base import (
+    ClusterView,
+    Decision,
+    Dispatch,
+    InstanceView,
+    Policy,
+    ttft_lost,
+)
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
@@ -155,12 +162,11 @@ class HFXDispatcher(Policy):
         used = sum_sq = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
         for req in self.queue.scan(self.max_scan):
-            own = req.arrival + req.slo.ttft
-            alone = model.prefill_time(req.prompt_len, req.prompt_len ** 2)
-            if own < now + alone:  # hopeless even alone and now: best effort, never dropped
+            if ttft_lost(req, model, now):  # hopeless even alone and now: best effort, kept
                 self.queue.take(req)
                 self._best_effort.append(req)
                 continue
+            own = req.arrival + req.slo.ttft
             n = used + req.prompt_len
             if n > limit:
                 continue

@@ -30,7 +30,14 @@ from collections import defaultdict
 from hfx.engine.planners.slo_paced import time2bs
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.latency import StepTimeModel
-from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.base import (
+    ClusterView,
+    Decision,
+    Dispatch,
+    InstanceView,
+    Policy,
+    ttft_lost,
+)
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
@@ -120,13 +127,11 @@ class PolyServe(Policy):
             + model.prefill_b * tokens
         return (not ttft or first_token <= req.arrival + req.slo.ttft) and req.slo.tpot >= tier
 
-    def _place(self, req: Request, candidates: list[InstanceView],
-               now: float) -> InstanceView | None:
+    def _place(self, req: Request, candidates: list[InstanceView], now: float,
+               lost: bool) -> InstanceView | None:
         """The highest-load candidate that fits its own tier's TPOT (the load gradient). A
-        request whose TTFT is lost whatever happens is placed for its TPOT alone: it misses, but
-        it is served, never left waiting forever."""
-        lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) > \
-            req.arrival + req.slo.ttft
+        request whose TTFT is ``lost`` whatever happens is placed for its TPOT alone: it misses,
+        but it is served, never left waiting forever."""
         for inst in sorted(candidates, key=lambda i: (-self.shadow[i.id].batch_size, i.id)):
             tier = self.tier_of[inst.id]
             assert tier is not None
@@ -159,11 +164,10 @@ class PolyServe(Policy):
                     waiting.extend(queue[pos:])
                     break
                 req = item[2]
+                lost = ttft_lost(req, self._model, now)
                 own = [i for i in targets if self.tier_of[i.id] == tier]
-                inst = self._place(req, own, now)
+                inst = self._place(req, own, now, lost)
                 if inst is None:  # the tier is full: an idle (or pending-list) instance joins
-                    lost = now + self._model.prefill_time(req.prompt_len, req.prompt_len ** 2) \
-                        > req.arrival + req.slo.ttft
                     spare = [i for i in targets if self.tier_of[i.id] is None] or [
                         i for i in targets if self.tier_of[i.id] is not None
                         and self._own[i.id] == 0 and self.tier_of[i.id] != tier]
@@ -176,7 +180,7 @@ class PolyServe(Policy):
                     for tighter in sorted((t for t in set(self.tier_of.values())
                                            if t is not None and t < tier), reverse=True):
                         members = [i for i in targets if self.tier_of[i.id] == tighter]
-                        inst = self._place(req, members, now)
+                        inst = self._place(req, members, now, lost)
                         if inst is not None:
                             break
                 if inst is None:

@@ -160,7 +160,7 @@ def anneal(jobs: list[Job], model: StepTimeModel, max_batch: int, rng: random.Ra
     sizes0 = full_batches(n, max_batch)
     arrival = list(range(n))
     # Each request's E2E latency alone (seed 004 Eq. 17), to order the second start.
-    alone = [model.prefill_time(j.prompt_len, j.prompt_len ** 2)
+    alone = [model.prefill_one(j.prompt_len)
              + j.output_len * model.decode_time(j.prompt_len + j.output_len / 2, 1) for j in jobs]
     by_latency = sorted(range(n), key=lambda i: (alone[i], i))
     s_arrival = score(arrival, sizes0)

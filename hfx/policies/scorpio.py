@@ -93,11 +93,11 @@ class Scorpio(Policy):
             kept, cum = [], 0.0
             for item in sorted(queue):
                 deadline, _, _, req = item
-                cum += model.prefill_time(req.prompt_len, req.prompt_len ** 2)
-                if now + cum > deadline:
+                prefill = model.prefill_one(req.prompt_len)
+                if now + cum + prefill > deadline:
                     decision.reject.append(req)
-                    cum -= model.prefill_time(req.prompt_len, req.prompt_len ** 2)
                 else:
+                    cum += prefill
                     kept.append(item)
             # Admission by predicted TPOT.
             waiting = []
