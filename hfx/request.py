@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hfx.engine.sequence import GREEDY, SamplingParams
+
 
 @dataclass(frozen=True, slots=True)
 class SLO:
@@ -44,6 +46,9 @@ class Request:
     task: str = "default"
     priority: int | None = None
     prompt_token_ids: list[int] | None = None
+    # For a real executor: how to sample, and token ids that end the output (EOS, stop words).
+    sampling: SamplingParams = GREEDY
+    stop_token_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:

@@ -340,12 +340,12 @@ class ControlPlane:
         if record.outcome is not Outcome.PENDING:
             return  # aborted in flight; both instances dropped it
         now = asyncio.get_running_loop().time()
-        self.instances[src].export(record.request.id)
+        kv = self.instances[src].export(record.request.id)
         self._count(src, record.request, -1)
         self._check_drained(src)
         record.migrated_at = now
         self._dispatch.policy.on_finished(record, self._dispatch.view)  # it left the P stage
-        self.instances[dst].activate_import(record.request.id)
+        self.instances[dst].activate_import(record.request.id, kv)
         if self._dispatch.policy.num_queued():
             self._schedule(self._dispatch)
 

@@ -58,9 +58,11 @@ class Instance(Protocol):
 
     def reserve_import(self, state: Sequence) -> bool: ...
 
-    def export(self, request_id: str) -> None: ...
+    def export(self, request_id: str) -> object | None:
+        """Free a migrated request's KV here; return a copy of it (None in simulation)."""
+        ...
 
-    def activate_import(self, request_id: str) -> None: ...
+    def activate_import(self, request_id: str, kv: object | None = None) -> None: ...
 
     def set_role(self, role: Role) -> None: ...
 
@@ -100,6 +102,8 @@ class LocalInstance:
             prompt_len=request.prompt_len,
             max_tokens=request.max_tokens,
             prompt_token_ids=request.prompt_token_ids,
+            stop_token_ids=request.stop_token_ids,
+            sampling=request.sampling,
             tpot=slo.tpot if slo else None,
             prefill_deadline=request.arrival + slo.ttft if slo else None,
             best_effort=best_effort,
@@ -119,14 +123,16 @@ class LocalInstance:
         """Decode role: room for the KV on its way here; False if the blocks are not free."""
         return self.engine.reserve_import(state)
 
-    def export(self, request_id: str) -> None:
-        """Prefill role: the KV has been copied out; free it here."""
+    def export(self, request_id: str) -> object | None:
+        """Prefill role: copy the KV out and free it here."""
+        kv = self.engine.export_kv(request_id)
         self.engine.release(request_id)
         self._wake.set()  # freed blocks may admit waiting prefills
+        return kv
 
-    def activate_import(self, request_id: str) -> None:
+    def activate_import(self, request_id: str, kv: object | None = None) -> None:
         """Decode role: the KV has arrived; decode it."""
-        self.engine.activate_import(request_id)
+        self.engine.activate_import(request_id, kv)
         self._wake.set()
 
     def set_role(self, role: Role) -> None:

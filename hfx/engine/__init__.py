@@ -3,7 +3,7 @@
 from hfx.engine.config import EngineConfig
 from hfx.engine.core import EngineCore, EngineError, StepOutput
 from hfx.engine.executor import Executor, SimExecutor
-from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, Sequence
+from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, SamplingParams, Sequence
 
 __all__ = [
     "FINISH_REASON",
@@ -13,6 +13,7 @@ __all__ = [
     "Executor",
     "RequestStatus",
     "Role",
+    "SamplingParams",
     "Sequence",
     "SimExecutor",
     "StepOutput",

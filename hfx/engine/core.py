@@ -66,11 +66,26 @@ class EngineCore:
             raise EngineError(f"request of {total} tokens exceeds the KV cache "
                               f"({self.config.kv_capacity_tokens} tokens)")
 
+    def _check_tokens(self, seq: Sequence) -> None:
+        ids = seq.prompt_token_ids
+        if ids is None:
+            if getattr(self.executor, "needs_token_ids", False):
+                raise EngineError(f"request {seq.request_id}: this engine runs a real model "
+                                  "and needs prompt token ids")
+            return
+        if len(ids) != seq.prompt_len:
+            raise EngineError(f"request {seq.request_id}: {len(ids)} prompt token ids for a "
+                              f"prompt_len of {seq.prompt_len}")
+        vocab = getattr(self.executor, "vocab_size", None)
+        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
+            raise EngineError(f"request {seq.request_id}: token ids must be in [0, {vocab})")
+
     def add_request(self, seq: Sequence) -> None:
         """Queue a sequence. On a decode instance it arrives with its KV computed."""
         if seq.request_id in self._seqs:
             raise EngineError(f"duplicate request id {seq.request_id!r}")
         self.check(seq.prompt_len, seq.max_tokens)
+        self._check_tokens(seq)
         seq.status = RequestStatus.WAITING
         self._seqs[seq.request_id] = seq
         self.state.waiting.append(seq)
@@ -81,6 +96,12 @@ class EngineCore:
             return False
         self._aborts.append(request_id)
         return True
+
+    def export_kv(self, request_id: str) -> object | None:
+        """Prefill role: a copy of a held sequence's KV, or None when the executor holds no real
+        cache (simulation)."""
+        read = getattr(self.executor, "read_kv", None)
+        return None if read is None else read(self.held[request_id])
 
     def release(self, request_id: str) -> Sequence:
         """Prefill role: hand a held sequence over for migration and free its KV here."""
@@ -106,9 +127,12 @@ class EngineCore:
         self._seqs[seq.request_id] = seq
         return True
 
-    def activate_import(self, request_id: str) -> None:
-        """Decode role: the KV has arrived; the sequence decodes from the next step."""
+    def activate_import(self, request_id: str, kv: object | None = None) -> None:
+        """Decode role: the KV has arrived (``kv``, from ``export_kv`` elsewhere, or None in
+        simulation); the sequence decodes from the next step."""
         seq = self.incoming.pop(request_id)
+        if kv is not None:
+            self.executor.write_kv(seq, kv)  # type: ignore[attr-defined]
         seq.status = RequestStatus.RUNNING
         self.state.running.append(seq)
 

@@ -36,6 +36,25 @@ class RequestStatus(enum.IntEnum):
         return self > RequestStatus.PREFILLED
 
 
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How a real executor picks the next token. temperature 0 is greedy; a seed makes sampling
+    reproducible whatever else shares the batch."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+GREEDY = SamplingParams()
+
+
 # Finished status → OpenAI finish_reason (None: the request goes on elsewhere).
 FINISH_REASON: dict[RequestStatus, str | None] = {
     RequestStatus.FINISHED_STOPPED: "stop",
@@ -59,6 +78,7 @@ class Sequence:
     max_tokens: int
     prompt_token_ids: list[int] | None = None
     stop_token_ids: frozenset[int] = frozenset()
+    sampling: SamplingParams = GREEDY
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -85,6 +105,7 @@ class Sequence:
         return Sequence(
             request_id=self.request_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
             prompt_token_ids=self.prompt_token_ids, stop_token_ids=self.stop_token_ids,
+            sampling=self.sampling,
             output_token_ids=list(self.output_token_ids),
             num_computed_tokens=self.num_computed_tokens, tpot=self.tpot,
             prefill_deadline=self.prefill_deadline, best_effort=self.best_effort,

@@ -1,0 +1,156 @@
+"""TorchExecutor: runs a planned step through a real model (PyTorch, CPU or GPU).
+
+The engine core's plan ({sequence: tokens to compute}) becomes one flat batch: each sequence
+contributes the tokens from its ``num_computed_tokens`` on, each token's K/V goes to the slot its
+block table gives, and sequences that have caught up with their tokens sample one. The forward
+pass runs on a worker thread so that the event loop (the gateway, the control plane) keeps
+serving while the model computes; torch releases the GIL inside its kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from hfx.engine.planners.base import SchedulerOutput
+from hfx.engine.sequence import Sequence
+from hfx.model.sampler import sample
+from hfx.model.transformer import AttentionMetadata, CausalLM, PrefillSpan
+
+
+@dataclass(slots=True)
+class _Batch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: list[int]
+    sample_seqs: list[Sequence]
+
+
+def _token(seq: Sequence, pos: int) -> int:
+    prompt = seq.prompt_token_ids
+    assert prompt is not None
+    return prompt[pos] if pos < seq.prompt_len else seq.output_token_ids[pos - seq.prompt_len]
+
+
+class TorchExecutor:
+    needs_token_ids = True
+
+    def __init__(self, model: CausalLM, num_kv_blocks: int, block_size: int,
+                 threaded: bool = True, seed: int = 0) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.vocab_size = model.shape.vocab_size
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        shape = model.shape
+        self.caches = [torch.zeros(2, num_kv_blocks * block_size, shape.num_key_value_heads,
+                                   shape.head_dim, dtype=self.dtype, device=self.device)
+                       for _ in range(shape.num_hidden_layers)]
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hfx-model") if threaded else None
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.caches)
+
+    async def execute(self, out: SchedulerOutput) -> dict[Sequence, int]:
+        if self._pool is None:
+            return self.run(out)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.run, out)
+
+    def run(self, out: SchedulerOutput) -> dict[Sequence, int]:
+        """One forward pass and sampling, synchronously."""
+        batch = self._prepare(out)
+        if batch is None:
+            return {}
+        hidden = self.model(batch.input_ids, batch.positions, self.caches, batch.meta)
+        if not batch.sample_rows:
+            return {}
+        rows = torch.tensor(batch.sample_rows, device=self.device)
+        logits = self.model.logits(hidden[rows])
+        seqs = batch.sample_seqs
+        tokens = sample(logits, [s.sampling for s in seqs], [s.num_tokens for s in seqs],
+                        self._generator)
+        return dict(zip(seqs, tokens, strict=True))
+
+    def logits(self, out: SchedulerOutput) -> torch.Tensor:
+        """Logits of every scheduled token (for tests against a reference implementation)."""
+        batch = self._prepare(out)
+        assert batch is not None
+        hidden = self.model(batch.input_ids, batch.positions, self.caches, batch.meta)
+        return self.model.logits(hidden)
+
+    # ---- building the flat batch --------------------------------------------------------
+    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end)
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _prepare(self, out: SchedulerOutput) -> _Batch | None:
+        ids: list[int] = []
+        positions: list[int] = []
+        slot_parts: list[torch.Tensor] = []
+        prefills: list[PrefillSpan] = []
+        decode_rows: list[int] = []
+        decode_ctx: list[torch.Tensor] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for seq, n in out.num_scheduled_tokens.items():
+            if seq.prompt_token_ids is None:
+                raise ValueError(f"request {seq.request_id}: a real executor needs token ids")
+            start, row = seq.num_computed_tokens, len(ids)
+            end = start + n
+            ids.extend(_token(seq, p) for p in range(start, end))
+            positions.extend(range(start, end))
+            context = self._slots(seq, 0, end)
+            slot_parts.append(context[start:])
+            if n == 1:
+                decode_rows.append(row)
+                decode_ctx.append(context)
+            else:
+                prefills.append(PrefillSpan(row, row + n, start, context.to(self.device)))
+            if end == seq.num_tokens:
+                sample_rows.append(row + n - 1)
+                sample_seqs.append(seq)
+        if not ids:
+            return None
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(dev), prefills=prefills)
+        if decode_rows:
+            width = max(len(c) for c in decode_ctx)
+            slots = torch.zeros(len(decode_rows), width, dtype=torch.long)
+            mask = torch.zeros(len(decode_rows), 1, 1, width, dtype=torch.bool)
+            for i, c in enumerate(decode_ctx):
+                slots[i, :len(c)] = c
+                mask[i, ..., :len(c)] = True
+            meta.decode_rows = torch.tensor(decode_rows, device=dev)
+            meta.decode_slots = slots.to(dev)
+            meta.decode_mask = mask.to(dev)
+        return _Batch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
+                      sample_rows, sample_seqs)
+
+    # ---- KV transfer (P/D): a sequence's cache leaves one executor for another -------------
+    def read_kv(self, seq: Sequence) -> torch.Tensor:
+        """[layers, 2, tokens, kv_heads, head_dim] of the sequence's computed tokens, on CPU."""
+        slots = self._slots(seq, 0, seq.num_computed_tokens).to(self.device)
+        return torch.stack([c[:, slots] for c in self.caches]).cpu()
+
+    def write_kv(self, seq: Sequence, kv: torch.Tensor) -> None:
+        """Place transferred KV into the blocks reserved for ``seq`` here."""
+        n = kv.shape[2]
+        if n != seq.num_computed_tokens or len(self.caches) != kv.shape[0]:
+            raise ValueError(f"request {seq.request_id}: KV of {n} tokens and {kv.shape[0]} "
+                             f"layers does not match {seq.num_computed_tokens} computed tokens")
+        slots = self._slots(seq, 0, n).to(self.device)
+        kv = kv.to(device=self.device, dtype=self.dtype)
+        for layer, cache in enumerate(self.caches):
+            cache[0].index_copy_(0, slots, kv[layer, 0])
+            cache[1].index_copy_(0, slots, kv[layer, 1])
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
