@@ -1,4 +1,4 @@
-"""The ``hfx`` command line: ``hfx sim``, ``hfx sweep``, ``hfx list``.
+"""The ``hfx`` command line: ``hfx sim``, ``hfx sweep``, ``hfx profile``, ``hfx list``.
 
 Flags of ``sim`` and ``sweep`` are generated from the fields of hfx.config.SimConfig, so each flag
 carries the field's help text and default; ``--config FILE.yaml`` sets any of them from a file.
@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from hfx.config import SimConfig, add_model_args, model_from_args
+from hfx.config import ProfileConfig, SimConfig, add_model_args, model_from_args
 
 
 def _csv(kind: type) -> callable:
@@ -114,6 +115,34 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    try:
+        from hfx.model.build import build_model
+        from hfx.profiler import Grid, profile_model
+    except ImportError as e:
+        raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
+                         "with: pip install torch==2.13.0 && pip install -e '.[torch]'") from None
+    from hfx.config import ProfileConfig
+
+    config = model_from_args(ProfileConfig, args, args.config)
+    loaded = build_model(config.shape, config.checkpoint, config.dtype, config.device,
+                         config.weight_seed)
+    grid = Grid.quick() if config.quick else Grid.full()
+    if config.repeats is not None:
+        grid = replace(grid, repeats=config.repeats)
+    profile = profile_model(loaded, grid, config.kv_tokens, config.block_size, progress=True)
+    Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+    profile.save(config.out)
+    m = profile.model
+    print(f"{profile.name}: {len(profile.meta['samples']['prefill'])} prefill and "
+          f"{len(profile.meta['samples']['decode'])} decode points on {profile.meta['device']}")
+    print(f"  prefill  a={m.prefill_a:.3e} b={m.prefill_b:.3e} c={m.prefill_c:.3e}")
+    print(f"  decode   a={m.decode_a:.3e} b={m.decode_b:.3e} c={m.decode_c:.3e}")
+    print("  MAPE     " + "  ".join(f"{k} {v:.1%}" for k, v in profile.fit_mape.items()))
+    print(f"wrote {config.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hfx", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="parallel processes (default: one per core)")
     add_model_args(sweep, SimConfig, exclude=("policy", "qps"))
     sweep.set_defaults(func=cmd_sweep)
+
+    prof = sub.add_parser("profile", help="measure the real engine and fit a step-time profile",
+                          description="Time prefill and decode steps of the real executor on "
+                          "seed 000 Appendix A's grid, fit Eq. 1 and Eq. 2, write a profile "
+                          "JSON that hfx sim --profile accepts.")
+    prof.add_argument("--config", help="YAML file of options (flags override it)")
+    add_model_args(prof, ProfileConfig)
+    prof.set_defaults(func=cmd_profile)
 
     lst = sub.add_parser("list", help="list policies, planners, workloads and profiles")
     lst.set_defaults(func=cmd_list)

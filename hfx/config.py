@@ -133,6 +133,34 @@ class SimConfig(BaseModel):
 
 
 # ---- CLI generation --------------------------------------------------------------------------
+class ModelConfig(BaseModel):
+    """The real model an executor runs: a checkpoint directory, or random weights of a shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shape: str = Field("tiny", description="random-weight model shape (tiny, qwen2.5-0.5b, "
+                       "qwen2.5-7b); ignored with --checkpoint")
+    checkpoint: str | None = Field(None, description="Hugging Face checkpoint directory "
+                                   "(config.json + *.safetensors [+ tokenizer.json]); local only")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="weight and KV dtype; default bfloat16 on a GPU, float32 on CPU")
+    device: str | None = Field(None, description="torch device; default cuda when present, "
+                               "else cpu")
+    weight_seed: int = Field(0, ge=0, description="seed of the random weights")
+    block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
+    kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
+
+
+class ProfileConfig(ModelConfig):
+    """``hfx profile``: measure the model on the seed's grid and fit the step-time model."""
+
+    quick: bool = Field(False, description="a grid a CPU runs in about a minute (prefill batches"
+                        " ≤ 8, decode ≤ 64, lengths ≤ 1024); default: seed 000 Appendix A's")
+    repeats: int | None = Field(None, ge=1, description="timed runs per point (median); default"
+                                " 3")
+    out: str = Field("profile.json", description="where to write the profile JSON")
+
+
 def parse_params(text: str) -> dict[str, float | str]:
     """``a=1,b=x`` → {"a": 1.0, "b": "x"}: numbers where they parse, strings otherwise."""
     out: dict[str, float | str] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
@@ -81,8 +81,16 @@ def load_requests(config: SimConfig) -> list[Request]:
     return requests
 
 
+EngineFactory = Callable[[EngineConfig], EngineCore]
+
+
+def sim_engines(profile: Profile) -> EngineFactory:
+    """Engines whose SimExecutor waits out the profile's predicted step time."""
+    return lambda ecfg: EngineCore(ecfg, SimExecutor(profile.model))
+
+
 def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
-                ecfg: EngineConfig) -> Scaler:
+                ecfg: EngineConfig, make_engine: EngineFactory) -> Scaler:
     initial = len(control.instances)
     assert config.max_instances is not None
     weights = weight_bytes_per_device(profile.meta) or 15.2e9
@@ -97,13 +105,16 @@ def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
                         wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
 
     def factory(iid: int, role: Role) -> LocalInstance:
-        return LocalInstance(iid, EngineCore(replace(ecfg, role=role), SimExecutor(profile.model)))
+        return LocalInstance(iid, make_engine(replace(ecfg, role=role)))
 
     return Scaler(scfg, control, provisioner, factory)
 
 
-def build_cluster(config: SimConfig, profile: Profile) -> ControlPlane:
-    """The control plane and its SimExecutor instances for ``config`` (not started)."""
+def build_cluster(config: SimConfig, profile: Profile,
+                  make_engine: EngineFactory | None = None) -> ControlPlane:
+    """The control plane and its instances for ``config`` (not started): simulated engines by
+    default, or whatever ``make_engine`` builds (a real executor)."""
+    make_engine = make_engine or sim_engines(profile)
     migrator, tl = None, None
     if config.mode == "pd":
         policy, migrator = make_pd_policies(config.policy, **config.policy_params)
@@ -113,23 +124,29 @@ def build_cluster(config: SimConfig, profile: Profile) -> ControlPlane:
         policy = make_policy(config.policy, **config.policy_params)
         roles = [Role.COLOCATED] * config.instances
     ecfg = engine_config(config, profile, config.planner or policy.planner)
-    instances = [LocalInstance(i, EngineCore(replace(ecfg, role=role),
-                                             SimExecutor(profile.model)))
+    instances = [LocalInstance(i, make_engine(replace(ecfg, role=role)))
                  for i, role in enumerate(roles)]
     control = ControlPlane(instances, policy, profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
                            monitor=Monitor(config.monitor_interval),
                            mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
     if config.max_instances is not None:
-        make_scaler(config, profile, control, ecfg)
+        make_scaler(config, profile, control, ecfg, make_engine)
     return control
 
 
 async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None
                 ) -> float:
     """Start ``control``, submit ``requests`` at their arrival times, wait until every one has
-    an outcome, stop; returns the time the last one finished. ``progress`` labels a bar."""
+    an outcome, stop; returns the time the last one finished. ``progress`` labels a bar.
+
+    Arrival times count from the start of the run: on the virtual loop that is time 0; on the
+    ordinary loop (a real engine) they are shifted to the loop's clock, and so is the result.
+    """
     loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    if t0:
+        requests = [replace(r, arrival=r.arrival + t0) for r in requests]
     await control.start()
     if control.scaler is not None:
         control.scaler.start()
@@ -155,7 +172,7 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
         stuck = sum(r.outcome is Outcome.PENDING for r in control.records.values())
         raise RuntimeError(f"{stuck} requests still unfinished {limit:g} s after the last "
                            "arrival: the cluster stalled") from None
-    end = loop.time()
+    end = loop.time() - t0
     if ticker is not None:
         ticker.cancel()
     bar.close()
@@ -164,10 +181,11 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
 
 
 async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
-                      progress: bool = False) -> tuple[ControlPlane, float]:
+                      progress: bool = False, make_engine: EngineFactory | None = None
+                      ) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
     (its records hold the outcome) and the time the last request finished."""
-    control = build_cluster(config, profile)
+    control = build_cluster(config, profile, make_engine)
     label = f"{config.policy}@{config.qps:g}qps" if progress else None
     return control, await drive(control, requests, label)
 

@@ -36,6 +36,14 @@ def _token(seq: Sequence, pos: int) -> int:
     return prompt[pos] if pos < seq.prompt_len else seq.output_token_ids[pos - seq.prompt_len]
 
 
+def _tokens(seq: Sequence, start: int, end: int) -> list[int]:
+    prompt = seq.prompt_token_ids
+    assert prompt is not None
+    if end <= seq.prompt_len:
+        return prompt[start:end]
+    return (prompt + seq.output_token_ids)[start:end]
+
+
 class TorchExecutor:
     needs_token_ids = True
 
@@ -90,46 +98,63 @@ class TorchExecutor:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
+    def _decode_slots(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor,
+                                                            torch.Tensor]:
+        """Context slots of every decoding sequence at once, padded to the longest context:
+        (slots [B, width], mask [B, width], new-token slots [B])."""
+        bs = self.block_size
+        lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
+        blocks = max(len(s.block_table) for s in seqs)
+        table = torch.tensor([s.block_table + [0] * (blocks - len(s.block_table)) for s in seqs])
+        pos = torch.arange(int(lengths.max()))
+        slots = table[:, pos // bs] * bs + pos % bs
+        mask = pos[None, :] < lengths[:, None]
+        slots.masked_fill_(~mask, 0)
+        return slots, mask, slots.gather(1, (lengths - 1)[:, None])[:, 0]
+
     def _prepare(self, out: SchedulerOutput) -> _Batch | None:
+        """Prefill chunks first (one span each), then decodes (one padded batch)."""
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
         prefills: list[PrefillSpan] = []
-        decode_rows: list[int] = []
-        decode_ctx: list[torch.Tensor] = []
+        decodes: list[Sequence] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
         for seq, n in out.num_scheduled_tokens.items():
             if seq.prompt_token_ids is None:
                 raise ValueError(f"request {seq.request_id}: a real executor needs token ids")
+            if n == 1:
+                decodes.append(seq)
+                continue
             start, row = seq.num_computed_tokens, len(ids)
             end = start + n
-            ids.extend(_token(seq, p) for p in range(start, end))
+            ids.extend(_tokens(seq, start, end))
             positions.extend(range(start, end))
             context = self._slots(seq, 0, end)
             slot_parts.append(context[start:])
-            if n == 1:
-                decode_rows.append(row)
-                decode_ctx.append(context)
-            else:
-                prefills.append(PrefillSpan(row, row + n, start, context.to(self.device)))
+            prefills.append(PrefillSpan(row, row + n, start, context.to(self.device)))
             if end == seq.num_tokens:
                 sample_rows.append(row + n - 1)
                 sample_seqs.append(seq)
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), prefills=prefills,
+                                 decode_start=len(ids))
+        if decodes:
+            slots, mask, new = self._decode_slots(decodes)
+            for seq in decodes:
+                p = seq.num_computed_tokens
+                if p + 1 == seq.num_tokens:  # else a one-token chunk of a longer prompt
+                    sample_rows.append(len(ids))
+                    sample_seqs.append(seq)
+                ids.append(_token(seq, p))
+                positions.append(p)
+            slot_parts.append(new)
+            meta.decode_slots = slots.to(dev)
+            meta.decode_mask = mask[:, None, None, :].to(dev)
         if not ids:
             return None
-        dev = self.device
-        meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(dev), prefills=prefills)
-        if decode_rows:
-            width = max(len(c) for c in decode_ctx)
-            slots = torch.zeros(len(decode_rows), width, dtype=torch.long)
-            mask = torch.zeros(len(decode_rows), 1, 1, width, dtype=torch.bool)
-            for i, c in enumerate(decode_ctx):
-                slots[i, :len(c)] = c
-                mask[i, ..., :len(c)] = True
-            meta.decode_rows = torch.tensor(decode_rows, device=dev)
-            meta.decode_slots = slots.to(dev)
-            meta.decode_mask = mask.to(dev)
+        meta.slot_mapping = torch.cat(slot_parts).to(dev)
         return _Batch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
                       sample_rows, sample_seqs)
 

@@ -36,7 +36,7 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
     prefills: list[PrefillSpan]
-    decode_rows: torch.Tensor | None = None  # [B] rows of the flat batch that decode
+    decode_start: int = 0  # decodes are the rows from here to the end of the flat batch
     decode_slots: torch.Tensor | None = None  # [B, max_ctx] context slots (padded with 0)
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_ctx] True where a slot is real
 
@@ -114,14 +114,14 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
                                                    enable_gqa=True)
             out[span.start:span.end] = o[0].transpose(0, 1)
-        if meta.decode_rows is not None:
-            assert meta.decode_slots is not None and meta.decode_mask is not None
+        if meta.decode_slots is not None:
+            d = meta.decode_start
             keys = cache[0][meta.decode_slots].transpose(1, 2)  # [B, kv_heads, ctx, d]
             values = cache[1][meta.decode_slots].transpose(1, 2)
-            queries = q[meta.decode_rows][:, :, None, :]  # [B, heads, 1, d]
+            queries = q[d:, :, None, :]  # [B, heads, 1, d]
             o = F.scaled_dot_product_attention(queries, keys, values,
                                                attn_mask=meta.decode_mask, enable_gqa=True)
-            out[meta.decode_rows] = o[:, :, 0, :]
+            out[d:] = o[:, :, 0, :]
         return self.o_proj(out.view(t, -1))
 
 

@@ -1,0 +1,177 @@
+"""``hfx profile``: measure a real executor on the seed's grid and fit the step-time model.
+
+Seed 000 Appendix A profiles batch sizes 1, 2, …, 192 and input lengths 4, …, 2020 and fits Eq. 1
+and Eq. 2 by least squares on the relative error. Here each grid point is one step built by hand
+(prefill: β prompts of length l; decode: β sequences at context l) and timed on the executor:
+the mean of a few repeats after a warm-up (the mean, not the median, because the simulator must
+get sums of step times right and this machine's timing noise is skewed). Points run in a
+shuffled order so that drift in the machine's speed does not line up with the grid. Every fourth
+point is held out of the fit and reported separately (``fit_mape``: ``prefill``/``decode`` on the
+fitted points, ``*_heldout`` on the rest), so the error says how well the model predicts steps
+it has not seen.
+
+``--quick`` keeps the points a CPU runs in about a minute for the tiny shape: prefill batches up
+to 8, decode batches up to 64, lengths up to 1024, at most 2,048 tokens per prefill step.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.planners.base import SchedulerOutput
+from hfx.engine.sequence import Sequence
+from hfx.engine.torch_executor import TorchExecutor
+from hfx.latency import Profile, StepTimeModel, fit_decode, fit_prefill
+from hfx.model.build import LoadedModel
+from hfx.roofline import GRID_BATCH, GRID_LENGTH
+
+HELD_OUT_EVERY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    prefill_batches: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    lengths: tuple[int, ...]
+    max_prefill_tokens: int
+    repeats: int
+
+    @classmethod
+    def full(cls) -> Grid:
+        """Seed 000 Appendix A, prefill steps capped at 16,384 tokens (as the roofline's)."""
+        return cls(GRID_BATCH, GRID_BATCH, GRID_LENGTH, 16384, 3)
+
+    @classmethod
+    def quick(cls) -> Grid:
+        return cls((1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64),
+                   (4, 16, 32, 64, 128, 256, 512, 1024), 2048, 5)
+
+
+def _timed(executor: TorchExecutor, out: SchedulerOutput, repeats: int) -> float:
+    executor.run(out)  # warm-up: allocator, kernel selection
+    times = []
+    for _ in range(repeats):
+        if executor.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        executor.run(out)
+        if executor.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.fmean(times)
+
+
+def _prompt(gen: np.random.Generator, n: int, vocab: int) -> list[int]:
+    return gen.integers(0, vocab, n).tolist()
+
+
+def measure(executor: TorchExecutor, grid: Grid, capacity_tokens: int, seed: int = 0,
+            progress: bool = False) -> tuple[list[tuple[list[int], float]],
+                                             list[tuple[int, int, float]]]:
+    """Time every grid point that fits; returns (prefill samples, decode samples) in the
+    forms fit_prefill and fit_decode take."""
+    gen = np.random.default_rng(seed)
+    vocab = executor.vocab_size
+    bs = executor.block_size
+    prefill: list[tuple[list[int], float]] = []
+    decode: list[tuple[int, int, float]] = []
+    points = [("p", b, n) for b in grid.prefill_batches for n in grid.lengths
+              if b * n <= grid.max_prefill_tokens and b * (n + 1) <= capacity_tokens]
+    points += [("d", b, n) for b in grid.decode_batches for n in grid.lengths
+               if b * (n + 2) <= capacity_tokens]
+    random.Random(seed).shuffle(points)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(points), desc="profile", unit="pt", leave=False)
+    for kind, b, n in points:
+        kv = BlockManager(capacity_tokens // bs, bs)
+        out = SchedulerOutput()
+        for i in range(b):
+            if kind == "p":
+                s = Sequence(f"p{i}", n, 1, prompt_token_ids=_prompt(gen, n, vocab))
+                kv.allocate(s, n + 1)
+                out.schedule(s, n)
+            else:  # context n: n tokens cached, one to compute
+                s = Sequence(f"d{i}", n, 8, prompt_token_ids=_prompt(gen, n, vocab),
+                             output_token_ids=[1], num_computed_tokens=n)
+                kv.allocate(s, n + 2)
+                out.schedule(s, 1)
+        t = _timed(executor, out, grid.repeats)
+        if kind == "p":
+            prefill.append(([n] * b, t))
+        else:
+            decode.append((b, b * (n + 1), t))
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return prefill, decode
+
+
+def _split(samples: list) -> tuple[list, list]:
+    fit = [s for i, s in enumerate(samples) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+    held = [s for i, s in enumerate(samples) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    return fit, held
+
+
+def _mape(predict, samples: list, target) -> float:
+    if not samples:
+        return float("nan")
+    return float(np.mean([abs(predict(s) - target(s)) / target(s) for s in samples]))
+
+
+def fit_profile(name: str, prefill: list[tuple[list[int], float]],
+                decode: list[tuple[int, int, float]], capacity_tokens: int, block_size: int,
+                meta: dict) -> Profile:
+    pre_fit, pre_held = _split(prefill)
+    dec_fit, dec_held = _split(decode)
+    (pa, pb, pc), pre_mape = fit_prefill(pre_fit)
+    (da, db, dc), dec_mape = fit_decode(dec_fit)
+    model = StepTimeModel(pa, pb, pc, da, db, dc)
+    fit_mape = {
+        "prefill": pre_mape,
+        "decode": dec_mape,
+        "prefill_heldout": _mape(lambda s: model.prefill_time(sum(s[0]), sum(x * x for x in s[0])),
+                                 pre_held, lambda s: s[1]),
+        "decode_heldout": _mape(lambda s: model.decode_time(s[1], s[0]), dec_held,
+                                lambda s: s[2]),
+    }
+    meta = dict(meta, samples={"prefill": [[len(ls), ls[0], t] for ls, t in prefill],
+                               "decode": [[b, ctx, t] for b, ctx, t in decode]})
+    return Profile(name=name, model=model, kv_capacity_tokens=capacity_tokens,
+                   block_size=block_size, source="measured", fit_mape=fit_mape, meta=meta)
+
+
+def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
+                  block_size: int = 16, seed: int = 0, progress: bool = False) -> Profile:
+    """Measure ``loaded`` on ``grid`` with a KV cache of ``capacity_tokens`` and fit."""
+    num_blocks = capacity_tokens // block_size
+    executor = TorchExecutor(loaded.model, num_blocks, block_size, threaded=False, seed=seed)
+    prefill, decode = measure(executor, grid, num_blocks * block_size, seed, progress)
+    shape = loaded.model.shape
+    device = executor.device
+    device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"cpu ({torch.get_num_threads()} threads)")
+    meta = {
+        # The roofline's ModelSpec form, so P/D and the scaler read KV and weight sizes.
+        "model": {"name": loaded.name, "layers": shape.num_hidden_layers,
+                  "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
+                  "kv_heads": shape.num_key_value_heads, "intermediate": shape.intermediate_size,
+                  "vocab": shape.vocab_size, "tp": 1},
+        "device": device_name,
+        "dtype": str(executor.dtype).removeprefix("torch."),
+        "grid": {"prefill_batches": list(grid.prefill_batches),
+                 "decode_batches": list(grid.decode_batches), "lengths": list(grid.lengths),
+                 "max_prefill_tokens": grid.max_prefill_tokens, "repeats": grid.repeats},
+    }
+    hw = "cuda" if device.type == "cuda" else "cpu"
+    return fit_profile(f"{loaded.name}@{hw}", prefill, decode, num_blocks * block_size,
+                       block_size, meta)
