@@ -24,16 +24,18 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded, with the reason."""
 
 
-def _empty_model(shape: ModelShape, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+def empty_model(shape: ModelShape, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+    """Uninitialised parameters of ``dtype`` on ``device``: built on the meta device and cast
+    there, so that nothing of another dtype is ever allocated (or touched) for real."""
     with torch.device("meta"):
-        model = CausalLM(shape)
-    return model.to_empty(device=device).to(dtype)
+        model = CausalLM(shape).to(dtype)
+    return model.to_empty(device=device)
 
 
 def random_model(shape: ModelShape, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> CausalLM:
     """A model with N(0, 0.02) weights and biases and unit norms, drawn in name order."""
-    model = _empty_model(shape, dtype, device)
+    model = empty_model(shape, dtype, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -41,11 +43,11 @@ def random_model(shape: ModelShape, seed: int = 0, dtype: torch.dtype = torch.fl
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
-    _init_buffers(model, device)
+    init_buffers(model, device)
     return model.eval()
 
 
-def _init_buffers(model: CausalLM, device: str | torch.device) -> None:
+def init_buffers(model: CausalLM, device: str | torch.device) -> None:
     # Non-persistent buffers are not in a checkpoint; rebuild them on the target device.
     shape = model.shape
     inv = 1.0 / (shape.rope_theta ** (torch.arange(0, shape.head_dim, 2).float() / shape.head_dim))
@@ -99,9 +101,9 @@ def load_state(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> CausalLM:
     """Load a Hugging Face checkpoint directory (config.json + *.safetensors)."""
-    model = _empty_model(read_config(path), dtype, device)
+    model = empty_model(read_config(path), dtype, device)
     load_state(model, read_state_dict(path))
-    _init_buffers(model, device)
+    init_buffers(model, device)
     return model.eval()
 
 

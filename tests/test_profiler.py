@@ -1,0 +1,40 @@
+"""hfx profile: the grid is timed, the fit is written with held-out errors, hfx sim reads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hfx.cli import main
+from hfx.latency import load_profile
+from hfx.model.build import build_model
+from hfx.profiler import Grid, profile_model
+
+
+def test_profile_fits_and_simulates(tmp_path):
+    grid = Grid((1, 2), (1, 4), (8, 32, 64), 256, 1)
+    profile = profile_model(build_model("tiny", device="cpu"), grid, capacity_tokens=4096)
+    assert profile.source == "measured"
+    assert set(profile.fit_mape) == {"prefill", "decode", "prefill_heldout", "decode_heldout"}
+    assert len(profile.meta["samples"]["prefill"]) == 6
+    assert len(profile.meta["samples"]["decode"]) == 6
+    assert profile.kv_capacity_tokens == 4096
+    m = profile.model
+    assert m.prefill_time(64, 64 * 64) > 0 and m.decode_time(64, 1) > 0
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert load_profile(path).model == m
+    out = tmp_path / "r.json"
+    assert main(["sim", "--profile", str(path), "--instances", "1", "--qps", "4",
+                 "--requests-per-task", "5", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["finished"] == 20
+
+
+def test_profile_cli_refuses_bad_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "--shape", "tiny", "--dtype", "int3"])
+    assert main(["profile", "--shape", "gpt-5", "--out", "/dev/null"]) == 2
+    assert "unknown model shape" in capsys.readouterr().err
