@@ -107,6 +107,10 @@ def cmd_list(args: argparse.Namespace) -> int:
           "; ramp (the priority ramp, seed 000 §9.1); " + ", ".join(TIERED)
           + " (PolyServe's setting, seed 003 §5.1); or a .jsonl/.csv trace")
     print("profiles: ", ", ".join(shipped_profiles()))
+    from hfx.model.shapes import SHAPES
+
+    print("shapes:   ", ", ".join(SHAPES), "(random-weight models for hfx profile; or "
+          "--checkpoint DIR)")
     from hfx.bench.presets import PRESETS
 
     print("presets:")

@@ -14,14 +14,14 @@ from the running loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.tl_manager import TLManager
-from hfx.engine import EngineError, RequestStatus, Role, StepOutput
+from hfx.engine import FINISH_REASON, EngineError, RequestStatus, Role, StepOutput
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, InstanceView, Policy
 from hfx.request import Outcome, Request, RequestRecord
@@ -34,6 +34,18 @@ class _Stage:
     policy: Policy
     view: ClusterView
     timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What a listener hears about one request: a sampled token, or the end (token None)."""
+
+    token: int | None
+    finish_reason: str | None = None  # "stop", "length", "abort", or "error" with ``error``
+    error: str | None = None
+
+
+Listener = Callable[[TokenEvent], None]
 
 
 class ControlPlane:
@@ -85,6 +97,7 @@ class ControlPlane:
         self._blocked: list[Request] = []  # P/D: migrations waiting for decode KV
         self._idle = asyncio.Event()
         self._idle.set()
+        self._listeners: dict[str, Listener] = {}  # request id → who streams its tokens
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -127,11 +140,15 @@ class ControlPlane:
         await self._idle.wait()
 
     # ---- requests --------------------------------------------------------------------------
-    def submit(self, request: Request) -> RequestRecord:
+    def submit(self, request: Request, listener: Listener | None = None) -> RequestRecord:
+        """Queue ``request``; ``listener`` hears each token it samples (real executors) and
+        then one final event, also when it is rejected or fails."""
         if request.id in self.records:
             raise ValueError(f"duplicate request id {request.id!r}")
         record = RequestRecord(request)
         self.records[request.id] = record
+        if listener is not None:
+            self._listeners[request.id] = listener
         self._idle.clear()
         if record.slo is None and request.priority is not None and self.mapper is not None:
             p = request.priority
@@ -366,6 +383,11 @@ class ControlPlane:
         now = out.time
         for rid in out.request_ids:
             records[rid].token_times.append(now)
+        if self._listeners and out.token_ids is not None:
+            for rid, token in zip(out.request_ids, out.token_ids, strict=True):
+                listener = self._listeners.get(rid)
+                if listener is not None:
+                    listener(TokenEvent(token))
         if self._awaiting:
             for rid in out.request_ids:
                 self._first_token(rid)
@@ -384,7 +406,7 @@ class ControlPlane:
                 continue  # closed by the other instance of a migration aborted in flight
             outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
                        else Outcome.FINISHED)
-            self._finish(record, outcome, now)
+            self._finish(record, outcome, now, reason=FINISH_REASON[status])
             finished = True
         if finished and self._blocked and self._migrate is not None:
             for request in self._blocked:  # decode KV may be free now
@@ -400,10 +422,16 @@ class ControlPlane:
             self._awaiting_count[record.request.priority] -= 1
 
     def _finish(self, record: RequestRecord, outcome: Outcome, now: float,
-                error: str | None = None) -> None:
+                error: str | None = None, reason: str | None = None) -> None:
         record.outcome = outcome
         record.finish_time = now
         record.error = error
+        if self._listeners:
+            listener = self._listeners.pop(record.request.id, None)
+            if listener is not None:
+                if reason is None:
+                    reason = "abort" if outcome is Outcome.ABORTED else "error"
+                listener(TokenEvent(None, reason, error))
         self.num_done += 1
         req = record.request
         self._sent.pop(req.id, None)

@@ -1,0 +1,82 @@
+"""The control plane over real engines on the ordinary event loop: tokens stream to listeners,
+and P/D moves real KV between instances without changing a token (seed 000 §5.1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hfx.cluster.control import TokenEvent  # noqa: E402
+from hfx.config import SimConfig  # noqa: E402
+from hfx.latency import Profile, StepTimeModel  # noqa: E402
+from hfx.model.build import build_model, real_engine  # noqa: E402
+from hfx.request import SLO, Request  # noqa: E402
+from hfx.sim import build_cluster  # noqa: E402
+
+# A step-time model of the right order for the tiny model on CPU; only predictions use it.
+MODEL = StepTimeModel(2e-3, 1e-5, 0.0, 2e-3, 1e-7, 3e-5)
+SHAPE_META = {"model": {"name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2,
+                        "intermediate": 128, "vocab": 512, "tp": 1}}
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return build_model("tiny", device="cpu", seed=3)
+
+
+def serve(loaded, config: SimConfig, requests: list[Request]) -> dict[str, list[TokenEvent]]:
+    profile = Profile("tiny@cpu", MODEL, kv_capacity_tokens=8192, meta=SHAPE_META)
+    heard: dict[str, list[TokenEvent]] = {r.id: [] for r in requests}
+
+    async def go() -> None:
+        control = build_cluster(config, profile, lambda ecfg: real_engine(loaded, ecfg))
+        await control.start()
+        for r in requests:
+            control.submit(r, heard[r.id].append)
+        await asyncio.wait_for(control.wait_idle(), 60)
+        await control.stop()
+
+    asyncio.run(go())
+    return heard
+
+
+def requests(n: int) -> list[Request]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, 512, (10 + 7 * i,), generator=gen).tolist()
+        out.append(Request(f"r{i}", 0.0, len(ids), 6 + i, SLO(5.0, 1.0), prompt_token_ids=ids))
+    return out
+
+
+def tokens(events: list[TokenEvent]) -> list[int]:
+    return [e.token for e in events if e.token is not None]
+
+
+def test_listeners_hear_every_token_then_the_finish(loaded):
+    reqs = requests(4)
+    heard = serve(loaded, SimConfig(policy="hfx", instances=2), reqs)
+    for r in reqs:
+        events = heard[r.id]
+        assert len(tokens(events)) == r.max_tokens
+        assert events[-1] == TokenEvent(None, "length")
+
+
+def test_pd_with_real_kv_gives_the_colocated_tokens(loaded):
+    reqs = requests(4)
+    colocated = serve(loaded, SimConfig(policy="rr", instances=1), reqs)
+    pd = serve(loaded, SimConfig(policy="hfx", mode="pd", prefill=1, decode=2), reqs)
+    for r in reqs:
+        assert tokens(pd[r.id]) == tokens(colocated[r.id])
+        assert pd[r.id][-1].finish_reason == "length"
+
+
+def test_a_request_no_engine_can_serve_fails_with_the_reason(loaded):
+    bad = Request("long", 0.0, 3, 9000, SLO(5.0, 1.0), prompt_token_ids=[1, 2, 3])
+    heard = serve(loaded, SimConfig(policy="rr", instances=1), [bad, *requests(1)])
+    assert heard["long"][-1].finish_reason == "error"
+    assert "exceeds" in heard["long"][-1].error
+    assert heard["r0"][-1].finish_reason == "length"
