@@ -21,7 +21,6 @@ of the relative errors of the simulated means against the real ones at the first
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hfx.bench import write_json
 from hfx.bench.workloads import generate
 from hfx.clock import run
 from hfx.config import SimConfig
@@ -146,9 +146,7 @@ def main() -> None:
     print(f"median relative error of the means over {args.trials} trials: TTFT "
           f"{result['ttft_err']:.1%}  TPOT {result['tpot_err']:.1%}  E2E {result['e2e_err']:.1%}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from hfx.bench import write_json
 from hfx.model.shapes import get_shape
 from hfx.model.weight_manager import OffloadedWeights, WeightManager, load_weights, warm_model
 from hfx.model.weights import (
@@ -172,9 +172,7 @@ def main() -> None:
     print(f"peer/disk speed-up: {result['d2d_speedup_vs_disk']:.1f}x "
           f"({nbytes / 1e9:.2f} GB measured, {full_bytes / 1e9:.2f} GB full)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
