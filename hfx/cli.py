@@ -12,7 +12,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from hfx.config import ProfileConfig, SimConfig, add_model_args, model_from_args
+from hfx.config import (
+    ProfileConfig,
+    ServeConfig,
+    SimConfig,
+    add_model_args,
+    model_from_args,
+)
 
 
 def _csv(kind: type) -> callable:
@@ -147,6 +153,26 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hfx.config import ServeConfig
+
+    config = model_from_args(ServeConfig, args, args.config)
+    try:
+        import uvicorn
+
+        from hfx.serving.build import build_server
+        from hfx.serving.gateway import create_app
+    except ImportError as e:
+        raise ValueError(f"hfx serve needs the serve extra ({e}): pip install -e '.[serve]'"
+                         + (" and the torch extra" if config.executor == "torch" else "")
+                         ) from None
+    server = build_server(config)
+    print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
+          f"({config.executor} executor, {config.policy} policy)")
+    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hfx", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,6 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--config", help="YAML file of options (flags override it)")
     add_model_args(prof, ProfileConfig)
     prof.set_defaults(func=cmd_profile)
+
+    serve = sub.add_parser("serve", help="serve OpenAI-compatible HTTP with per-request SLOs",
+                           description="An OpenAI-compatible gateway (/v1/completions, "
+                           "/v1/chat/completions, /v1/models, /health, /metrics) in front of "
+                           "instances of the real engine (or --executor sim).")
+    serve.add_argument("--config", help="YAML file of options (flags override it)")
+    add_model_args(serve, ServeConfig)
+    serve.set_defaults(func=cmd_serve)
 
     lst = sub.add_parser("list", help="list policies, planners, workloads and profiles")
     lst.set_defaults(func=cmd_list)

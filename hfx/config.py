@@ -161,6 +161,36 @@ class ProfileConfig(ModelConfig):
     out: str = Field("profile.json", description="where to write the profile JSON")
 
 
+class ServeConfig(ModelConfig):
+    """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances."""
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free one)")
+    executor: Literal["torch", "sim"] = Field("torch", description="torch: the real model; "
+                                              "sim: placeholder text at the profile's speed")
+    policy: str = Field("hfx", description=f"dispatch policy ({', '.join(POLICIES)})")
+    instances: int = Field(1, ge=1, description="instances, colocated mode")
+    mode: Literal["colocated", "pd"] = Field("colocated", description="colocated or pd")
+    prefill: int = Field(1, ge=1, description="prefill instances in pd mode")
+    decode: int = Field(1, ge=1, description="decode instances in pd mode")
+    planner: str | None = Field(None, description="engine batch planner; default: the "
+                                "policy's")
+    profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
+                                "the sim executor); default tiny@cpu for the tiny shape on CPU, "
+                                "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
+                                "start (hfx profile --quick)")
+    priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
+                            "important), from Table 1's four-task SLOs (seed 000 §7.3)")
+    default_ttft_ms: float = Field(2000.0, gt=0, description="SLO of a request that names none"
+                                   " (Table 1's sharegpt: 2 s)")
+    default_tpot_ms: float = Field(500.0, gt=0, description="SLO of a request that names none "
+                                   "(Table 1's sharegpt: 0.5 s)")
+    max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per request "
+                               "(capped by the model's positions)")
+    max_instances: int | None = Field(None, ge=1, description="enable the Scaler up to this "
+                                      "many instances")
+
+
 def parse_params(text: str) -> dict[str, float | str]:
     """``a=1,b=x`` → {"a": 1.0, "b": "x"}: numbers where they parse, strings otherwise."""
     out: dict[str, float | str] = {}

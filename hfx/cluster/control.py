@@ -22,6 +22,7 @@ from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.tl_manager import TLManager
 from hfx.engine import FINISH_REASON, EngineError, RequestStatus, Role, StepOutput
+from hfx.engine.executor import PLACEHOLDER_TOKEN
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, InstanceView, Policy
 from hfx.request import Outcome, Request, RequestRecord
@@ -38,7 +39,8 @@ class _Stage:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """What a listener hears about one request: a sampled token, or the end (token None)."""
+    """What a listener hears about one request: a sampled token (PLACEHOLDER_TOKEN from a
+    simulated executor), or the end (token None)."""
 
     token: int | None
     finish_reason: str | None = None  # "stop", "length", "abort", or "error" with ``error``
@@ -179,6 +181,16 @@ class ControlPlane:
         self._schedule(self._dispatch)
         return record
 
+    def forget(self, request_id: str) -> RequestRecord | None:
+        """Drop a finished request's record (a long-running server would otherwise keep every
+        record); returns it, or None if it is unknown or still pending."""
+        record = self.records.get(request_id)
+        if record is None or record.outcome is Outcome.PENDING:
+            return None
+        del self.records[request_id]
+        self.num_done -= 1
+        return record
+
     def abort(self, request_id: str) -> None:
         """Abort a request wherever it is; each instance holding it reports the abort."""
         record = self.records.get(request_id)
@@ -241,6 +253,10 @@ class ControlPlane:
                 self._schedule(stage)
 
     # ---- the fleet changes (the Scaler drives these) -------------------------------------------
+    @property
+    def draining(self) -> frozenset[int]:
+        return frozenset(self._draining)
+
     def accepting(self, instance_id: int) -> bool:
         view = self._views.get(instance_id)
         return view is not None and view.accepting
@@ -383,8 +399,9 @@ class ControlPlane:
         now = out.time
         for rid in out.request_ids:
             records[rid].token_times.append(now)
-        if self._listeners and out.token_ids is not None:
-            for rid, token in zip(out.request_ids, out.token_ids, strict=True):
+        if self._listeners:
+            tokens = out.token_ids or [PLACEHOLDER_TOKEN] * len(out.request_ids)
+            for rid, token in zip(out.request_ids, tokens, strict=True):
                 listener = self._listeners.get(rid)
                 if listener is not None:
                     listener(TokenEvent(token))
@@ -426,12 +443,6 @@ class ControlPlane:
         record.outcome = outcome
         record.finish_time = now
         record.error = error
-        if self._listeners:
-            listener = self._listeners.pop(record.request.id, None)
-            if listener is not None:
-                if reason is None:
-                    reason = "abort" if outcome is Outcome.ABORTED else "error"
-                listener(TokenEvent(None, reason, error))
         self.num_done += 1
         req = record.request
         self._sent.pop(req.id, None)
@@ -447,3 +458,9 @@ class ControlPlane:
             last.policy.on_finished(record, last.view)
         if self.num_done == len(self.records):
             self._idle.set()
+        if self._listeners:  # last: a listener may forget() the record
+            listener = self._listeners.pop(record.request.id, None)
+            if listener is not None:
+                if reason is None:
+                    reason = "abort" if outcome is Outcome.ABORTED else "error"
+                listener(TokenEvent(None, reason, error))

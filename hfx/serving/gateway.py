@@ -1,0 +1,239 @@
+"""The OpenAI-compatible HTTP gateway (FastAPI): completions, chat completions, models, health,
+metrics. Every refusal is an OpenAI-style error object; nothing a client sends stops the server.
+
+The SLO applied to a request is echoed in the ``x-hfx-slo-ttft-ms`` / ``x-hfx-slo-tpot-ms`` /
+``x-hfx-slo-source`` response headers and in the body's ``slo`` field (the last chunk of a
+stream).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from hfx.engine import SamplingParams
+from hfx.request import Outcome
+from hfx.serving.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_prompt,
+)
+from hfx.serving.server import Server, Stream
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CHAT_TOKENS = 256  # ours: a random-weight model rarely samples its end token
+
+
+def _slo_fields(stream: Stream) -> dict[str, Any]:
+    slo = stream.applied.slo
+    return {"ttft_ms": None if slo is None else slo.ttft * 1e3,
+            "tpot_ms": None if slo is None else slo.tpot * 1e3,
+            "source": stream.applied.source, "priority": stream.applied.priority,
+            "task": stream.applied.task}
+
+
+def _slo_headers(stream: Stream) -> dict[str, str]:
+    f = _slo_fields(stream)
+    if f["ttft_ms"] is None:
+        return {"x-hfx-slo-source": f["source"]}
+    return {"x-hfx-slo-ttft-ms": f"{f['ttft_ms']:g}", "x-hfx-slo-tpot-ms": f"{f['tpot_ms']:g}",
+            "x-hfx-slo-source": f["source"]}
+
+
+def _usage(stream: Stream, completion_tokens: int) -> dict[str, int]:
+    p = stream.request.prompt_len
+    return {"prompt_tokens": p, "completion_tokens": completion_tokens,
+            "total_tokens": p + completion_tokens}
+
+
+class _Generation:
+    """Tokens of one stream turned into text pieces, with stop strings applied."""
+
+    def __init__(self, server: Server, stream: Stream, stop: list[str]) -> None:
+        self.server, self.stream, self.stop = server, stream, stop
+        self.tokens: list[int] = []
+        self.text = ""  # emitted so far
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+
+    async def pieces(self) -> AsyncIterator[str]:
+        async for event in self.stream.events():
+            if event.token is None:
+                self.finish_reason, self.error = event.finish_reason, event.error
+                return
+            self.tokens.append(event.token)
+            full = self.server.text(self.tokens)
+            for s in self.stop:
+                at = full.find(s)
+                if at >= 0:  # a stop string: emit what precedes it and end here
+                    piece, self.text = full[len(self.text):at], full[:at]
+                    self.finish_reason = "stop"
+                    self.server.abort(self.stream)
+                    self.stream.done = True
+                    if piece:
+                        yield piece
+                    return
+            if full.endswith("\ufffd"):
+                continue  # an incomplete UTF-8 sequence: wait for its next byte
+            piece, self.text = full[len(self.text):], full
+            if piece:
+                yield piece
+
+
+def create_app(server: Server) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await server.start()
+        yield
+        await server.stop()
+
+    app = FastAPI(title="HFX", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        message = "; ".join(
+            f"{'.'.join(str(x) for x in err.get('loc', ()) if x != 'body') or 'body'}: "
+            f"{err.get('msg')}" for err in e.errors())
+        return JSONResponse(APIError(400, message or "invalid request",
+                                     param=".".join(loc) or None).body(), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "instances": len(server.control.instances)}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": server.options.model_name, "object": "model", "created": 0,
+            "owned_by": "hfx", "max_model_len": server.options.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(server.metrics.render(server.control),
+                                 media_type="text/plain; version=0.0.4")
+
+    def open_stream(kind: str, body: CompletionRequest | ChatCompletionRequest,
+                    prompt_ids: list[int], max_tokens: int, request: Request) -> Stream:
+        applied = server.resolve_slo(body.slo, body.priority, body.task, request.headers)
+        sampling = SamplingParams(body.temperature, body.top_p, body.seed)
+        return server.open(kind, body.model, prompt_ids, max_tokens, sampling, applied,
+                           body.ignore_eos)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        ids = server.encode(body.prompt)
+        stream = open_stream("cmpl", body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS,
+                             request)
+        gen = _Generation(server, stream, body.stop_strings)
+        created = int(time.time())  # the response's timestamp, not a scheduling input
+
+        def chunk(text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
+            return {"id": stream.request.id, "object": "text_completion", "created": created,
+                    "model": body.model, "choices": [{"index": 0, "text": text,
+                                                      "logprobs": None,
+                                                      "finish_reason": finish}], **extra}
+
+        if body.stream:
+            return _sse(server, stream, gen, lambda piece: chunk(piece, None),
+                        lambda: chunk("", gen.finish_reason, slo=_slo_fields(stream)),
+                        lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
+                        if body.include_usage else None)
+        return await _whole(server, stream, gen, lambda: chunk(
+            gen.text, gen.finish_reason, usage=_usage(stream, len(gen.tokens)),
+            slo=_slo_fields(stream)))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        ids = server.encode(chat_prompt(body.messages))
+        max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_TOKENS
+        stream = open_stream("chatcmpl", body, ids, max_tokens, request)
+        gen = _Generation(server, stream, body.stop_strings)
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> dict[str, Any]:
+            return {"id": stream.request.id, "object": "chat.completion.chunk",
+                    "created": created, "model": body.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                 "finish_reason": finish}], **extra}
+
+        if body.stream:
+            first = [True]
+
+            def piece_chunk(piece: str) -> dict[str, Any]:
+                delta = {"role": "assistant", "content": piece} if first[0] else {
+                    "content": piece}
+                first[0] = False
+                return chunk(delta, None)
+
+            return _sse(server, stream, gen, piece_chunk,
+                        lambda: chunk({}, gen.finish_reason, slo=_slo_fields(stream)),
+                        lambda: {**chunk({}, None), "choices": [],
+                                 "usage": _usage(stream, len(gen.tokens))}
+                        if body.include_usage else None)
+        return await _whole(server, stream, gen, lambda: {
+            "id": stream.request.id, "object": "chat.completion", "created": created,
+            "model": body.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
+                         "logprobs": None, "finish_reason": gen.finish_reason}],
+            "usage": _usage(stream, len(gen.tokens)), "slo": _slo_fields(stream)})
+
+    return app
+
+
+def _error_of(gen: _Generation) -> APIError | None:
+    """A request that ended without being served: failed on an engine (the reason is the
+    client's: too long for the KV cache) or rejected by the policy (overload)."""
+    if gen.finish_reason != "error":
+        return None
+    if gen.stream.record.outcome is Outcome.REJECTED:
+        return APIError(503, gen.error or "rejected", kind="server_error", code="rejected")
+    return APIError(400, gen.error or "request failed")
+
+
+async def _whole(server: Server, stream: Stream, gen: _Generation, body) -> JSONResponse:
+    try:
+        async for _ in gen.pieces():
+            pass
+    finally:
+        server.abort(stream)  # a no-op unless the handler was cancelled mid-way
+    err = _error_of(gen)
+    if err is not None:
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(body(), headers=_slo_headers(stream))
+
+
+def _sse(server: Server, stream: Stream, gen: _Generation, piece_chunk, final_chunk,
+         usage_chunk) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for piece in gen.pieces():
+                yield f"data: {json.dumps(piece_chunk(piece))}\n\n"
+            err = _error_of(gen)
+            if err is not None:
+                yield f"data: {json.dumps(err.body())}\n\n"
+            else:
+                yield f"data: {json.dumps(final_chunk())}\n\n"
+                extra = usage_chunk()
+                if extra is not None:
+                    yield f"data: {json.dumps(extra)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            server.abort(stream)  # the client disconnected: free the request's KV
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers=_slo_headers(stream))

@@ -1,0 +1,93 @@
+"""The OpenAI-compatible request bodies and error objects the gateway accepts and returns.
+
+Fields clients commonly send but HFX does not use (``user``, ``logprobs`` of 0, ...) are ignored;
+a field of the wrong type, a missing one, or a value out of range is a 400 with an OpenAI-style
+error object. HFX adds ``slo`` ({"ttft_ms", "tpot_ms"}), ``priority`` (0 = most important) and
+``task`` (a configured task class), and ``ignore_eos`` as vLLM does (for benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SLOBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float = Field(gt=0, description="time to first token, milliseconds")
+    tpot_ms: float = Field(gt=0, description="time per output token, milliseconds")
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default and range
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    slo: SLOBody | None = None
+    priority: int | None = Field(None, ge=0)
+    task: str | None = None
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] = Field(min_length=1)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(str(part.get("text", "")) for part in self.content
+                       if part.get("type") == "text")
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def chat_prompt(messages: list[ChatMessage]) -> str:
+    """ChatML, the template of the Qwen2 family, ending where the assistant's reply starts."""
+    turns = "".join(f"<|im_start|>{m.role}\n{m.text}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+class APIError(Exception):
+    """A request the gateway refuses: becomes an OpenAI-style error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}

@@ -1,0 +1,192 @@
+"""The serving core behind the HTTP gateway: SLO resolution, validation, token streams.
+
+Transport-free: ``Server.open(...)`` validates a request, submits it to the control plane and
+returns a ``Stream`` whose ``events()`` yield token ids and then the end. The control plane, the
+policy and the engines are the ones the simulator runs; here they run on the ordinary loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from hfx.cluster.control import ControlPlane, TokenEvent
+from hfx.engine import SamplingParams
+from hfx.latency import StepTimeModel
+from hfx.model.tokenizer import Tokenizer
+from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.serving.metrics import Metrics
+from hfx.serving.protocol import APIError, SLOBody
+
+SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
+PRIORITY_HEADER = "x-priority"
+TASK_HEADER = "x-task"
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedSLO:
+    slo: SLO | None  # None until HFX-PM maps a priority (known once submitted)
+    priority: int | None
+    task: str
+    source: str  # body, header, priority, task, default
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    model_name: str
+    max_model_len: int
+    default_slo: SLO
+    tasks: Mapping[str, SLO]
+    vocab_size: int
+    placeholder_text: str | None = None  # simulated executor: the text of every token
+    eos_token_id: int | None = None
+    priority_levels: int = 0  # 0: priorities are refused
+
+
+@dataclass(slots=True)
+class Stream:
+    request: Request
+    record: RequestRecord
+    applied: AppliedSLO
+    queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+    done: bool = False
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event.token is None:
+                self.done = True
+                return
+
+
+class Server:
+    def __init__(self, control: ControlPlane, tokenizer: Tokenizer, options: ServeOptions,
+                 step_model: StepTimeModel) -> None:
+        self.control = control
+        self.tokenizer = tokenizer
+        self.options = options
+        self.step_model = step_model
+        self.metrics = Metrics()
+        self._ids = itertools.count()
+
+    async def start(self) -> None:
+        await self.control.start()
+        if self.control.scaler is not None:
+            self.control.scaler.start()
+
+    async def stop(self) -> None:
+        await self.control.stop()
+
+    # ---- SLOs ------------------------------------------------------------------------------
+    def resolve_slo(self, body_slo: SLOBody | None, priority: int | None, task: str | None,
+                    headers: Mapping[str, str]) -> AppliedSLO:
+        """Body ``slo``, else the x-slo-* headers, else a priority (body or x-priority), else a
+        task class (body or x-task), else the configured default."""
+        task_name = task or headers.get(TASK_HEADER)
+        if task_name is not None and task_name not in self.options.tasks:
+            raise APIError(400, f"unknown task {task_name!r}; configured: "
+                           f"{', '.join(self.options.tasks)}", param="task")
+        label = task_name or "default"
+        if body_slo is not None:
+            return AppliedSLO(SLO(body_slo.ttft_ms / 1e3, body_slo.tpot_ms / 1e3), priority,
+                              label, "body")
+        ttft, tpot = (headers.get(h) for h in SLO_HEADERS)
+        if ttft is not None or tpot is not None:
+            if ttft is None or tpot is None:
+                raise APIError(400, "give both x-slo-ttft-ms and x-slo-tpot-ms", param="slo")
+            try:
+                slo = SLO(float(ttft) / 1e3, float(tpot) / 1e3)
+            except ValueError:
+                raise APIError(400, "x-slo-* headers must be numbers of milliseconds",
+                               param="slo") from None
+            if not (slo.ttft > 0 and slo.tpot > 0):
+                raise APIError(400, "SLO milliseconds must be positive", param="slo")
+            return AppliedSLO(slo, priority, label, "header")
+        if priority is None and PRIORITY_HEADER in headers:
+            try:
+                priority = int(headers[PRIORITY_HEADER])
+            except ValueError:
+                raise APIError(400, "x-priority must be an integer", param="priority") from None
+        if priority is not None:
+            if not 0 <= priority < self.options.priority_levels:
+                raise APIError(400, f"priority must be in [0, {self.options.priority_levels}) "
+                               "(0 is the most important)", param="priority")
+            return AppliedSLO(None, priority, label, "priority")
+        if task_name is not None:
+            return AppliedSLO(self.options.tasks[task_name], None, label, "task")
+        return AppliedSLO(self.options.default_slo, None, label, "default")
+
+    def check_feasible(self, slo: SLO, prompt_len: int) -> None:
+        """Refuse an SLO no instance could meet even alone (seed 000 §3's step-time model)."""
+        prefill = self.step_model.prefill_one(prompt_len)
+        decode = self.step_model.decode_time(prompt_len + 1, 1)
+        if slo.ttft < prefill:
+            raise APIError(400, f"impossible SLO: TTFT {slo.ttft * 1e3:g} ms is below this "
+                           f"prompt's prefill time alone ({prefill * 1e3:.1f} ms)", param="slo",
+                           code="slo_infeasible")
+        if slo.tpot < decode:
+            raise APIError(400, f"impossible SLO: TPOT {slo.tpot * 1e3:g} ms is below one "
+                           f"decode step ({decode * 1e3:.1f} ms)", param="slo",
+                           code="slo_infeasible")
+
+    # ---- requests --------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise APIError(400, "prompt is empty", param="prompt")
+            return ids
+        vocab = self.options.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        return prompt
+
+    def open(self, kind: str, model: str, prompt_ids: list[int], max_tokens: int,
+             sampling: SamplingParams, applied: AppliedSLO, ignore_eos: bool = False) -> Stream:
+        if model != self.options.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                           f"{self.options.model_name!r}", param="model", code="model_not_found")
+        total = len(prompt_ids) + max_tokens
+        if total > self.options.max_model_len:
+            raise APIError(400, f"this model's maximum context length is "
+                           f"{self.options.max_model_len} tokens; the prompt has "
+                           f"{len(prompt_ids)} and max_tokens is {max_tokens}",
+                           param="max_tokens", code="context_length_exceeded")
+        if applied.slo is not None:
+            self.check_feasible(applied.slo, len(prompt_ids))
+        eos = self.options.eos_token_id
+        loop = asyncio.get_running_loop()
+        request = Request(
+            id=f"{kind}-{next(self._ids)}", arrival=loop.time(), prompt_len=len(prompt_ids),
+            max_tokens=max_tokens, slo=applied.slo, task=applied.task,
+            priority=applied.priority, prompt_token_ids=prompt_ids, sampling=sampling,
+            stop_token_ids=frozenset() if ignore_eos or eos is None else frozenset({eos}))
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def listen(event: TokenEvent) -> None:
+            queue.put_nowait(event)
+            if event.token is None:
+                self._ended(request.id)
+
+        record = self.control.submit(request, listen)
+        if record.slo is not None and applied.slo is None:  # mapped from the priority
+            applied = AppliedSLO(record.slo, applied.priority, applied.task, "priority")
+        return Stream(request, record, applied, queue)
+
+    def _ended(self, request_id: str) -> None:
+        record = self.control.forget(request_id)
+        if record is not None:
+            self.metrics.observe(record)
+
+    def abort(self, stream: Stream) -> None:
+        """The client went away: stop the request and free its KV."""
+        if not stream.done and stream.record.outcome is Outcome.PENDING:
+            self.control.abort(stream.request.id)
+
+    def text(self, tokens: list[int]) -> str:
+        if self.options.placeholder_text is not None:
+            return self.options.placeholder_text * len(tokens)
+        return self.tokenizer.decode(tokens)

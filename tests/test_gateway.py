@@ -1,0 +1,193 @@
+"""hfx serve end to end: the official openai client, SLO inputs, bad inputs, disconnects, load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from hfx.config import ServeConfig  # noqa: E402
+from hfx.serving.build import build_server  # noqa: E402
+from hfx.serving.gateway import create_app  # noqa: E402
+
+
+class Running:
+    """A gateway on a free loopback port, served from a background thread."""
+
+    def __init__(self, **options) -> None:
+        self.server = build_server(ServeConfig(port=0, **options))
+        config = uvicorn.Config(create_app(self.server), host="127.0.0.1", port=0,
+                                log_level="warning")
+        self.uv = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uv.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        port = self.uv.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
+        self.model = self.server.options.model_name
+
+    def engines(self):
+        return [inst.engine for inst in self.server.control.instances.values()]
+
+    def close(self) -> None:
+        self.uv.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def gw():
+    running = Running(instances=2)
+    yield running
+    running.close()
+
+
+def test_completions_stream_and_not_agree(gw):
+    r = gw.client.completions.create(model=gw.model, prompt="The cat", max_tokens=8,
+                                     temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == 7 and r.usage.completion_tokens == 8
+    pieces = [c.choices[0].text for c in gw.client.completions.create(
+        model=gw.model, prompt="The cat", max_tokens=8, temperature=0, stream=True)]
+    assert "".join(pieces) == r.choices[0].text
+
+
+def test_chat_stream_and_not_agree(gw):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    r = gw.client.chat.completions.create(model=gw.model, messages=messages, max_tokens=6,
+                                          temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == 6
+    chunks = list(gw.client.chat.completions.create(
+        model=gw.model, messages=messages, max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_models_health_metrics(gw):
+    assert [m.id for m in gw.client.models.list()] == [gw.model]
+    assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"
+    gw.client.completions.create(model=gw.model, prompt="x", max_tokens=2,
+                                 extra_body={"task": "medical_qa"})
+    text = httpx.get(f"{gw.url}/metrics").text
+    assert 'hfx_requests_total{outcome="finished",task="medical_qa"}' in text
+    assert "hfx_ttft_seconds_bucket" in text and "hfx_instance_kv_usage" in text
+
+
+def _post(gw, body, headers=None) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/completions", json=body, headers=headers or {}, timeout=30)
+
+
+def test_slo_from_body_headers_priority_task_default(gw):
+    base = {"model": gw.model, "prompt": "hello", "max_tokens": 2}
+    r = _post(gw, {**base, "slo": {"ttft_ms": 1500, "tpot_ms": 300}})
+    assert r.headers["x-hfx-slo-ttft-ms"] == "1500" and r.json()["slo"]["source"] == "body"
+    r = _post(gw, base, {"x-slo-ttft-ms": "900", "x-slo-tpot-ms": "250"})
+    assert r.headers["x-hfx-slo-tpot-ms"] == "250" and r.headers["x-hfx-slo-source"] == "header"
+    r = _post(gw, {**base, "priority": 0})
+    slo = r.json()["slo"]
+    assert slo["source"] == "priority" and slo["ttft_ms"] > 0  # mapped by HFX-PM
+    r = _post(gw, base, {"x-priority": "3"})
+    assert r.json()["slo"]["priority"] == 3
+    r = _post(gw, {**base, "task": "wikisql"})
+    assert r.json()["slo"] == {"ttft_ms": 20000.0, "tpot_ms": 1000.0, "source": "task",
+                               "priority": None, "task": "wikisql"}
+    assert _post(gw, base).json()["slo"]["source"] == "default"
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ({"prompt": "x"}, 400, "model"),
+    ({"model": "M", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "M", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ({"model": "M", "prompt": ""}, 400, "prompt"),
+    ({"model": "M", "prompt": [1, 99999]}, 400, "token ids"),
+    ({"model": "M", "prompt": "x" * 5000}, 400, "context length"),
+    ({"model": "M", "prompt": "x", "slo": {"ttft_ms": 0.01, "tpot_ms": 100}}, 400,
+     "impossible SLO"),
+    ({"model": "M", "prompt": "x", "slo": {"ttft_ms": -1, "tpot_ms": 100}}, 400, "ttft_ms"),
+    ({"model": "M", "prompt": "x", "priority": 9}, 400, "priority"),
+    ({"model": "M", "prompt": "x", "task": "poetry"}, 400, "unknown task"),
+    ({"model": "gpt-5", "prompt": "x"}, 404, "does not exist"),
+])
+def test_bad_input_is_a_4xx_and_the_server_goes_on(gw, body, status, needle):
+    if body.get("model") == "M":
+        body = {**body, "model": gw.model}
+    r = _post(gw, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert needle in error["message"] and error["type"]
+    assert _post(gw, {"model": gw.model, "prompt": "ok", "max_tokens": 1}).status_code == 200
+
+
+def test_malformed_json_and_bad_headers(gw):
+    r = httpx.post(f"{gw.url}/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+    r = _post(gw, {"model": gw.model, "prompt": "x"}, {"x-slo-ttft-ms": "soon",
+                                                       "x-slo-tpot-ms": "1"})
+    assert r.status_code == 400 and "milliseconds" in r.json()["error"]["message"]
+
+
+def _idle(gw) -> bool:
+    return all(e.kv.num_used_blocks == 0 and not e.has_work() for e in gw.engines())
+
+
+def test_a_client_that_disconnects_frees_its_kv(gw):
+    body = {"model": gw.model, "prompt": "long story", "max_tokens": 3000, "stream": True,
+            "ignore_eos": True, "task": "wikisql"}
+    with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert any(e.kv.num_used_blocks for e in gw.engines())
+    deadline = time.monotonic() + 20
+    while not _idle(gw):
+        assert time.monotonic() < deadline, "the aborted request kept its KV"
+        time.sleep(0.05)
+
+
+def test_a_bounded_load_loses_no_request(gw):
+    async def one(client: httpx.AsyncClient, i: int) -> dict:
+        r = await client.post("/v1/completions", json={
+            "model": gw.model, "prompt": f"request {i}", "max_tokens": 5 + i % 7,
+            "ignore_eos": True, "task": "tldr_headline_gen"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def burst() -> list[dict]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(40)))
+
+    results = asyncio.run(burst())
+    assert [r["usage"]["completion_tokens"] for r in results] == [5 + i % 7 for i in range(40)]
+    assert len({r["id"] for r in results}) == 40
+    assert _idle(gw)
+
+
+def test_sim_executor_serves_placeholder_text():
+    running = Running(executor="sim", instances=1)
+    try:
+        r = running.client.completions.create(model=running.model, prompt="x", max_tokens=3)
+        assert r.choices[0].text == " tok" * 3
+        events = [json.loads(line[6:]) for line in httpx.post(
+            f"{running.url}/v1/completions", json={"model": running.model, "prompt": "x",
+                                                   "max_tokens": 2, "stream": True}
+        ).text.splitlines() if line.startswith("data: {")]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        running.close()
