@@ -173,6 +173,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from hfx.bench.client import bench
+    except ImportError as e:
+        raise ValueError(f"hfx bench needs httpx ({e}): pip install -e '.[serve]'") from None
+    result = bench(args.target, args.workload, args.qps, args.seed, args.requests_per_task)
+    print(f"{result['model']} at {args.target}: {result['requests']} requests, "
+          f"{result['finished']} finished, attainment {result['attainment']:.3f}, "
+          f"{result['seconds']:.1f} s")
+    for key in ("ttft", "tpot", "e2e"):
+        m = result[key]
+        if m["mean"] is not None:
+            print(f"  {key.upper():4s} s  mean {m['mean']:.4f}  p50 {m['p50']:.4f}  "
+                  f"p90 {m['p90']:.4f}  p99 {m['p99']:.4f}")
+    if result["errors"]:
+        print("  errors: " + "; ".join(result["errors"]))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hfx", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="YAML file of options (flags override it)")
     add_model_args(serve, ServeConfig)
     serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="drive a live server with a workload",
+                           description="Send a workload (Poisson arrivals, Table 1 lengths and "
+                           "SLOs) to a running hfx serve (or any OpenAI-compatible server that "
+                           "accepts token-id prompts); write the result JSON of hfx sim.")
+    bench.add_argument("--target", required=True, help="server URL, e.g. http://127.0.0.1:8000")
+    bench.add_argument("--workload", default="four-task", help="task set or trace file")
+    bench.add_argument("--qps", type=float, default=4.0, help="total requests/s")
+    bench.add_argument("--requests-per-task", type=int, default=50)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", metavar="PATH", help="write the result object here")
+    bench.set_defaults(func=cmd_bench)
 
     lst = sub.add_parser("list", help="list policies, planners, workloads and profiles")
     lst.set_defaults(func=cmd_list)

@@ -191,3 +191,20 @@ def test_sim_executor_serves_placeholder_text():
         assert events[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         running.close()
+
+
+def test_hfx_bench_drives_a_live_server(tmp_path):
+    from hfx.cli import main
+
+    running = Running(executor="sim", instances=2, policy="hfx")
+    try:
+        out = tmp_path / "bench.json"
+        assert main(["bench", "--target", running.url, "--workload", "four-task", "--qps", "20",
+                     "--requests-per-task", "5", "--json", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert result["requests"] == 20 and result["finished"] == 20 and not result["errors"]
+        assert set(result["per_task"]) == {"medical_qa", "tldr_content_gen",
+                                           "tldr_headline_gen", "wikisql"}
+        assert result["tpot"]["mean"] > 0 and result["attainment"] > 0
+    finally:
+        running.close()

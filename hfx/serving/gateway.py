@@ -82,10 +82,11 @@ class _Generation:
                         yield piece
                     return
             if full.endswith("\ufffd"):
-                continue  # an incomplete UTF-8 sequence: wait for its next byte
+                yield ""  # an incomplete UTF-8 sequence: its text comes with the next byte
+                continue
+            # One piece per token, empty or not, so that clients can time every token.
             piece, self.text = full[len(self.text):], full
-            if piece:
-                yield piece
+            yield piece
 
 
 def create_app(server: Server) -> FastAPI:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from hfx.cluster.control import ControlPlane, TokenEvent
@@ -71,6 +71,8 @@ class Server:
         self.step_model = step_model
         self.metrics = Metrics()
         self._ids = itertools.count()
+        # Called with every ended request's record (benchmarks compare server-side latency).
+        self.on_record: Callable[[RequestRecord], None] | None = None
 
     async def start(self) -> None:
         await self.control.start()
@@ -180,6 +182,8 @@ class Server:
         record = self.control.forget(request_id)
         if record is not None:
             self.metrics.observe(record)
+            if self.on_record is not None:
+                self.on_record(record)
 
     def abort(self, stream: Stream) -> None:
         """The client went away: stop the request and free its KV."""
