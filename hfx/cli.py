@@ -169,7 +169,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = build_server(config)
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
           f"({config.executor} executor, {config.policy} policy)")
-    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning")
+    # The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
+    # for token timestamps of millisecond steps. httptools parses HTTP when installed.
+    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning",
+                loop="asyncio")
     return 0
 
 

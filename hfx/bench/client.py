@@ -28,7 +28,7 @@ def prompt_ids(request: Request, rng: np.random.Generator) -> list[int]:
 
 
 async def _one(client: httpx.AsyncClient, model: str, request: Request, ids: list[int],
-               t0: float, record: RequestRecord) -> None:
+               t0: float, record: RequestRecord, timing: dict[str, dict] | None = None) -> None:
     clock = asyncio.get_running_loop().time
     body = {"model": model, "prompt": ids, "max_tokens": request.max_tokens, "stream": True,
             "ignore_eos": True, "task": request.task, "temperature": 0}
@@ -54,6 +54,8 @@ async def _one(client: httpx.AsyncClient, model: str, request: Request, ids: lis
                     record.token_times.append(clock() - t0)
                 else:
                     record.outcome = Outcome.FINISHED
+                    if timing is not None and "timing" in event:
+                        timing[request.id] = event["timing"]
         if record.outcome is Outcome.PENDING:
             record.outcome, record.error = Outcome.FAILED, "stream ended without a finish"
     except httpx.HTTPError as e:
@@ -63,8 +65,10 @@ async def _one(client: httpx.AsyncClient, model: str, request: Request, ids: lis
 
 
 async def drive(target: str, requests: list[Request], seed: int = 0, progress: bool = True,
-                timeout: float = 600.0) -> tuple[list[RequestRecord], float, str]:
-    """Send ``requests`` at their arrival times; returns (records, duration, model)."""
+                timeout: float = 600.0, timing: dict[str, dict] | None = None
+                ) -> tuple[list[RequestRecord], float, str]:
+    """Send ``requests`` at their arrival times; returns (records, duration, model). With
+    ``timing``, the server's own latency of each request is stored there by request id."""
     rng = np.random.default_rng(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=target.rstrip("/"), timeout=timeout,
@@ -84,7 +88,8 @@ async def drive(target: str, requests: list[Request], seed: int = 0, progress: b
             # The record's arrival is when the request was sent (on the client's clock from t0).
             record = RequestRecord(replace(req, arrival=loop.time() - t0))
             records.append(record)
-            task = loop.create_task(_one(client, model, req, prompt_ids(req, rng), t0, record))
+            task = loop.create_task(_one(client, model, req, prompt_ids(req, rng), t0, record,
+                                         timing))
             task.add_done_callback(lambda _: bar.update())
             tasks.append(task)
         await asyncio.gather(*tasks)

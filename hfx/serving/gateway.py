@@ -48,6 +48,14 @@ def _slo_headers(stream: Stream) -> dict[str, str]:
             "x-hfx-slo-source": f["source"]}
 
 
+def _timing(stream: Stream) -> dict[str, float | None]:
+    """Server-side latency of the request, milliseconds (clients subtract it from theirs to
+    see what the network and the gateway add)."""
+    r = stream.record
+    return {k: None if v is None else v * 1e3
+            for k, v in (("queue_ms", r.queue_time), ("ttft_ms", r.ttft), ("e2e_ms", r.e2e))}
+
+
 def _usage(stream: Stream, completion_tokens: int) -> dict[str, int]:
     p = stream.request.prompt_len
     return {"prompt_tokens": p, "completion_tokens": completion_tokens,
@@ -151,12 +159,13 @@ def create_app(server: Server) -> FastAPI:
 
         if body.stream:
             return _sse(server, stream, gen, lambda piece: chunk(piece, None),
-                        lambda: chunk("", gen.finish_reason, slo=_slo_fields(stream)),
+                        lambda: chunk("", gen.finish_reason, slo=_slo_fields(stream),
+                                      timing=_timing(stream)),
                         lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
                         if body.include_usage else None)
         return await _whole(server, stream, gen, lambda: chunk(
             gen.text, gen.finish_reason, usage=_usage(stream, len(gen.tokens)),
-            slo=_slo_fields(stream)))
+            slo=_slo_fields(stream), timing=_timing(stream)))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -182,7 +191,8 @@ def create_app(server: Server) -> FastAPI:
                 return chunk(delta, None)
 
             return _sse(server, stream, gen, piece_chunk,
-                        lambda: chunk({}, gen.finish_reason, slo=_slo_fields(stream)),
+                        lambda: chunk({}, gen.finish_reason, slo=_slo_fields(stream),
+                                      timing=_timing(stream)),
                         lambda: {**chunk({}, None), "choices": [],
                                  "usage": _usage(stream, len(gen.tokens))}
                         if body.include_usage else None)
@@ -191,7 +201,8 @@ def create_app(server: Server) -> FastAPI:
             "model": body.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
                          "logprobs": None, "finish_reason": gen.finish_reason}],
-            "usage": _usage(stream, len(gen.tokens)), "slo": _slo_fields(stream)})
+            "usage": _usage(stream, len(gen.tokens)), "slo": _slo_fields(stream),
+            "timing": _timing(stream)})
 
     return app
 
