@@ -166,7 +166,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"hfx serve needs the serve extra ({e}): pip install -e '.[serve]'"
                          + (" and the torch extra" if config.executor == "torch" else "")
                          ) from None
-    server = build_server(config)
+    try:
+        server = build_server(config)
+    except ImportError as e:
+        raise ValueError(f"--executor torch needs the torch extra ({e}): pip install "
+                         "torch==2.13.0 && pip install -e '.[torch,serve]'; or --executor sim"
+                         ) from None
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
           f"({config.executor} executor, {config.policy} policy)")
     # The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
