@@ -97,3 +97,45 @@ def test_duplicate_request_id_is_refused():
 def test_unknown_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match="rr, least-loaded"):
         make_policy("nope")
+
+
+class BreakingExecutor(SimExecutor):
+    """Runs like the simulator, then raises on step ``breaks_at`` (a GPU fault, a bug)."""
+
+    def __init__(self, model: StepTimeModel, breaks_at: int) -> None:
+        super().__init__(model)
+        self.steps, self.breaks_at = 0, breaks_at
+
+    async def execute(self, out):
+        self.steps += 1
+        if self.steps == self.breaks_at:
+            raise RuntimeError("device lost")
+        return await super().execute(out)
+
+
+def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
+    async def main():
+        cfg = EngineConfig(num_kv_blocks=512, block_size=16)
+        instances = [LocalInstance(0, EngineCore(cfg, BreakingExecutor(MODEL, breaks_at=3))),
+                     LocalInstance(1, EngineCore(cfg, SimExecutor(MODEL)))]
+        cp = ControlPlane(instances, make_policy("rr"), PROFILE)
+        await cp.start()
+        heard: dict[str, list] = {}
+        for i in range(4):
+            heard[f"r{i}"] = []
+            cp.submit(req(i), heard[f"r{i}"].append)
+        await asyncio.sleep(1.0)
+        cp.submit(req(9))  # after the failure: must go to the healthy instance
+        await asyncio.wait_for(cp.wait_idle(), 60)
+        await cp.stop()
+        return cp, heard
+
+    cp, heard = run(main(), virtual=True)
+    for i in (0, 2):  # round robin put these on instance 0
+        rec = cp.records[f"r{i}"]
+        assert rec.outcome is Outcome.FAILED and "device lost" in rec.error
+        assert heard[f"r{i}"][-1].finish_reason == "error"
+    for i in (1, 3, 9):
+        assert cp.records[f"r{i}"].outcome is Outcome.FINISHED
+    assert cp.records["r9"].instance == 1
+    assert 0 not in cp.instances and 0 in cp.retired  # released after failing

@@ -421,10 +421,16 @@ class ControlPlane:
             self._check_drained(instance_id)
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
+            if out.error is not None:  # the instance broke: say so, never leave it hanging
+                self._finish(record, Outcome.FAILED, now, out.error)
+                finished = True
+                continue
             outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
                        else Outcome.FINISHED)
             self._finish(record, outcome, now, reason=FINISH_REASON[status])
             finished = True
+        if out.error is not None and instance_id in self._views:
+            self.drain(instance_id)  # no more work there; released once it holds none
         if finished and self._blocked and self._migrate is not None:
             for request in self._blocked:  # decode KV may be free now
                 self._migrate.policy.enqueue(request, now)

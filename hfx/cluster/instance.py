@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hfx.engine import EngineCore, Role, Sequence, StepOutput
+from hfx.engine import EngineCore, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import Request
 
 EventSink = Callable[[int, StepOutput], None]
@@ -83,6 +83,7 @@ class LocalInstance:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sink: EventSink | None = None
+        self.failed: str | None = None  # why the engine stopped, if it broke
 
     def start(self, sink: EventSink) -> None:
         self._sink = sink
@@ -161,6 +162,15 @@ class LocalInstance:
             num_steps=e.num_steps,
         )
 
+    def _fail(self, error: str) -> None:
+        assert self._sink is not None
+        ids = self.engine.fail_all()
+        self.failed = error
+        now = asyncio.get_running_loop().time()
+        self._sink(self.id, StepOutput(now, [], None,
+                                       [(rid, RequestStatus.FINISHED_ABORTED) for rid in ids],
+                                       error))
+
     async def _run(self) -> None:
         engine, sink = self.engine, self._sink
         assert sink is not None
@@ -170,7 +180,11 @@ class LocalInstance:
                 await self._wake.wait()
                 continue
             steps = engine.num_steps
-            out = await engine.step()
+            try:
+                out = await engine.step()
+            except Exception as e:  # a broken executor must not leave requests hanging
+                self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+                return
             if out.request_ids or out.transitions:
                 sink(self.id, out)
             if engine.num_steps == steps and engine.has_work():

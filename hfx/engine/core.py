@@ -33,6 +33,8 @@ class StepOutput(NamedTuple):
     request_ids: list[str]
     token_ids: list[int] | None
     transitions: list[tuple[str, RequestStatus]]
+    # Set when the engine broke: every request it held is in ``transitions`` as aborted.
+    error: str | None = None
 
 
 class EngineError(ValueError):
@@ -150,6 +152,21 @@ class EngineCore:
 
     def get(self, request_id: str) -> Sequence | None:
         return self._seqs.get(request_id)
+
+    def fail_all(self) -> list[str]:
+        """The engine cannot go on (its executor raised): drop every request, free all KV;
+        returns their ids."""
+        ids = list(self._seqs)
+        for seq in self._seqs.values():
+            self.kv.free(seq)
+            seq.status = RequestStatus.FINISHED_ABORTED
+        self._seqs.clear()
+        self.state.waiting.clear()
+        self.state.running.clear()
+        self.held.clear()
+        self.incoming.clear()
+        self._aborts.clear()
+        return ids
 
     # ---- the step -------------------------------------------------------------------------
     async def step(self) -> StepOutput:
