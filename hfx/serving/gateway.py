@@ -208,13 +208,15 @@ def create_app(server: Server) -> FastAPI:
 
 
 def _error_of(gen: _Generation) -> APIError | None:
-    """A request that ended without being served: failed on an engine (the reason is the
-    client's: too long for the KV cache) or rejected by the policy (overload)."""
+    """A request that ended without being served: rejected by the policy (overload, 503) or
+    failed on an instance (it broke, or could not hold the request: 500, with the reason).
+    What a client can get wrong is refused before submission, as a 4xx."""
     if gen.finish_reason != "error":
         return None
     if gen.stream.record.outcome is Outcome.REJECTED:
         return APIError(503, gen.error or "rejected", kind="server_error", code="rejected")
-    return APIError(400, gen.error or "request failed")
+    return APIError(500, gen.error or "request failed", kind="server_error",
+                    code="instance_failed")
 
 
 async def _whole(server: Server, stream: Stream, gen: _Generation, body) -> JSONResponse:
