@@ -80,6 +80,24 @@ def test_chat_stream_and_not_agree(gw):
     assert chunks[-1].usage.completion_tokens == 6
 
 
+def test_stop_strings_end_the_output_before_them(gw):
+    full = gw.client.completions.create(model=gw.model, prompt="Once upon", max_tokens=24,
+                                        temperature=0, extra_body={"ignore_eos": True})
+    text = full.choices[0].text
+    stop = next(text[i:i + 2] for i in range(6, len(text) - 2)
+                if "\ufffd" not in text[:i + 2])  # two characters well inside the output
+    want = text[:text.find(stop)]
+    whole = gw.client.completions.create(model=gw.model, prompt="Once upon", max_tokens=24,
+                                         temperature=0, stop=[stop],
+                                         extra_body={"ignore_eos": True})
+    assert whole.choices[0].text == want and whole.choices[0].finish_reason == "stop"
+    chunks = list(gw.client.completions.create(
+        model=gw.model, prompt="Once upon", max_tokens=24, temperature=0, stop=[stop],
+        stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_models_health_metrics(gw):
     assert [m.id for m in gw.client.models.list()] == [gw.model]
     assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"

@@ -63,37 +63,55 @@ def _usage(stream: Stream, completion_tokens: int) -> dict[str, int]:
 
 
 class _Generation:
-    """Tokens of one stream turned into text pieces, with stop strings applied."""
+    """Tokens of one stream turned into text pieces, with stop strings applied.
+
+    Text is detokenized incrementally (vLLM's prefix/read offsets): each token decodes a short
+    window of recent tokens, not the whole output. With stop strings, the last
+    ``longest stop − 1`` characters are held back until they cannot begin a stop string, so a
+    stream never shows text that the stop string then cuts; they come in the final chunk
+    (``rest``).
+    """
 
     def __init__(self, server: Server, stream: Stream, stop: list[str]) -> None:
         self.server, self.stream, self.stop = server, stream, stop
         self.tokens: list[int] = []
-        self.text = ""  # emitted so far
+        self.text = ""  # the output so far, cut at a stop string
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self._sent = 0  # characters of ``text`` already yielded
+        self._hold = max(map(len, stop), default=1) - 1
+        self._prefix = self._read = 0  # detokenization window: tokens[_prefix:] decode anew
+
+    @property
+    def rest(self) -> str:
+        """Text not yielded yet (held back for stop strings); for the final chunk."""
+        return self.text[self._sent:]
+
+    def _decode_new(self) -> str:
+        prefix = self.server.text(self.tokens[self._prefix:self._read])
+        new = self.server.text(self.tokens[self._prefix:])
+        if len(new) <= len(prefix) or new.endswith("\ufffd"):
+            return ""  # nothing yet, or an incomplete UTF-8 sequence: wait for the next token
+        self._prefix, self._read = self._read, len(self.tokens)
+        return new[len(prefix):]
 
     async def pieces(self) -> AsyncIterator[str]:
+        """One piece per token, empty or not, so that clients can time every token."""
         async for event in self.stream.events():
             if event.token is None:
                 self.finish_reason, self.error = event.finish_reason, event.error
                 return
             self.tokens.append(event.token)
-            full = self.server.text(self.tokens)
-            for s in self.stop:
-                at = full.find(s)
-                if at >= 0:  # a stop string: emit what precedes it and end here
-                    piece, self.text = full[len(self.text):at], full[:at]
-                    self.finish_reason = "stop"
-                    self.server.abort(self.stream)
-                    self.stream.done = True
-                    if piece:
-                        yield piece
-                    return
-            if full.endswith("\ufffd"):
-                yield ""  # an incomplete UTF-8 sequence: its text comes with the next byte
-                continue
-            # One piece per token, empty or not, so that clients can time every token.
-            piece, self.text = full[len(self.text):], full
+            start = max(0, len(self.text) - self._hold)  # a stop string may begin in the tail
+            self.text += self._decode_new()
+            hits = [at for s in self.stop if (at := self.text.find(s, start)) >= 0]
+            if hits:  # a stop string: the output ends before it
+                self.text = self.text[:min(hits)]
+                self.finish_reason = "stop"
+                self.server.abort(self.stream)
+                return
+            end = max(self._sent, len(self.text) - self._hold)
+            piece, self._sent = self.text[self._sent:end], end
             yield piece
 
 
@@ -159,7 +177,7 @@ def create_app(server: Server) -> FastAPI:
 
         if body.stream:
             return _sse(server, stream, gen, lambda piece: chunk(piece, None),
-                        lambda: chunk("", gen.finish_reason, slo=_slo_fields(stream),
+                        lambda: chunk(gen.rest, gen.finish_reason, slo=_slo_fields(stream),
                                       timing=_timing(stream)),
                         lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
                         if body.include_usage else None)
@@ -191,7 +209,8 @@ def create_app(server: Server) -> FastAPI:
                 return chunk(delta, None)
 
             return _sse(server, stream, gen, piece_chunk,
-                        lambda: chunk({}, gen.finish_reason, slo=_slo_fields(stream),
+                        lambda: chunk({"content": gen.rest} if gen.rest else {},
+                                      gen.finish_reason, slo=_slo_fields(stream),
                                       timing=_timing(stream)),
                         lambda: {**chunk({}, None), "choices": [],
                                  "usage": _usage(stream, len(gen.tokens))}
