@@ -11,15 +11,14 @@ plot. Not a test.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from hfx.bench import write_json
 from hfx.bench.metrics import summarize
 from hfx.bench.workloads import phases
 from hfx.clock import run
@@ -67,8 +66,7 @@ def main() -> None:
         out["runs"][label] = entry
         print(f"{label:20s} attainment {entry['attainment']:.3f}  E2E {entry['e2e_mean']:.2f} s"
               f"  cost {entry['cost_units']}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import statistics
 import time
 from array import array
 from dataclasses import replace
-from pathlib import Path
 
+from hfx.bench import write_json
 from hfx.bench.workloads import generate
 from hfx.cluster.instance import InstanceStats
 from hfx.engine import Role
@@ -107,8 +106,7 @@ def main() -> None:
         r = bench_sa(n, repeat=5)
         out["sa_search"].append(r)
         print(f"SA search, {n} requests: {r['median_ms']:.1f} ms (median of 5)")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,14 @@ and the figure (PNG). Not a test.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from hfx.bench import write_json
 from hfx.bench.metrics import summarize
 from hfx.clock import run
 from hfx.config import SimConfig
@@ -78,8 +77,7 @@ def main() -> None:
         }
         print(policy, f"attainment {summary['attainment']:.3f}",
               {p: round(v["attainment"], 3) for p, v in summary["per_priority"].items()})
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 7), sharex=True,
                              gridspec_kw={"height_ratios": [3, 1]})

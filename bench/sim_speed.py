@@ -12,12 +12,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
+from hfx.bench import write_json
 from hfx.config import SimConfig
 from hfx.sim import simulate
 
@@ -67,8 +66,7 @@ def main() -> None:
     print(f"(b) {stress['requests']} requests on {args.stress_instances} instances at {qps:g} "
           f"QPS: {stress['wall_seconds']:.1f} s wall, {stress['sim_seconds']:.0f} s simulated, "
           f"attainment {stress['attainment']:.3f}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
-from pathlib import Path
 
+from hfx.bench import write_json
 from hfx.clock import VirtualTimeLoop
 
 
@@ -56,8 +55,7 @@ def main() -> None:
         out["looptime"] = "not installed"
     for name, r in out.items():
         print(name, r if isinstance(r, str) else f"{r['sleeps_per_second']:,.0f} sleeps/s")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ carries the field's help text and default; ``--config FILE.yaml`` sets any of th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from hfx.bench import write_json
 from hfx.config import (
     ProfileConfig,
     ServeConfig,
@@ -62,9 +62,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     result = simulate(config, progress=True)
     print(_summary(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return 0
 
 
@@ -132,8 +130,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
                          "with: pip install torch==2.13.0 && pip install -e '.[torch]'") from None
-    from hfx.config import ProfileConfig
-
     config = model_from_args(ProfileConfig, args, args.config)
     loaded = build_model(config.shape, config.checkpoint, config.dtype, config.device,
                          config.weight_seed)
@@ -154,8 +150,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from hfx.config import ServeConfig
-
     config = model_from_args(ServeConfig, args, args.config)
     try:
         import uvicorn
@@ -198,9 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if result["errors"]:
         print("  errors: " + "; ".join(result["errors"]))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return 0
 
 

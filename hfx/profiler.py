@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.planners.base import SchedulerOutput
@@ -97,10 +98,7 @@ async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, 
     vocab, bs = executor.vocab_size, executor.block_size
     prefill: list[tuple[list[int], float]] = []
     decode: list[tuple[int, int, float]] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(points), desc="profile", unit="pt", leave=False)
+    bar = tqdm(total=len(points), desc="profile", unit="pt", leave=False, disable=not progress)
     for kind, b, n in points:
         kv = BlockManager(capacity_tokens // bs, bs)
         out = SchedulerOutput()
@@ -119,10 +117,8 @@ async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, 
             prefill.append(([n] * b, t))
         else:
             decode.append((b, b * (n + 1), t))
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
+        bar.update()
+    bar.close()
     return prefill, decode
 
 

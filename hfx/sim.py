@@ -146,8 +146,6 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    if t0:
-        requests = [replace(r, arrival=r.arrival + t0) for r in requests]
     await control.start()
     if control.scaler is not None:
         control.scaler.start()
@@ -161,7 +159,7 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
 
     ticker = loop.create_task(show_progress()) if progress else None
     for req in requests:
-        delay = req.arrival - loop.time()
+        delay = t0 + req.arrival - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         if t0:  # real clock: latency counts from receipt, as a server stamps it, not from

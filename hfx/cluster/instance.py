@@ -83,7 +83,6 @@ class LocalInstance:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sink: EventSink | None = None
-        self.failed: str | None = None  # why the engine stopped, if it broke
 
     def start(self, sink: EventSink) -> None:
         self._sink = sink
@@ -165,7 +164,6 @@ class LocalInstance:
     def _fail(self, error: str) -> None:
         assert self._sink is not None
         ids = self.engine.fail_all()
-        self.failed = error
         now = asyncio.get_running_loop().time()
         self._sink(self.id, StepOutput(now, [], None,
                                        [(rid, RequestStatus.FINISHED_ABORTED) for rid in ids],

@@ -61,10 +61,6 @@ class TorchExecutor:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hfx-model") if threaded else None
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
 
-    @property
-    def kv_cache_bytes(self) -> int:
-        return sum(c.numel() * c.element_size() for c in self.caches)
-
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int]:
         if self._pool is None:
             return self.run(out)

@@ -7,7 +7,7 @@ shapes of Qwen2.5-0.5B and Qwen2.5-7B (their config.json files on the Hugging Fa
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
@@ -101,9 +101,6 @@ class ModelShape:
                    head_dim=self.head_dim, torch_dtype="bfloat16",
                    attention_bias=self.attention_bias)
         return out
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 SHAPES: dict[str, ModelShape] = {

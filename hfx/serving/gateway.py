@@ -176,12 +176,12 @@ def create_app(server: Server) -> FastAPI:
                                                       "finish_reason": finish}], **extra}
 
         if body.stream:
-            return _sse(server, stream, gen, lambda piece: chunk(piece, None),
+            return _sse(gen, lambda piece: chunk(piece, None),
                         lambda: chunk(gen.rest, gen.finish_reason, slo=_slo_fields(stream),
                                       timing=_timing(stream)),
                         lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
                         if body.include_usage else None)
-        return await _whole(server, stream, gen, lambda: chunk(
+        return await _whole(gen, lambda: chunk(
             gen.text, gen.finish_reason, usage=_usage(stream, len(gen.tokens)),
             slo=_slo_fields(stream), timing=_timing(stream)))
 
@@ -208,14 +208,14 @@ def create_app(server: Server) -> FastAPI:
                 first[0] = False
                 return chunk(delta, None)
 
-            return _sse(server, stream, gen, piece_chunk,
+            return _sse(gen, piece_chunk,
                         lambda: chunk({"content": gen.rest} if gen.rest else {},
                                       gen.finish_reason, slo=_slo_fields(stream),
                                       timing=_timing(stream)),
                         lambda: {**chunk({}, None), "choices": [],
                                  "usage": _usage(stream, len(gen.tokens))}
                         if body.include_usage else None)
-        return await _whole(server, stream, gen, lambda: {
+        return await _whole(gen, lambda: {
             "id": stream.request.id, "object": "chat.completion", "created": created,
             "model": body.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
@@ -238,20 +238,19 @@ def _error_of(gen: _Generation) -> APIError | None:
                     code="instance_failed")
 
 
-async def _whole(server: Server, stream: Stream, gen: _Generation, body) -> JSONResponse:
+async def _whole(gen: _Generation, body) -> JSONResponse:
     try:
         async for _ in gen.pieces():
             pass
     finally:
-        server.abort(stream)  # a no-op unless the handler was cancelled mid-way
+        gen.server.abort(gen.stream)  # a no-op unless the handler was cancelled mid-way
     err = _error_of(gen)
     if err is not None:
         return JSONResponse(err.body(), status_code=err.status)
-    return JSONResponse(body(), headers=_slo_headers(stream))
+    return JSONResponse(body(), headers=_slo_headers(gen.stream))
 
 
-def _sse(server: Server, stream: Stream, gen: _Generation, piece_chunk, final_chunk,
-         usage_chunk) -> StreamingResponse:
+def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         try:
             async for piece in gen.pieces():
@@ -266,7 +265,7 @@ def _sse(server: Server, stream: Stream, gen: _Generation, piece_chunk, final_ch
                     yield f"data: {json.dumps(extra)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            server.abort(stream)  # the client disconnected: free the request's KV
+            gen.server.abort(gen.stream)  # the client disconnected: free the request's KV
 
     return StreamingResponse(events(), media_type="text/event-stream",
-                             headers=_slo_headers(stream))
+                             headers=_slo_headers(gen.stream))

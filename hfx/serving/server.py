@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from hfx.cluster.control import ControlPlane, TokenEvent
@@ -51,14 +51,12 @@ class Stream:
     record: RequestRecord
     applied: AppliedSLO
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
-    done: bool = False
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         while True:
             event = await self.queue.get()
             yield event
             if event.token is None:
-                self.done = True
                 return
 
 
@@ -71,8 +69,6 @@ class Server:
         self.step_model = step_model
         self.metrics = Metrics()
         self._ids = itertools.count()
-        # Called with every ended request's record (benchmarks compare server-side latency).
-        self.on_record: Callable[[RequestRecord], None] | None = None
 
     async def start(self) -> None:
         await self.control.start()
@@ -182,12 +178,10 @@ class Server:
         record = self.control.forget(request_id)
         if record is not None:
             self.metrics.observe(record)
-            if self.on_record is not None:
-                self.on_record(record)
 
     def abort(self, stream: Stream) -> None:
-        """The client went away: stop the request and free its KV."""
-        if not stream.done and stream.record.outcome is Outcome.PENDING:
+        """The client went away (or a stop string ended it): stop the request, free its KV."""
+        if stream.record.outcome is Outcome.PENDING:
             self.control.abort(stream.request.id)
 
     def text(self, tokens: list[int]) -> str:
