@@ -18,29 +18,21 @@ goes to the worker with the most headroom as best effort (Aladdin would add a wo
 
 from __future__ import annotations
 
-from collections import deque
-
-from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import Shadows
-from hfx.request import Request, RequestRecord
+from hfx.request import RequestRecord
 
 
-class Aladdin(Policy):
+class Aladdin(ArrivalOrderPolicy):
     name = "aladdin"
     planner = "prefill-first"
 
     def __init__(self, output_length: str = "history") -> None:
         self.predictor = OutputLengthPredictor(output_length)
-        self._queue: deque[Request] = deque()
+        super().__init__()
         self.shadow = Shadows()
         self._prefill_free_at: dict[int, float] = {}  # when the worker's prefill backlog drains
-
-    def enqueue(self, request: Request, now: float) -> None:
-        self._queue.append(request)
-
-    def num_queued(self) -> int:
-        return len(self._queue)
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()

@@ -11,6 +11,7 @@ the monitor's snapshot and the control plane's own tallies.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -86,3 +87,16 @@ class Policy(ABC):
 
     def on_instance_removed(self, instance_id: int) -> None:  # noqa: B027
         """The instance drains: requests this policy queued for it must go elsewhere."""
+
+
+class ArrivalOrderPolicy(Policy):
+    """A policy that takes requests in arrival order from one queue (``_queue``)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self._queue.append(request)
+
+    def num_queued(self) -> int:
+        return len(self._queue)

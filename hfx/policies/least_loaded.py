@@ -7,23 +7,14 @@ snapshot, then to the lower id.
 
 from __future__ import annotations
 
-from collections import deque
-
-from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
-from hfx.request import Request
+from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch
 
 
-class LeastLoaded(Policy):
+class LeastLoaded(ArrivalOrderPolicy):
     name = "least-loaded"
 
     def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
-
-    def enqueue(self, request: Request, now: float) -> None:
-        self._queue.append(request)
-
-    def num_queued(self) -> int:
-        return len(self._queue)
+        super().__init__()
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()

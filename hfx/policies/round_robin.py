@@ -3,24 +3,15 @@ seed 000 §7.4). Every request goes to the next accepting instance the moment it
 
 from __future__ import annotations
 
-from collections import deque
-
-from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
-from hfx.request import Request
+from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch
 
 
-class RoundRobin(Policy):
+class RoundRobin(ArrivalOrderPolicy):
     name = "rr"
 
     def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
+        super().__init__()
         self._next = 0
-
-    def enqueue(self, request: Request, now: float) -> None:
-        self._queue.append(request)
-
-    def num_queued(self) -> int:
-        return len(self._queue)
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()

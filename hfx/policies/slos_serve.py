@@ -24,12 +24,11 @@ Batch formation (Algorithm 2) runs inside each replica: the ``slo-paced`` planne
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from hfx.engine.planners.slo_paced import SLOPacedPlanner, time2bs
 from hfx.latency import StepTimeModel
-from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
+from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
@@ -85,7 +84,7 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
     return list(states[max(states)][3])
 
 
-class SLOsServe(Policy):
+class SLOsServe(ArrivalOrderPolicy):
     name = "slos-serve"
     planner = SLOPacedPlanner.name
 
@@ -95,16 +94,10 @@ class SLOsServe(Policy):
         self.route_limit = int(route_limit)
         self.predictor = OutputLengthPredictor(output_length)
         self.shadow = Shadows()
-        self._queue: deque[Request] = deque()
+        super().__init__()
         self._next = 0
         # Requests admitted to each replica and not finished: id → (admitted at, item).
         self._admitted: dict[int, dict[str, tuple[float, Item]]] = {}
-
-    def enqueue(self, request: Request, now: float) -> None:
-        self._queue.append(request)
-
-    def num_queued(self) -> int:
-        return len(self._queue)
 
     def _item(self, req: Request, forced: bool = False) -> Item:
         return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 1.0 / req.slo.tpot,
