@@ -175,8 +175,8 @@ def warm_model(shape: ModelShape, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> CausalLM:
     """A warm-pool instance's model: parameter memory allocated and touched, no weights yet.
 
-    Touching matters on a virtual machine, where the first write to a page costs ~20 µs (a
-    host-side fault): 1 GB of fresh memory took 5.2 s to fill here, 0.45 s once touched.
+    Touching matters on a virtual machine, where the first write to a page is a host-side fault
+    (bench/host_overheads.py: 1 GB took 1.17 s to fill fresh, 0.05 s once touched).
     """
     model = empty_model(shape, dtype, device)
     with torch.no_grad():
