@@ -189,6 +189,12 @@ class ServeConfig(ModelConfig):
                                "(capped by the model's positions)")
     max_instances: int | None = Field(None, ge=1, description="enable the Scaler up to this "
                                       "many instances")
+    ray: bool = Field(False, description="run every instance as a Ray actor (a local Ray "
+                      "instance unless --ray-address)")
+    ray_address: str | None = Field(None, description="address of a Ray cluster to place "
+                                    "instances on (implies --ray), e.g. auto or ray://host:10001")
+    ray_cpus_per_instance: float = Field(1.0, ge=0, description="CPUs Ray reserves for each "
+                                         "instance actor (a GPU too with --device cuda)")
 
 
 def parse_params(text: str) -> dict[str, float | str]:

@@ -86,6 +86,9 @@ class RequestRecord:
     target: SLO | None = None
     best_effort: bool = False  # the policy knew the SLO was already lost when it placed it
     error: str | None = None  # why the request failed or was rejected
+    # Sampled token ids (real executors only; None in simulation): what a retry resumes from.
+    output_ids: list[int] | None = None
+    retries: int = 0  # times it was resumed elsewhere after its instance failed
 
     def __post_init__(self) -> None:
         if self.slo is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
@@ -19,8 +19,9 @@ from hfx.bench.metrics import distribution, summarize
 from hfx.bench.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
-from hfx.cluster.instance import LocalInstance
+from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.placement import EngineFactory, LocalPlacement, Placement
 from hfx.cluster.provisioner import LoadModel, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
@@ -81,16 +82,14 @@ def load_requests(config: SimConfig) -> list[Request]:
     return requests
 
 
-EngineFactory = Callable[[EngineConfig], EngineCore]
-
-
 def sim_engines(profile: Profile) -> EngineFactory:
     """Engines whose SimExecutor waits out the profile's predicted step time."""
     return lambda ecfg: EngineCore(ecfg, SimExecutor(profile.model))
 
 
 def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
-                ecfg: EngineConfig, make_engine: EngineFactory) -> Scaler:
+                ecfg: EngineConfig, placement: Placement) -> Scaler:
+    """The Scaler for ``config``; ``placement`` starts the instances it adds."""
     initial = len(control.instances)
     assert config.max_instances is not None
     weights = weight_bytes_per_device(profile.meta) or 15.2e9
@@ -104,17 +103,19 @@ def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
                         scale_in_ratio=config.scale_in_ratio,
                         wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
 
-    def factory(iid: int, role: Role) -> LocalInstance:
-        return LocalInstance(iid, make_engine(replace(ecfg, role=role)))
+    def launch(iid: int, role: Role, load_seconds: float) -> Awaitable[Instance]:
+        return placement.launch(iid, replace(ecfg, role=role), load_seconds)
 
-    return Scaler(scfg, control, provisioner, factory)
+    return Scaler(scfg, control, provisioner, launch)
 
 
 def build_cluster(config: SimConfig, profile: Profile,
-                  make_engine: EngineFactory | None = None) -> ControlPlane:
+                  make_engine: EngineFactory | None = None,
+                  placement: Placement | None = None) -> ControlPlane:
     """The control plane and its instances for ``config`` (not started): simulated engines by
-    default, or whatever ``make_engine`` builds (a real executor)."""
-    make_engine = make_engine or sim_engines(profile)
+    default, or whatever ``make_engine`` builds (a real executor), in this process unless a
+    ``placement`` puts them elsewhere (Ray actors)."""
+    placement = placement or LocalPlacement(make_engine or sim_engines(profile))
     migrator, tl = None, None
     if config.mode == "pd":
         policy, migrator = make_pd_policies(config.policy, **config.policy_params)
@@ -124,14 +125,13 @@ def build_cluster(config: SimConfig, profile: Profile,
         policy = make_policy(config.policy, **config.policy_params)
         roles = [Role.COLOCATED] * config.instances
     ecfg = engine_config(config, profile, config.planner or policy.planner)
-    instances = [LocalInstance(i, make_engine(replace(ecfg, role=role)))
-                 for i, role in enumerate(roles)]
+    instances = placement.initial([(i, replace(ecfg, role=role)) for i, role in enumerate(roles)])
     control = ControlPlane(instances, policy, profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
                            monitor=Monitor(config.monitor_interval),
                            mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
     if config.max_instances is not None:
-        make_scaler(config, profile, control, ecfg, make_engine)
+        make_scaler(config, profile, control, ecfg, placement)
     return control
 
 

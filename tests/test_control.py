@@ -113,12 +113,14 @@ class BreakingExecutor(SimExecutor):
         return await super().execute(out)
 
 
-def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
+def _break_one_of_two(max_retries: int):
+    """Four requests round-robin over two instances; instance 0 raises on its third step (r0
+    and r2 have streamed tokens by then); r9 arrives after the failure."""
     async def main():
         cfg = EngineConfig(num_kv_blocks=512, block_size=16)
         instances = [LocalInstance(0, EngineCore(cfg, BreakingExecutor(MODEL, breaks_at=3))),
                      LocalInstance(1, EngineCore(cfg, SimExecutor(MODEL)))]
-        cp = ControlPlane(instances, make_policy("rr"), PROFILE)
+        cp = ControlPlane(instances, make_policy("rr"), PROFILE, max_retries=max_retries)
         await cp.start()
         heard: dict[str, list] = {}
         for i in range(4):
@@ -130,7 +132,11 @@ def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
         await cp.stop()
         return cp, heard
 
-    cp, heard = run(main(), virtual=True)
+    return run(main(), virtual=True)
+
+
+def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
+    cp, heard = _break_one_of_two(max_retries=0)
     for i in (0, 2):  # round robin put these on instance 0
         rec = cp.records[f"r{i}"]
         assert rec.outcome is Outcome.FAILED and "device lost" in rec.error
@@ -139,3 +145,16 @@ def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
         assert cp.records[f"r{i}"].outcome is Outcome.FINISHED
     assert cp.records["r9"].instance == 1
     assert 0 not in cp.instances and 0 in cp.retired  # released after failing
+
+
+def test_a_broken_instances_requests_resume_elsewhere_with_every_token():
+    cp, heard = _break_one_of_two(max_retries=1)
+    for i in (0, 2):
+        rec = cp.records[f"r{i}"]
+        assert rec.outcome is Outcome.FINISHED and rec.retries == 1 and rec.instance == 1
+        # Tokens streamed before the failure count once; the rest came from instance 1.
+        assert rec.num_tokens == rec.request.max_tokens
+        assert [e.token is not None for e in heard[f"r{i}"]] == [True] * 10 + [False]
+        assert heard[f"r{i}"][-1].finish_reason == "length"
+    assert all(cp.records[f"r{i}"].outcome is Outcome.FINISHED for i in (1, 3, 9))
+    assert 0 in cp.retired

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
@@ -15,36 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from hfx.config import ServeConfig  # noqa: E402
-from hfx.serving.build import build_server  # noqa: E402
-from hfx.serving.gateway import create_app  # noqa: E402
-
-
-class Running:
-    """A gateway on a free loopback port, served from a background thread."""
-
-    def __init__(self, **options) -> None:
-        self.server = build_server(ServeConfig(port=0, **options))
-        config = uvicorn.Config(create_app(self.server), host="127.0.0.1", port=0,
-                                log_level="warning")
-        self.uv = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.uv.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        port = self.uv.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
-        self.model = self.server.options.model_name
-
-    def engines(self):
-        return [inst.engine for inst in self.server.control.instances.values()]
-
-    def close(self) -> None:
-        self.uv.should_exit = True
-        self.thread.join(timeout=30)
+from live import Running  # noqa: E402
 
 
 @pytest.fixture(scope="module")

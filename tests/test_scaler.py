@@ -94,6 +94,42 @@ def test_drain_never_drops_a_request():
     assert late and all(r.instance == 1 for r in late)  # nothing new went to it
 
 
+@pytest.mark.parametrize("mode", ["colocated", "pd"])
+def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
+    fleet = 2 if mode == "colocated" else 4  # 2 prefill + 2 decode
+    cfg = SimConfig(policy="hfx", mode=mode, qps=40, requests_per_task=40, max_instances=fleet)
+
+    async def main():
+        control = build_cluster(cfg, resolve_profile(cfg))
+
+        async def lost(plan):
+            raise RuntimeError("device lost")
+
+        def fault():  # instance 0 (prefill in P/D) breaks two seconds in, with work on it
+            control.instances[0].engine.executor.execute = lost
+
+        asyncio.get_running_loop().call_later(2.0, fault)
+        await drive(control, load_requests(cfg))
+        return control
+
+    control = run(main(), virtual=True)
+    records = list(control.records.values())
+    assert all(r.outcome is not Outcome.PENDING for r in records)
+    failed = [r for r in records if r.outcome is Outcome.FAILED]
+    assert all("device lost" in r.error for r in failed)
+    resumed = [r for r in records if r.retries]
+    assert resumed and all(r.outcome is Outcome.FINISHED for r in resumed)
+    if mode == "colocated":
+        assert not failed  # every request it held resumed elsewhere
+    else:  # only requests without a first token resume in P/D; the prefilled ones fail
+        assert all(r.num_tokens == 1 for r in failed)
+    assert 0 in control.retired
+    actions = [(e.action, e.instance) for e in control.scaler.state.events]
+    assert ("failed", 0) in actions and ("ready", fleet) in actions  # replaced...
+    assert control.instances[fleet].role is control.retired[0].role  # ...in the same role
+    assert any(r.instance == fleet for r in records)
+
+
 def test_role_switch_keeps_every_request():
     cfg = SimConfig(mode="pd", policy="hfx", qps=120, requests_per_task=150, max_instances=4)
 

@@ -62,6 +62,7 @@ class ControlPlane:
         mapper: PriorityMapper | None = None,
         migrator: Policy | None = None,
         tl_manager: TLManager | None = None,
+        max_retries: int = 1,
     ) -> None:
         if not instances:
             raise ValueError("a cluster needs at least one instance")
@@ -79,6 +80,7 @@ class ControlPlane:
         self.monitor = monitor or Monitor()
         self.records: dict[str, RequestRecord] = {}
         self.mapper = mapper
+        self.max_retries = max_retries  # resumptions elsewhere after an instance fails
         # Requests still waiting for their first token, tracked when the mapper (contention
         # rule) or the scaler (its W indicator) needs them, with a count per priority.
         self._awaiting: dict[str, RequestRecord] = {}
@@ -88,6 +90,8 @@ class ControlPlane:
         self.retired: dict[int, Instance] = {}  # released instances, kept for the record
         self._draining: set[int] = set()
         self.num_done = 0
+        self.num_instance_failures = 0
+        self.num_resumed = 0  # requests resumed elsewhere after their instance failed
         # Instance lifetimes on the loop's clock, for cost (seed 000 Eq. 3).
         self.active_since: dict[int, float] = {}
         self.released_at: dict[int, float] = {}
@@ -395,10 +399,19 @@ class ControlPlane:
     # ---- step outputs ----------------------------------------------------------------------
     def on_events(self, instance_id: int, out: StepOutput) -> None:
         """Sink of every instance's step outputs."""
+        if out.error is not None:
+            self._on_instance_failed(instance_id, out)
+            return
         records = self.records
         now = out.time
         for rid in out.request_ids:
             records[rid].token_times.append(now)
+        if out.token_ids is not None:  # a real executor: kept so that a retry can resume
+            for rid, token in zip(out.request_ids, out.token_ids, strict=True):
+                record = records[rid]
+                if record.output_ids is None:
+                    record.output_ids = []
+                record.output_ids.append(token)
         if self._listeners:
             tokens = out.token_ids or [PLACEHOLDER_TOKEN] * len(out.request_ids)
             for rid, token in zip(out.request_ids, tokens, strict=True):
@@ -421,16 +434,10 @@ class ControlPlane:
             self._check_drained(instance_id)
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
-            if out.error is not None:  # the instance broke: say so, never leave it hanging
-                self._finish(record, Outcome.FAILED, now, out.error)
-                finished = True
-                continue
             outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
                        else Outcome.FINISHED)
             self._finish(record, outcome, now, reason=FINISH_REASON[status])
             finished = True
-        if out.error is not None and instance_id in self._views:
-            self.drain(instance_id)  # no more work there; released once it holds none
         if finished and self._blocked and self._migrate is not None:
             for request in self._blocked:  # decode KV may be free now
                 self._migrate.policy.enqueue(request, now)
@@ -438,6 +445,70 @@ class ControlPlane:
         for stage in (self._dispatch, self._migrate):
             if stage is not None and (finished or prefilled) and stage.policy.num_queued():
                 self._schedule(stage)
+
+    # ---- an instance fails (its executor raised, its process died) ---------------------------
+    def _on_instance_failed(self, instance_id: int, out: StepOutput) -> None:
+        """Take the instance out of service, resume what it held elsewhere where that is safe,
+        fail the rest with the reason (never leave a request hanging); the Scaler replaces it.
+        ``out.transitions`` lists every request the instance held."""
+        now = out.time
+        if instance_id not in self._views:
+            return  # already gone (released, or between roles)
+        role = self._views[instance_id].role
+        self.num_instance_failures += 1
+        self.drain(instance_id)  # no new work there: retries go elsewhere
+        for rid, _ in out.transitions:
+            record = self.records[rid]
+            self._count(instance_id, record.request, -1)
+            if record.outcome is not Outcome.PENDING:
+                continue
+            dst = record.decode_instance
+            if dst is not None and dst != instance_id and dst in self.instances:
+                self.instances[dst].abort(rid)  # its KV was on its way there: free the room
+            if self._resumable(record, instance_id):
+                self._resume(record, now)
+            else:
+                self._finish(record, Outcome.FAILED, now, out.error)
+        self._check_drained(instance_id)
+        if self.scaler is not None:
+            self.scaler.on_failed(instance_id, role)
+        for stage in (self._dispatch, self._migrate):
+            if stage is not None and stage.policy.num_queued():
+                self._schedule(stage)
+
+    def _resumable(self, record: RequestRecord, instance_id: int) -> bool:
+        """Colocated: any request, from its prompt and the tokens it already streamed (greedy
+        and seeded sampling continue exactly: seeds are per position). P/D: only one its
+        prefill instance lost before its first token; later ones are in the Migrator's hands."""
+        if record.retries >= self.max_retries:
+            return False
+        if record.request.prompt_token_ids is not None and record.num_tokens and (
+                record.output_ids is None or len(record.output_ids) != record.num_tokens):
+            return False  # a real model needs the tokens it produced
+        if self.pd:
+            return record.num_tokens == 0 and record.instance == instance_id
+        return True
+
+    def _resume(self, record: RequestRecord, now: float) -> None:
+        """Queue the rest of the request as a new placement; the record keeps its token times
+        and its listener, so the client's stream just goes on."""
+        assert self._dispatch is not None
+        req, n = record.request, record.num_tokens
+        if n >= req.max_tokens:  # every token arrived; only the finish was lost
+            self._finish(record, Outcome.FINISHED, now, reason="length")
+            return
+        ids = (None if req.prompt_token_ids is None
+               else req.prompt_token_ids + (record.output_ids or []))
+        rest = replace(req, slo=record.slo, prompt_len=req.prompt_len + n,
+                       prompt_token_ids=ids, max_tokens=req.max_tokens - n)
+        stage = self._dispatch
+        stage.policy.on_finished(record, stage.view)  # it left the instance it was on
+        record.instance = None
+        record.retries += 1
+        self.num_resumed += 1
+        if self.pd:
+            self._sent[req.id] = rest
+        stage.policy.enqueue(rest, now)
 
     def _first_token(self, request_id: str) -> None:
         record = self._awaiting.pop(request_id, None)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from hfx.cluster.instance import Instance, InstanceStats
@@ -140,11 +140,16 @@ class ScalerState:
     max_used: int = 0
 
 
+# Brings up instance ``id`` in ``role``; the provisioner's modelled load time is the third
+# argument (a simulated instance waits it out; a real one takes what it takes).
+Launcher = Callable[[int, Role, float], Awaitable[Instance]]
+
+
 class Scaler:
     """Watches the control plane and grows or shrinks its fleet."""
 
     def __init__(self, config: ScalerConfig, control, provisioner: Provisioner,
-                 factory: Callable[[int, Role], Instance]) -> None:
+                 factory: Launcher) -> None:
         self.config = config
         self.control = control
         self.provisioner = provisioner
@@ -162,6 +167,7 @@ class Scaler:
         self._last_action = float("-inf")
         self._next_id = max(control.instances) + 1
         self._task: asyncio.Task[None] | None = None
+        self._launches: set[asyncio.Task[None]] = set()
         control.scaler = self
 
     # ---- events from the control plane -----------------------------------------------------
@@ -183,6 +189,14 @@ class Scaler:
             self.provisioner.give_back()
             self._event(now, "released", role, "drained", iid)
 
+    def on_failed(self, iid: int, role: Role) -> None:
+        """An instance broke (issue 9): replace it now, without waiting for the indicators or
+        the cool-down; the failed one was released when it drained."""
+        now = asyncio.get_running_loop().time()
+        self._event(now, "failed", role, "instance failed", iid)
+        if self._occupied() < self.config.max_instances:
+            self._scale_out(role, now, f"replace failed instance {iid}")
+
     # ---- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
         async def loop() -> None:
@@ -198,6 +212,8 @@ class Scaler:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        for task in self._launches:
+            task.cancel()
         now = asyncio.get_running_loop().time()
         for iid, (_, since) in self._provisioning.items():
             self.control.active_since[iid] = since
@@ -287,12 +303,23 @@ class Scaler:
         detail = f"{reason}; {plan.path}{' (d2d failed)' if plan.fell_back else ''}, " \
                  f"{'warm' if plan.warm else 'cold'}, {plan.seconds:.2f} s"
         self._event(now, "scale_out", role, detail, iid)
-        asyncio.get_running_loop().call_at(now + plan.seconds, self._ready, iid, role, now)
+        task = asyncio.get_running_loop().create_task(self._launch(iid, role, now, plan.seconds))
+        self._launches.add(task)
+        task.add_done_callback(self._launches.discard)
 
-    def _ready(self, iid: int, role: Role, provisioned_at: float) -> None:
+    async def _launch(self, iid: int, role: Role, provisioned_at: float, seconds: float) -> None:
+        try:
+            instance = await self.factory(iid, role, seconds)
+        except Exception as e:  # a launch that fails frees its slot; the indicators decide again
+            self._provisioning.pop(iid, None)
+            self.provisioner.give_back()
+            self._event(asyncio.get_running_loop().time(), "launch_failed", role,
+                        f"{type(e).__name__}: {e}", iid)
+            return
         if self._provisioning.pop(iid, None) is None:
-            return  # the run ended while it loaded
-        self.control.add_instance(self.factory(iid, role), provisioned_at)
+            await instance.stop()  # the run ended while it loaded
+            return
+        self.control.add_instance(instance, provisioned_at)
         self._event(asyncio.get_running_loop().time(), "ready", role, "weights loaded", iid)
 
     def _event(self, now: float, action: str, role: Role, reason: str, iid: int) -> None:

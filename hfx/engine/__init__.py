@@ -1,12 +1,13 @@
 """One inference instance: engine core, KV block manager, batch planners, executors."""
 
 from hfx.engine.config import EngineConfig
-from hfx.engine.core import EngineCore, EngineError, StepOutput
+from hfx.engine.core import Admission, EngineCore, EngineError, StepOutput
 from hfx.engine.executor import Executor, SimExecutor
 from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, SamplingParams, Sequence
 
 __all__ = [
     "FINISH_REASON",
+    "Admission",
     "EngineConfig",
     "EngineCore",
     "EngineError",

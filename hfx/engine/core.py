@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from hfx.engine.block_manager import BlockManager
@@ -41,6 +42,42 @@ class EngineError(ValueError):
     """A request this engine can never serve (too long for the model or the KV cache)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What a request must satisfy to ever run on an engine. Picklable: a remote instance's
+    proxy refuses a request the engine would refuse, without a round trip."""
+
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+    needs_token_ids: bool  # a real model runs on token ids
+    vocab_size: int | None
+
+    def check_size(self, prompt_len: int, max_tokens: int) -> None:
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            raise EngineError(f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the "
+                              f"model's context of {self.max_model_len} tokens")
+        if -(-total // self.block_size) > self.num_kv_blocks:
+            raise EngineError(f"request of {total} tokens exceeds the KV cache "
+                              f"({self.num_kv_blocks * self.block_size} tokens)")
+
+    def check(self, request_id: str, prompt_len: int, max_tokens: int,
+              ids: list[int] | None) -> None:
+        self.check_size(prompt_len, max_tokens)
+        if ids is None:
+            if self.needs_token_ids:
+                raise EngineError(f"request {request_id}: this engine runs a real model "
+                                  "and needs prompt token ids")
+            return
+        if len(ids) != prompt_len:
+            raise EngineError(f"request {request_id}: {len(ids)} prompt token ids for a "
+                              f"prompt_len of {prompt_len}")
+        vocab = self.vocab_size
+        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
+            raise EngineError(f"request {request_id}: token ids must be in [0, {vocab})")
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor,
                  step_model: StepTimeModel | None = None) -> None:
@@ -58,36 +95,23 @@ class EngineCore:
         self.busy_time = 0.0  # seconds spent executing steps
 
     # ---- requests in and out -------------------------------------------------------------
+    @property
+    def admission(self) -> Admission:
+        return Admission(self.config.max_model_len, self.config.num_kv_blocks,
+                         self.config.block_size,
+                         getattr(self.executor, "needs_token_ids", False),
+                         getattr(self.executor, "vocab_size", None))
+
     def check(self, prompt_len: int, max_tokens: int) -> None:
         """Raise EngineError if a request of this size can never run here."""
-        total = prompt_len + max_tokens
-        if total > self.config.max_model_len:
-            raise EngineError(f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the "
-                              f"model's context of {self.config.max_model_len} tokens")
-        if self.kv.blocks_for(total) > self.config.num_kv_blocks:
-            raise EngineError(f"request of {total} tokens exceeds the KV cache "
-                              f"({self.config.kv_capacity_tokens} tokens)")
-
-    def _check_tokens(self, seq: Sequence) -> None:
-        ids = seq.prompt_token_ids
-        if ids is None:
-            if getattr(self.executor, "needs_token_ids", False):
-                raise EngineError(f"request {seq.request_id}: this engine runs a real model "
-                                  "and needs prompt token ids")
-            return
-        if len(ids) != seq.prompt_len:
-            raise EngineError(f"request {seq.request_id}: {len(ids)} prompt token ids for a "
-                              f"prompt_len of {seq.prompt_len}")
-        vocab = getattr(self.executor, "vocab_size", None)
-        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
-            raise EngineError(f"request {seq.request_id}: token ids must be in [0, {vocab})")
+        self.admission.check_size(prompt_len, max_tokens)
 
     def add_request(self, seq: Sequence) -> None:
         """Queue a sequence. On a decode instance it arrives with its KV computed."""
         if seq.request_id in self._seqs:
             raise EngineError(f"duplicate request id {seq.request_id!r}")
-        self.check(seq.prompt_len, seq.max_tokens)
-        self._check_tokens(seq)
+        self.admission.check(seq.request_id, seq.prompt_len, seq.max_tokens,
+                             seq.prompt_token_ids)
         seq.status = RequestStatus.WAITING
         self._seqs[seq.request_id] = seq
         self.state.waiting.append(seq)

@@ -2,21 +2,65 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hfx.bench.workloads import TASKS
 from hfx.config import ServeConfig, SimConfig
+from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.latency import Profile, load_profile
-from hfx.model.tokenizer import ByteTokenizer, Tokenizer
+from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO
 from hfx.serving.server import ServeOptions, Server
-from hfx.sim import build_cluster, sim_engines
+from hfx.sim import build_cluster
+
+if TYPE_CHECKING:
+    from hfx.cluster.placement import Placement
+    from hfx.model.build import LoadedModel
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
 PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
 
 
-def _profile(config: ServeConfig, device: str, loaded) -> Profile:
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """How each instance builds its engine. Picklable, so that a Ray actor builds its own: the
+    weights are made or read where they run, never shipped through the object store."""
+
+    executor: str  # "torch" or "sim"
+    max_model_len: int
+    profile: Profile | None = None  # the sim executor's step times
+    shape: str | None = None
+    checkpoint: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    weight_seed: int = 0
+
+    def __call__(self, config: EngineConfig) -> EngineCore:
+        config = replace(config, max_model_len=self.max_model_len)
+        if self.executor == "sim":
+            assert self.profile is not None
+            return EngineCore(config, SimExecutor(self.profile.model))
+        from hfx.model.build import real_engine
+
+        return real_engine(self.model(), config)
+
+    def model(self) -> LoadedModel:
+        return _load(self.shape, self.checkpoint, self.dtype, self.device, self.weight_seed)
+
+
+@functools.cache
+def _load(shape: str | None, checkpoint: str | None, dtype: str | None, device: str | None,
+          seed: int) -> LoadedModel:
+    """One copy of the weights per process, shared by every instance it runs."""
+    from hfx.model.build import build_model
+
+    return build_model(shape, checkpoint, dtype, device, seed)
+
+
+def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
     if config.profile is not None:
         return load_profile(config.profile)
     if config.executor == "sim":
@@ -26,7 +70,25 @@ def _profile(config: ServeConfig, device: str, loaded) -> Profile:
     from hfx.profiler import Grid, profile_model
 
     print("measuring a step-time profile (hfx profile --quick) ...")
-    return profile_model(loaded, Grid.quick(), config.kv_tokens, config.block_size)
+    return profile_model(spec.model(), Grid.quick(), config.kv_tokens, config.block_size)
+
+
+def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement | None:
+    """Ray actors with --ray / --ray-address; this process otherwise (None)."""
+    if not (config.ray or config.ray_address):
+        return None
+    if config.mode == "pd":
+        raise ValueError("--ray serves colocated instances only: P/D migration between Ray "
+                         "actors is not built yet")
+    try:
+        import ray
+
+        from hfx.cluster.ray_instance import RayPlacement
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
+    ray.init(address=config.ray_address, ignore_reinit_error=True)
+    return RayPlacement(spec, num_cpus=config.ray_cpus_per_instance,
+                        num_gpus=1 if device.startswith("cuda") else 0)
 
 
 def build_server(config: ServeConfig) -> Server:
@@ -34,26 +96,32 @@ def build_server(config: ServeConfig) -> Server:
     eos: int | None = None
     max_len, vocab = config.max_model_len, 1 << 31
     if config.executor == "torch":
-        from hfx.model.build import build_model, default_device, real_engine
+        from hfx.model.build import default_device
+        from hfx.model.shapes import get_shape
+        from hfx.model.weights import read_config
 
         device = config.device or default_device()
-        loaded = build_model(config.shape, config.checkpoint, config.dtype, device,
-                             config.weight_seed)
-        profile = _profile(config, device, loaded)
-        tokenizer, eos = loaded.tokenizer, loaded.tokenizer.eos_token_id
-        shape = loaded.model.shape
+        spec = EngineSpec("torch", max_len, shape=config.shape, checkpoint=config.checkpoint,
+                          dtype=config.dtype, device=device, weight_seed=config.weight_seed)
+        # The gateway needs the config and the tokenizer; the weights load where engines run
+        # (in this process on the first engine, or in each Ray actor).
+        if config.checkpoint is not None:
+            shape = read_config(config.checkpoint)
+            name = Path(config.checkpoint).name
+        elif config.shape is not None:
+            shape, name = get_shape(config.shape), f"{config.shape}-random"
+        else:
+            raise ValueError("give a model shape or a checkpoint directory")
+        tokenizer = load_tokenizer(config.checkpoint, shape.eos_token_id)
+        eos = tokenizer.eos_token_id
         max_len, vocab = min(max_len, shape.max_position_embeddings), shape.vocab_size
-        name = loaded.name
-
-        def make_engine(ecfg):
-            return real_engine(loaded, replace(ecfg, max_model_len=max_len))
+        spec = replace(spec, max_model_len=max_len)
+        profile = _profile(config, device, spec)
     else:
-        profile = _profile(config, "cpu", None)
+        device = "cpu"
+        profile = _profile(config, device, EngineSpec("sim", max_len))
+        spec = EngineSpec("sim", max_len, profile=profile)
         name = f"{profile.name}-sim"
-        sims = sim_engines(profile)
-
-        def make_engine(ecfg):
-            return sims(replace(ecfg, max_model_len=max_len))
 
     profile = replace(profile, kv_capacity_tokens=config.kv_tokens,
                       block_size=config.block_size)
@@ -62,7 +130,7 @@ def build_server(config: ServeConfig) -> Server:
                     priorities=config.priorities, block_size=config.block_size,
                     kv_capacity_tokens=config.kv_tokens, max_instances=config.max_instances,
                     kv_bytes_per_token=None if profile.meta.get("model") else 1)
-    control = build_cluster(sim, profile, make_engine)
+    control = build_cluster(sim, profile, spec, _placement(config, spec, device))
     options = ServeOptions(
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),

@@ -106,12 +106,18 @@ class Metrics:
             by[inst.role.value, "retired"] += 1
         for (role, state), n in sorted(by.items()):
             out.append(f"hfx_instances{_labels({'role': role, 'state': state})} {n}")
+        family("hfx_instance_failures_total", "counter", "Instances that failed (executor "
+               "error, process or node lost).")
+        out.append(f"hfx_instance_failures_total {control.num_instance_failures}")
+        family("hfx_resumed_requests_total", "counter", "Requests resumed on another instance "
+               "after theirs failed.")
+        out.append(f"hfx_resumed_requests_total {control.num_resumed}")
         family("hfx_scaling_events_total", "counter", "Scale-out and scale-in decisions.")
         events = control.scaler.state.events if control.scaler is not None else []
         actions: dict[str, int] = defaultdict(int)
         for e in events:
             actions[e.action] += 1
-        for action in ("scale_out", "scale_in", "switch_role"):
+        for action in ("scale_out", "scale_in", "switch_role", "launch_failed"):
             out.append(f"hfx_scaling_events_total{_labels({'action': action})} "
                        f"{actions[action]}")
         return "\n".join(out) + "\n"

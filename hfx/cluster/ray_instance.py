@@ -1,0 +1,244 @@
+"""Instances as Ray actors (issue 9): the same Instance protocol, an engine in another process.
+
+``EngineActor`` runs a ``LocalInstance`` on the actor's own event loop, anywhere in the Ray
+cluster. ``RayInstance`` is its proxy on the control plane's loop:
+
+- requests go out fire-and-forget; the proxy first runs the engine's own admission check
+  (``Admission``, fetched once), so a request the engine would refuse is refused here, at once;
+- step outputs come back by long poll: one ``poll`` call in flight at a time, answered as soon as
+  the engine has produced anything (or after ``POLL_SECONDS`` with a fresh stats snapshot), so a
+  token costs one actor round trip, and ``stats()`` is never older than the last answer;
+- the actor's clock is not ours (another host's monotonic clock): the offset is measured at
+  connection (midpoint of the fastest of a few round trips) and every time crossing is shifted;
+- a dead actor (process killed, node lost) surfaces as ``RayActorError`` on the poll: the proxy
+  reports every request it held as failed, exactly like an executor that raised, and the control
+  plane resumes them elsewhere or fails them with the reason.
+
+P/D over Ray is not built: the Migrator's ``reserve_import`` is a synchronous decision on the
+decode instance, which a remote instance cannot give without a round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import replace
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from hfx.cluster.instance import EventSink, InstanceStats, LocalInstance
+from hfx.cluster.placement import EngineFactory
+from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput
+from hfx.request import Request
+
+POLL_SECONDS = 0.25  # longest wait for a poll without events: how stale stats() may get
+CLOCK_PINGS = 5  # round trips at connection; the fastest one sets the clock offset
+
+
+class EngineActor:
+    """The actor's side: one engine on the actor's event loop (Ray runs async actors on one)."""
+
+    def __init__(self, instance_id: int, make_engine: EngineFactory,
+                 config: EngineConfig) -> None:
+        self.instance = LocalInstance(instance_id, make_engine(config))
+        self._outbox: list[StepOutput] = []
+        self._ready = asyncio.Event()
+        self._started = False
+
+    def _push(self, _: int, out: StepOutput) -> None:
+        self._outbox.append(out)
+        self._ready.set()
+
+    async def hello(self) -> tuple[float, Admission, InstanceStats]:
+        """Start the engine task (the loop runs by now); our clock, limits and first stats."""
+        if not self._started:
+            self.instance.start(self._push)
+            self._started = True
+        loop = asyncio.get_running_loop()
+        return loop.time(), self.instance.engine.admission, self.instance.stats()
+
+    async def clock(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def where(self) -> dict[str, Any]:
+        """The actor's process and node, for operators (and for tests that kill it)."""
+        ctx = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node_id": ctx.get_node_id()}
+
+    async def poll(self, timeout: float) -> tuple[list[StepOutput], InstanceStats]:
+        if not self._outbox:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout)
+        self._ready.clear()
+        events, self._outbox = self._outbox, []
+        return events, self.instance.stats()
+
+    async def submit(self, request: Request, best_effort: bool) -> None:
+        try:
+            self.instance.submit(request, best_effort)
+        except Exception as e:  # the proxy checked admission: this engine is out of step
+            now = asyncio.get_running_loop().time()
+            self._push(0, StepOutput(now, [], None,
+                                     [(request.id, RequestStatus.FINISHED_ABORTED)],
+                                     f"instance {self.instance.id} refused {request.id}: {e}"))
+
+    async def abort(self, request_id: str) -> None:
+        self.instance.abort(request_id)
+
+    async def set_role(self, role: Role) -> None:
+        self.instance.set_role(role)
+
+    async def stop(self) -> None:
+        await self.instance.stop()
+
+
+class RayInstance:
+    """The control plane's handle on an EngineActor."""
+
+    def __init__(self, instance_id: int, actor: Any, role: Role, admission: Admission,
+                 stats: InstanceStats, offset: float) -> None:
+        self.id = instance_id
+        self.role = role
+        self.actor = actor
+        self.admission = admission
+        self.offset = offset  # our clock minus the actor's
+        self._stats = self._ours(stats)
+        self._held: set[str] = set()  # requests sent and not yet ended there
+        self._sink: EventSink | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def launch(cls, instance_id: int, make_engine: EngineFactory, config: EngineConfig,
+                     **actor_options: Any) -> RayInstance:
+        """Create the actor (``actor_options``: num_cpus, num_gpus, ... for Ray's placement),
+        wait until its engine is built, measure its clock."""
+        actor = ray.remote(EngineActor).options(**actor_options).remote(
+            instance_id, make_engine, config)
+        try:
+            _, admission, stats = await actor.hello.remote()
+            offset = await _clock_offset(actor)
+        except BaseException:  # cancelled, or the engine failed to build: no orphan actor
+            ray.kill(actor, no_restart=True)
+            raise
+        return cls(instance_id, actor, config.role, admission, stats, offset)
+
+    # ---- the Instance protocol --------------------------------------------------------------
+    def start(self, sink: EventSink) -> None:
+        self._sink = sink
+        self._pump = asyncio.get_running_loop().create_task(self._poll(),
+                                                            name=f"ray-instance-{self.id}")
+
+    async def stop(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        ray.kill(self.actor, no_restart=True)
+
+    def submit(self, request: Request, best_effort: bool = False) -> None:
+        self.admission.check(request.id, request.prompt_len, request.max_tokens,
+                             request.prompt_token_ids)
+        self._held.add(request.id)
+        self.actor.submit.remote(replace(request, arrival=request.arrival - self.offset),
+                                 best_effort)
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._held:
+            self.actor.abort.remote(request_id)
+
+    def migration_state(self, request_id: str) -> Sequence:
+        raise NotImplementedError("P/D migration between Ray actors is not built")
+
+    def reserve_import(self, state: Sequence) -> bool:
+        raise NotImplementedError("P/D migration between Ray actors is not built")
+
+    def export(self, request_id: str) -> object | None:
+        raise NotImplementedError("P/D migration between Ray actors is not built")
+
+    def activate_import(self, request_id: str, kv: object | None = None) -> None:
+        raise NotImplementedError("P/D migration between Ray actors is not built")
+
+    def set_role(self, role: Role) -> None:
+        self.actor.set_role.remote(role)
+        self.role = role
+
+    def stats(self) -> InstanceStats:
+        return self._stats
+
+    # ---- events back ------------------------------------------------------------------------
+    def _ours(self, stats: InstanceStats) -> InstanceStats:
+        return replace(stats, time=stats.time + self.offset)
+
+    async def _poll(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        while True:
+            try:
+                events, stats = await self.actor.poll.remote(POLL_SECONDS)
+            except RayActorError as e:
+                self._died(f"instance {self.id} (Ray actor) died: {_first_line(e)}")
+                return
+            self._stats = self._ours(stats)
+            for out in events:
+                for rid, status in out.transitions:
+                    if status is not RequestStatus.PREFILLED:
+                        self._held.discard(rid)
+                sink(self.id, out._replace(time=out.time + self.offset))
+
+    def _died(self, error: str) -> None:
+        assert self._sink is not None
+        now = asyncio.get_running_loop().time()
+        held, self._held = self._held, set()
+        self._sink(self.id, StepOutput(now, [], None, [
+            (rid, RequestStatus.FINISHED_ABORTED) for rid in sorted(held)], error))
+
+
+async def _clock_offset(actor: Any) -> float:
+    """Our clock minus the actor's, from the fastest of CLOCK_PINGS round trips (NTP's rule:
+    the reading is taken about halfway)."""
+    loop = asyncio.get_running_loop()
+    best: tuple[float, float] | None = None
+    for _ in range(CLOCK_PINGS):
+        sent = loop.time()
+        theirs = await actor.clock.remote()
+        back = loop.time()
+        if best is None or back - sent < best[0]:
+            best = (back - sent, (sent + back) / 2 - theirs)
+    assert best is not None
+    return best[1]
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+class RayPlacement:
+    """Every instance a Ray actor, placed by Ray on any node with the resources asked for."""
+
+    def __init__(self, make_engine: EngineFactory, **actor_options: Any) -> None:
+        self.make_engine = make_engine  # pickled to each actor, which builds its own engine
+        self.actor_options = actor_options
+
+    def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[RayInstance]:
+        """Start the fleet's actors together; called before the serving loop runs."""
+        async def all_of_them() -> list[RayInstance]:
+            started = await asyncio.gather(*(self.launch(iid, cfg, 0.0) for iid, cfg in configs),
+                                           return_exceptions=True)
+            failed = [e for e in started if isinstance(e, BaseException)]
+            if failed:  # all or nothing: no actor left running for a fleet that did not start
+                for inst in started:
+                    if isinstance(inst, RayInstance):
+                        ray.kill(inst.actor, no_restart=True)
+                raise failed[0]
+            return started  # type: ignore[return-value]
+
+        return asyncio.run(all_of_them())
+
+    async def launch(self, instance_id: int, config: EngineConfig,
+                     load_seconds: float) -> RayInstance:
+        return await RayInstance.launch(instance_id, self.make_engine, config,
+                                        **self.actor_options)
