@@ -19,8 +19,6 @@ httpx = pytest.importorskip("httpx")
 from live import Running  # noqa: E402
 
 from hfx.cluster.ray_instance import RayInstance  # noqa: E402
-from hfx.config import ServeConfig  # noqa: E402
-from hfx.serving.build import build_server  # noqa: E402
 
 PROMPTS = ["The cat", "Once upon a time", "HFX serves", "zzz"]
 
@@ -57,7 +55,18 @@ def stream(url: str, prompt: str, max_tokens: int, first) -> tuple[str, str]:
     return "".join(text), finish
 
 
-def test_ray_actors_serve_what_local_instances_serve(local_ray):
+@pytest.fixture(scope="module")
+def local_texts():
+    """What an in-process instance answers: greedy for PROMPTS, then one seeded sample."""
+    local = Running(instances=1)
+    try:
+        return ([complete(local.url, p, 12) for p in PROMPTS],
+                complete(local.url, "seeded", 12, temperature=1.0, seed=7))
+    finally:
+        local.close()
+
+
+def test_ray_actors_serve_what_local_instances_serve(local_ray, local_texts):
     gw = Running(ray=True, instances=2, ray_cpus_per_instance=0.5)
     try:
         instances = list(gw.server.control.instances.values())
@@ -75,12 +84,22 @@ def test_ray_actors_serve_what_local_instances_serve(local_ray):
         assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
     finally:
         gw.close()
-    local = Running(instances=1)
+    assert (remote, seeded) == local_texts
+
+
+def test_pd_over_ray_moves_kv_between_actors(local_ray, local_texts):
+    """One prefill and one decode actor: the KV of every request goes through the object
+    store, and the tokens are the colocated ones."""
+    gw = Running(ray=True, mode="pd", prefill=1, decode=1, ray_cpus_per_instance=0.5)
     try:
-        assert [complete(local.url, p, 12) for p in PROMPTS] == remote
-        assert complete(local.url, "seeded", 12, temperature=1.0, seed=7) == seeded
+        roles = [i.role.value for i in gw.server.control.instances.values()]
+        assert roles == ["prefill", "decode"]
+        assert [complete(gw.url, p, 12) for p in PROMPTS] == local_texts[0]
+        assert complete(gw.url, "seeded", 12, temperature=1.0, seed=7) == local_texts[1]
+        decode = gw.server.control.instances[1].stats()
+        assert decode.kv_used_blocks == 0  # every imported request finished and freed
     finally:
-        local.close()
+        gw.close()
 
 
 def test_a_killed_worker_does_not_hang_clients_and_is_replaced(local_ray):
@@ -112,8 +131,3 @@ def test_a_killed_worker_does_not_hang_clients_and_is_replaced(local_ray):
         assert "hfx_instance_failures_total 1" in metrics
     finally:
         gw.close()
-
-
-def test_pd_over_ray_is_refused_clearly():
-    with pytest.raises(ValueError, match="colocated instances only"):
-        build_server(ServeConfig(ray=True, mode="pd"))

@@ -14,14 +14,20 @@ cluster. ``RayInstance`` is its proxy on the control plane's loop:
   reports every request it held as failed, exactly like an executor that raised, and the control
   plane resumes them elsewhere or fails them with the reason.
 
-P/D over Ray is not built: the Migrator's ``reserve_import`` is a synchronous decision on the
-decode instance, which a remote instance cannot give without a round trip.
+P/D migration (seed 000 §5.1) keeps the control plane synchronous: a prefill actor sends each
+prefilled request's migration state with the PREFILLED event; a decode proxy answers
+``reserve_import`` from the latest stats less what it reserved since (the engine's own rule,
+all-or-nothing with the watermark), and should the actor find the blocks taken after all, the
+import waits there until they free — the KV is never overcommitted. ``export`` returns the
+prefill actor's KV as an ObjectRef that the decode actor resolves itself: the KV goes from
+actor to actor through Ray's object store, never through the control plane.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 from dataclasses import replace
 from typing import Any
@@ -45,12 +51,27 @@ class EngineActor:
                  config: EngineConfig) -> None:
         self.instance = LocalInstance(instance_id, make_engine(config))
         self._outbox: list[StepOutput] = []
+        self._states: dict[str, Sequence] = {}  # prefill role: migration states to send
+        # Decode role: imports whose blocks were taken when they came: state, KV arrived, KV.
+        self._pending: dict[str, tuple[Sequence, bool, object | None]] = {}
         self._ready = asyncio.Event()
         self._started = False
 
     def _push(self, _: int, out: StepOutput) -> None:
+        for rid, status in out.transitions:
+            if status is RequestStatus.PREFILLED:
+                self._states[rid] = self.instance.migration_state(rid)
         self._outbox.append(out)
         self._ready.set()
+        if self._pending and out.transitions:  # blocks may have been freed
+            self._retry_imports()
+
+    def _retry_imports(self) -> None:
+        for rid, (state, arrived, kv) in list(self._pending.items()):
+            if self.instance.reserve_import(state):
+                del self._pending[rid]
+                if arrived:
+                    self.instance.activate_import(rid, kv)
 
     async def hello(self) -> tuple[float, Admission, InstanceStats]:
         """Start the engine task (the loop runs by now); our clock, limits and first stats."""
@@ -68,13 +89,15 @@ class EngineActor:
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node_id": ctx.get_node_id()}
 
-    async def poll(self, timeout: float) -> tuple[list[StepOutput], InstanceStats]:
+    async def poll(self, timeout: float
+                   ) -> tuple[list[StepOutput], InstanceStats, dict[str, Sequence]]:
         if not self._outbox:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), timeout)
         self._ready.clear()
         events, self._outbox = self._outbox, []
-        return events, self.instance.stats()
+        states, self._states = self._states, {}
+        return events, self.instance.stats(), states
 
     async def submit(self, request: Request, best_effort: bool) -> None:
         try:
@@ -86,7 +109,26 @@ class EngineActor:
                                      f"instance {self.instance.id} refused {request.id}: {e}"))
 
     async def abort(self, request_id: str) -> None:
+        if self._pending.pop(request_id, None) is not None:  # never reached the engine
+            now = asyncio.get_running_loop().time()
+            self._push(0, StepOutput(now, [], None,
+                                     [(request_id, RequestStatus.FINISHED_ABORTED)]))
+            return
         self.instance.abort(request_id)
+
+    async def export(self, request_id: str) -> object | None:
+        return self.instance.export(request_id)
+
+    async def reserve_import(self, state: Sequence) -> None:
+        if not self.instance.reserve_import(state):
+            self._pending[state.request_id] = (state, False, None)
+
+    async def activate_import(self, request_id: str, kv: object | None) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None:  # activated once its blocks are reserved
+            self._pending[request_id] = (pending[0], True, kv)
+        else:
+            self.instance.activate_import(request_id, kv)
 
     async def set_role(self, role: Role) -> None:
         self.instance.set_role(role)
@@ -98,15 +140,18 @@ class EngineActor:
 class RayInstance:
     """The control plane's handle on an EngineActor."""
 
-    def __init__(self, instance_id: int, actor: Any, role: Role, admission: Admission,
+    def __init__(self, instance_id: int, actor: Any, config: EngineConfig, admission: Admission,
                  stats: InstanceStats, offset: float) -> None:
         self.id = instance_id
-        self.role = role
+        self.role = config.role
+        self.config = config
         self.actor = actor
         self.admission = admission
         self.offset = offset  # our clock minus the actor's
         self._stats = self._ours(stats)
         self._held: set[str] = set()  # requests sent and not yet ended there
+        self._states: dict[str, Sequence] = {}  # prefill role: migration states, our clock
+        self._reserved = 0  # decode role: blocks reserved since the latest stats
         self._sink: EventSink | None = None
         self._pump: asyncio.Task[None] | None = None
 
@@ -123,7 +168,7 @@ class RayInstance:
         except BaseException:  # cancelled, or the engine failed to build: no orphan actor
             ray.kill(actor, no_restart=True)
             raise
-        return cls(instance_id, actor, config.role, admission, stats, offset)
+        return cls(instance_id, actor, config, admission, stats, offset)
 
     # ---- the Instance protocol --------------------------------------------------------------
     def start(self, sink: EventSink) -> None:
@@ -151,16 +196,32 @@ class RayInstance:
             self.actor.abort.remote(request_id)
 
     def migration_state(self, request_id: str) -> Sequence:
-        raise NotImplementedError("P/D migration between Ray actors is not built")
+        return self._states[request_id]
 
     def reserve_import(self, state: Sequence) -> bool:
-        raise NotImplementedError("P/D migration between Ray actors is not built")
+        """The engine's rule on the latest stats less our reservations since (see above)."""
+        st = self._stats
+        self.admission.check_size(state.prompt_len, state.max_tokens)
+        needed = -(-state.num_tokens // self.config.block_size)
+        free = st.kv_total_blocks - st.kv_used_blocks - self._reserved
+        if needed > free - self.config.watermark_blocks:
+            return False
+        self._reserved += needed
+        self._held.add(state.request_id)
+        theirs = copy.copy(state)
+        if theirs.prefill_deadline is not None:
+            theirs.prefill_deadline -= self.offset
+        self.actor.reserve_import.remote(theirs)
+        return True
 
     def export(self, request_id: str) -> object | None:
-        raise NotImplementedError("P/D migration between Ray actors is not built")
+        """An ObjectRef to the KV; the decode actor fetches it from the object store."""
+        self._states.pop(request_id, None)
+        self._held.discard(request_id)
+        return self.actor.export.remote(request_id)
 
     def activate_import(self, request_id: str, kv: object | None = None) -> None:
-        raise NotImplementedError("P/D migration between Ray actors is not built")
+        self.actor.activate_import.remote(request_id, kv)
 
     def set_role(self, role: Role) -> None:
         self.actor.set_role.remote(role)
@@ -178,11 +239,16 @@ class RayInstance:
         assert sink is not None
         while True:
             try:
-                events, stats = await self.actor.poll.remote(POLL_SECONDS)
+                events, stats, states = await self.actor.poll.remote(POLL_SECONDS)
             except RayActorError as e:
                 self._died(f"instance {self.id} (Ray actor) died: {_first_line(e)}")
                 return
             self._stats = self._ours(stats)
+            self._reserved = 0
+            for rid, state in states.items():
+                if state.prefill_deadline is not None:
+                    state.prefill_deadline += self.offset
+                self._states[rid] = state
             for out in events:
                 for rid, status in out.transitions:
                     if status is not RequestStatus.PREFILLED:

@@ -77,9 +77,6 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
     """Ray actors with --ray / --ray-address; this process otherwise (None)."""
     if not (config.ray or config.ray_address):
         return None
-    if config.mode == "pd":
-        raise ValueError("--ray serves colocated instances only: P/D migration between Ray "
-                         "actors is not built yet")
     try:
         import ray
 
