@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import copy
 import os
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -159,16 +160,36 @@ class RayInstance:
     async def launch(cls, instance_id: int, make_engine: EngineFactory, config: EngineConfig,
                      **actor_options: Any) -> RayInstance:
         """Create the actor (``actor_options``: num_cpus, num_gpus, ... for Ray's placement),
-        wait until its engine is built, measure its clock."""
-        actor = ray.remote(EngineActor).options(**actor_options).remote(
-            instance_id, make_engine, config)
+        wait until its engine is built, measure its clock; the loop serves meanwhile."""
+        actor = _create(instance_id, make_engine, config, actor_options)
         try:
             _, admission, stats = await actor.hello.remote()
-            offset = await _clock_offset(actor)
+            loop = asyncio.get_running_loop()
+            samples = []
+            for _ in range(CLOCK_PINGS):
+                sent = loop.time()
+                theirs = await actor.clock.remote()
+                samples.append((sent, theirs, loop.time()))
         except BaseException:  # cancelled, or the engine failed to build: no orphan actor
             ray.kill(actor, no_restart=True)
             raise
-        return cls(instance_id, actor, config, admission, stats, offset)
+        return cls(instance_id, actor, config, admission, stats, _offset(samples))
+
+    @classmethod
+    def connect(cls, instance_id: int, actor: Any, config: EngineConfig) -> RayInstance:
+        """``launch`` for code that is not on a loop yet (the fleet at start): blocks. Our
+        clock is then time.monotonic(), which is what the asyncio loop's time() reads."""
+        try:
+            _, admission, stats = ray.get(actor.hello.remote())
+            samples = []
+            for _ in range(CLOCK_PINGS):
+                sent = time.monotonic()
+                theirs = ray.get(actor.clock.remote())
+                samples.append((sent, theirs, time.monotonic()))
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        return cls(instance_id, actor, config, admission, stats, _offset(samples))
 
     # ---- the Instance protocol --------------------------------------------------------------
     def start(self, sink: EventSink) -> None:
@@ -263,19 +284,16 @@ class RayInstance:
             (rid, RequestStatus.FINISHED_ABORTED) for rid in sorted(held)], error))
 
 
-async def _clock_offset(actor: Any) -> float:
-    """Our clock minus the actor's, from the fastest of CLOCK_PINGS round trips (NTP's rule:
-    the reading is taken about halfway)."""
-    loop = asyncio.get_running_loop()
-    best: tuple[float, float] | None = None
-    for _ in range(CLOCK_PINGS):
-        sent = loop.time()
-        theirs = await actor.clock.remote()
-        back = loop.time()
-        if best is None or back - sent < best[0]:
-            best = (back - sent, (sent + back) / 2 - theirs)
-    assert best is not None
-    return best[1]
+def _create(instance_id: int, make_engine: EngineFactory, config: EngineConfig,
+            options: dict[str, Any]) -> Any:
+    return ray.remote(EngineActor).options(**options).remote(instance_id, make_engine, config)
+
+
+def _offset(samples: list[tuple[float, float, float]]) -> float:
+    """Our clock minus the actor's from (sent, their reading, back) round trips: the fastest
+    one, read as taken halfway (NTP's rule)."""
+    sent, theirs, back = min(samples, key=lambda s: s[2] - s[0])
+    return (sent + back) / 2 - theirs
 
 
 def _first_line(e: BaseException) -> str:
@@ -290,19 +308,15 @@ class RayPlacement:
         self.actor_options = actor_options
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[RayInstance]:
-        """Start the fleet's actors together; called before the serving loop runs."""
-        async def all_of_them() -> list[RayInstance]:
-            started = await asyncio.gather(*(self.launch(iid, cfg, 0.0) for iid, cfg in configs),
-                                           return_exceptions=True)
-            failed = [e for e in started if isinstance(e, BaseException)]
-            if failed:  # all or nothing: no actor left running for a fleet that did not start
-                for inst in started:
-                    if isinstance(inst, RayInstance):
-                        ray.kill(inst.actor, no_restart=True)
-                raise failed[0]
-            return started  # type: ignore[return-value]
-
-        return asyncio.run(all_of_them())
+        """Start the fleet's actors together (their engines build in parallel); blocks."""
+        actors = [_create(iid, self.make_engine, cfg, self.actor_options) for iid, cfg in configs]
+        try:
+            return [RayInstance.connect(iid, actor, cfg)
+                    for (iid, cfg), actor in zip(configs, actors, strict=True)]
+        except BaseException:  # all or nothing: no actor left for a fleet that did not start
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            raise
 
     async def launch(self, instance_id: int, config: EngineConfig,
                      load_seconds: float) -> RayInstance:
