@@ -74,13 +74,12 @@ class EngineActor:
                 if arrived:
                     self.instance.activate_import(rid, kv)
 
-    async def hello(self) -> tuple[float, Admission, InstanceStats]:
-        """Start the engine task (the loop runs by now); our clock, limits and first stats."""
+    async def hello(self) -> tuple[Admission, InstanceStats]:
+        """Start the engine task (the loop runs by now); the engine's limits, first stats."""
         if not self._started:
             self.instance.start(self._push)
             self._started = True
-        loop = asyncio.get_running_loop()
-        return loop.time(), self.instance.engine.admission, self.instance.stats()
+        return self.instance.engine.admission, self.instance.stats()
 
     async def clock(self) -> float:
         return asyncio.get_running_loop().time()
@@ -163,7 +162,7 @@ class RayInstance:
         wait until its engine is built, measure its clock; the loop serves meanwhile."""
         actor = _create(instance_id, make_engine, config, actor_options)
         try:
-            _, admission, stats = await actor.hello.remote()
+            admission, stats = await actor.hello.remote()
             loop = asyncio.get_running_loop()
             samples = []
             for _ in range(CLOCK_PINGS):
@@ -180,7 +179,7 @@ class RayInstance:
         """``launch`` for code that is not on a loop yet (the fleet at start): blocks. Our
         clock is then time.monotonic(), which is what the asyncio loop's time() reads."""
         try:
-            _, admission, stats = ray.get(actor.hello.remote())
+            admission, stats = ray.get(actor.hello.remote())
             samples = []
             for _ in range(CLOCK_PINGS):
                 sent = time.monotonic()
@@ -223,7 +222,7 @@ class RayInstance:
         """The engine's rule on the latest stats less our reservations since (see above)."""
         st = self._stats
         self.admission.check_size(state.prompt_len, state.max_tokens)
-        needed = -(-state.num_tokens // self.config.block_size)
+        needed = self.admission.blocks_for(state.num_tokens)
         free = st.kv_total_blocks - st.kv_used_blocks - self._reserved
         if needed > free - self.config.watermark_blocks:
             return False

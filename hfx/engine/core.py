@@ -53,12 +53,15 @@ class Admission:
     needs_token_ids: bool  # a real model runs on token ids
     vocab_size: int | None
 
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
     def check_size(self, prompt_len: int, max_tokens: int) -> None:
         total = prompt_len + max_tokens
         if total > self.max_model_len:
             raise EngineError(f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the "
                               f"model's context of {self.max_model_len} tokens")
-        if -(-total // self.block_size) > self.num_kv_blocks:
+        if self.blocks_for(total) > self.num_kv_blocks:
             raise EngineError(f"request of {total} tokens exceeds the KV cache "
                               f"({self.num_kv_blocks * self.block_size} tokens)")
 
@@ -93,15 +96,13 @@ class EngineCore:
         self._aborts: list[str] = []
         self.num_steps = 0
         self.busy_time = 0.0  # seconds spent executing steps
+        # Fixed for the engine's life (a role switch changes none of it): built once, not per
+        # request.
+        self.admission = Admission(config.max_model_len, config.num_kv_blocks, config.block_size,
+                                   getattr(executor, "needs_token_ids", False),
+                                   getattr(executor, "vocab_size", None))
 
     # ---- requests in and out -------------------------------------------------------------
-    @property
-    def admission(self) -> Admission:
-        return Admission(self.config.max_model_len, self.config.num_kv_blocks,
-                         self.config.block_size,
-                         getattr(self.executor, "needs_token_ids", False),
-                         getattr(self.executor, "vocab_size", None))
-
     def check(self, prompt_len: int, max_tokens: int) -> None:
         """Raise EngineError if a request of this size can never run here."""
         self.admission.check_size(prompt_len, max_tokens)
