@@ -45,3 +45,8 @@ def vloop():
     loop = VirtualTimeLoop()
     yield loop
     loop.close()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.json from the current code")

@@ -1,0 +1,115 @@
+"""Golden results: small simulated runs per policy × workload, compared with committed JSON.
+
+Every field of the result object except ``wall_seconds`` must match the file: counts, strings
+and structure exactly, floats to 1e-9 relative (last-bit differences between numpy builds are
+not behaviour). A change that moves any decision of any policy, planner, the Monitor, the
+Scaler, P/D migration or priority mapping moves some number here. When a change is meant to
+move them, regenerate and review the diff:
+
+    python -m pytest tests/test_golden.py --update-golden
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hfx.config import SimConfig
+from hfx.sim import simulate
+
+GOLDEN = Path(__file__).parent / "golden"
+
+BURST = str(GOLDEN / "traces" / "burst.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
+POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve", "polyserve")
+
+# name → SimConfig fields. Loads sit past each workload's knee on two instances for several
+# seconds, where the policies' decisions differ most; the whole file runs in well under a minute.
+CASES: dict[str, dict[str, Any]] = {
+    **{f"{p}-four-task": {"policy": p, "qps": 200, "requests_per_task": 150} for p in POLICIES},
+    **{f"{p}-two-task": {"policy": p, "workload": "two-task", "qps": 120, "requests_per_task": 100}
+       for p in POLICIES},
+    "hfx-wikisql": {"policy": "hfx", "workload": "wikisql", "qps": 60, "requests_per_task": 200},
+    "sa-wikisql": {"policy": "sa", "workload": "wikisql", "qps": 60, "requests_per_task": 200},
+    "polyserve-tiered-512": {"policy": "polyserve", "workload": "tiered-512-512", "qps": 60,
+                             "requests_per_task": 20, "model": "llama-3.1-8b", "hardware": "h200",
+                             "instances": 4},
+    # P/D: the P-stage dispatcher, the Migrator, KV links (seed 000 §5.1).
+    **{f"{p}-pd": {"policy": p, "mode": "pd", "qps": 200, "requests_per_task": 150}
+       for p in ("hfx", "rr", "least-loaded")},
+    # The Scaler (seed 000 §6): out in the burst, in after it, 2 s apart (cool-down).
+    "hfx-scaling-burst": {"policy": "hfx", "workload": BURST, "max_instances": 4},
+    "rr-scaling-burst-cpu-path": {"policy": "rr", "workload": BURST, "max_instances": 4,
+                                  "weight_path": "cpu"},
+    "hfx-pd-scaling": {"policy": "hfx", "mode": "pd", "qps": 240, "requests_per_task": 60,
+                       "max_instances": 8},
+    # HFX-PM (seed 000 §5.2).
+    "hfx-priorities": {"policy": "hfx", "qps": 200, "requests_per_task": 150, "priorities": 4},
+    # The dispatcher's model 30% too slow (seed 000 Figure 4 setting).
+    "hfx-predictor-error": {"policy": "hfx", "qps": 200, "requests_per_task": 150,
+                            "predictor_error": 0.3},
+    # A small KV cache: preemption by recompute, chunked prefill.
+    "rr-chunked-small-kv": {"policy": "rr", "qps": 60, "requests_per_task": 40,
+                            "planner": "chunked", "kv_capacity_tokens": 4096},
+    "hfx-monitor-5s": {"policy": "hfx", "qps": 200, "requests_per_task": 150,
+                       "monitor_interval": 5.0},
+}
+
+
+def _name_free(result: dict) -> dict:
+    """The trace path is this checkout's; the file is the same everywhere."""
+    for d in (result, result["config"]):
+        if d["workload"] == BURST:
+            d["workload"] = "burst.jsonl"
+    return result
+
+
+def _result(name: str) -> dict:
+    r = simulate(SimConfig(**CASES[name]))
+    r.pop("wall_seconds")
+    return _name_free(json.loads(json.dumps(r)))  # tuples → lists, keys → strings, as the file has them
+
+
+def _diff(want: Any, got: Any, path: str = "$") -> list[str]:
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = [f"{path}.{k}: missing" for k in sorted(want.keys() - got.keys())]
+        out += [f"{path}.{k}: unexpected" for k in sorted(got.keys() - want.keys())]
+        for k in sorted(want.keys() & got.keys()):
+            out += _diff(want[k], got[k], f"{path}.{k}")
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{path}: {len(got)} items, want {len(want)}"]
+        return [d for i, (a, b) in enumerate(zip(want, got, strict=True))
+                for d in _diff(a, b, f"{path}[{i}]")]
+    if isinstance(want, float) and isinstance(got, float) and not isinstance(want, bool):
+        if math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-12):
+            return []
+    elif want == got and type(want) is type(got):
+        return []
+    return [f"{path}: {got!r}, want {want!r}"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str, request: pytest.FixtureRequest) -> None:
+    path = GOLDEN / f"{name}.json"
+    got = _result(name)
+    if request.config.getoption("--update-golden"):
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        return
+    assert path.exists(), f"no golden file; run: pytest {__file__} --update-golden"
+    diffs = _diff(json.loads(path.read_text()), got)
+    assert not diffs, f"{name}: {len(diffs)} fields moved:\n" + "\n".join(diffs[:25])
+
+
+def test_every_golden_file_has_a_case() -> None:
+    assert {p.stem for p in GOLDEN.glob("*.json")} == set(CASES)
+
+
+def test_diff_finds_what_moved() -> None:
+    assert _diff({"a": 1.0, "b": [1, 2]}, {"a": 1.0 + 1e-12, "b": [1, 2]}) == []
+    assert _diff({"a": 1, "b": [1, 2]}, {"a": 1.0, "b": [1, 3]}) == [
+        "$.a: 1.0, want 1", "$.b[1]: 3, want 2"]
