@@ -9,19 +9,22 @@ import pytest
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import LocalInstance
+from hfx.cluster.monitor import Monitor
+from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import make_policy
+from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)
 PROFILE = Profile("test", MODEL, kv_capacity_tokens=8192)
 
 
-def cluster(policy: str, n: int = 3) -> ControlPlane:
+def cluster(policy: str, n: int = 3, **kw) -> ControlPlane:
     cfg = EngineConfig(num_kv_blocks=512, block_size=16)
     instances = [LocalInstance(i, EngineCore(cfg, SimExecutor(MODEL))) for i in range(n)]
-    return ControlPlane(instances, make_policy(policy), PROFILE)
+    return ControlPlane(instances, make_policy(policy), PROFILE, **kw)
 
 
 SLO_DEFAULT = SLO(1.0, 0.1)
@@ -158,3 +161,65 @@ def test_a_broken_instances_requests_resume_elsewhere_with_every_token():
         assert heard[f"r{i}"][-1].finish_reason == "length"
     assert all(cp.records[f"r{i}"].outcome is Outcome.FINISHED for i in (1, 3, 9))
     assert 0 in cp.retired
+
+
+class HoldingPolicy(ArrivalOrderPolicy):
+    """Dispatches nothing; remembers what each call saw."""
+
+    name = "hold"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[float, list[float]]] = []
+
+    def schedule(self, view):
+        self.calls.append((view.now, [v.stats.time for v in view.instances]))
+        return Decision()
+
+
+def test_monitor_snapshots_reach_the_policy_every_interval():
+    async def main():
+        cfg = EngineConfig(num_kv_blocks=512, block_size=16)
+        policy = HoldingPolicy()
+        cp = ControlPlane([LocalInstance(i, EngineCore(cfg, SimExecutor(MODEL)))
+                           for i in range(2)], policy, PROFILE, monitor=Monitor(0.5))
+        await cp.start()
+        cp.submit(req(0))  # queued work: each snapshot calls the policy
+        await asyncio.sleep(1.6)
+        await cp.stop()
+        return policy.calls
+
+    calls = run(main(), virtual=True)
+    # The arrival, then a snapshot every 0.5 s, each seen with that snapshot's stats.
+    assert calls == [(0.0, [0.0, 0.0]), (0.5, [0.5, 0.5]), (1.0, [1.0, 1.0]),
+                     (1.5, [1.5, 1.5])]
+
+
+def test_priority_slo_is_clamped_while_a_higher_priority_waits_for_its_first_token():
+    """HFX-PM's contention rule (seed 000 §5.2, our reading): with a more important request
+    still without its first token, a priority's SLO keeps its own lower bound; otherwise the
+    bound relaxes to the strictest priority's."""
+    ranges = [PriorityRange.around(SLO(0.2, 0.02)), PriorityRange.around(SLO(2.0, 0.2))]
+
+    async def main():
+        mapper = PriorityMapper(ranges)
+        for _ in range(10):  # recent completions far faster than either range
+            mapper.observe(1, ttft=0.01, queue_time=0.0, tpot=0.001)
+        cp = cluster("rr", n=2, mapper=mapper)
+        await cp.start()
+        alone = cp.submit(Request("a", 0.0, 50, 10, None, priority=1)).slo
+        await cp.wait_idle()
+        now = asyncio.get_running_loop().time()
+        cp.submit(Request("p0", now, 4000, 10, None, priority=0))  # a long prefill
+        contended = cp.submit(Request("b", now, 50, 10, None, priority=1)).slo
+        await cp.wait_idle()
+        after = cp.submit(Request("c", asyncio.get_running_loop().time(), 50, 10, None,
+                                  priority=1)).slo
+        await cp.wait_idle()
+        await cp.stop()
+        return alone, contended, after
+
+    alone, contended, after = run(main(), virtual=True)
+    assert alone == SLO(ranges[0].lo.ttft, ranges[0].lo.tpot)  # relaxed to the strictest
+    assert contended == SLO(ranges[1].lo.ttft, ranges[1].lo.tpot)  # its own bound
+    assert after == alone  # p0 got its first token: relaxed again

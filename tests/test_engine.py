@@ -198,3 +198,43 @@ def test_requests_that_can_never_run_are_refused():
     engine.add_request(seq("c", 8, 8))
     with pytest.raises(EngineError, match="duplicate"):
         engine.add_request(seq("c", 8, 8))
+
+
+@pytest.mark.parametrize("planner", ["prefill-first", "chunked"])
+def test_preemption_takes_the_most_recently_admitted_first(vloop, planner):
+    # 10 blocks of 4 tokens; four requests of 8 + 12 tokens are admitted in order r0..r3 and
+    # outgrow the cache while decoding: the newest admitted loses its KV first (vLLM's rule),
+    # the oldest never does.
+    engine, _ = make_engine(num_blocks=10, block_size=4, planner=planner, watermark=0.0)
+    seqs = [seq(f"r{i}", 8, 12) for i in range(4)]
+    for s in seqs:
+        engine.add_request(s)
+    order: list[str] = []
+
+    def check(e):
+        for s in seqs:
+            if s.num_preemptions > order.count(s.request_id):
+                order.append(s.request_id)
+
+    vloop.run_until_complete(drain(engine, check))
+    assert order and order[0] == "r3"
+    assert seqs[0].num_preemptions == 0
+
+
+def test_watermark_keeps_blocks_free_for_running_decodes(vloop):
+    # 20 blocks, watermark 25% = 5 blocks. r0 runs (3 blocks); r1 needs 13 blocks: admitting it
+    # would leave 4 < 5 free, so it waits while r0 runs; without a watermark it is admitted.
+    def first_admitted_with(watermark: float) -> list[dict[str, int]]:
+        engine, ex = make_engine(num_blocks=20, block_size=4, watermark=watermark)
+        engine.add_request(seq("r0", 10, 4))
+
+        async def go():
+            await engine.step()  # r0's prefill: r0 is running now
+            engine.add_request(seq("r1", 50, 1))
+            await engine.step()
+
+        vloop.run_until_complete(go())
+        return ex.plans
+
+    assert first_admitted_with(0.25)[1] == {"r0": 1}  # r1 held back: r0 decodes
+    assert first_admitted_with(0.0)[1] == {"r1": 50}  # r1 admitted: prefill first

@@ -70,7 +70,8 @@ def _name_free(result: dict) -> dict:
 def _result(name: str) -> dict:
     r = simulate(SimConfig(**CASES[name]))
     r.pop("wall_seconds")
-    return _name_free(json.loads(json.dumps(r)))  # tuples → lists, keys → strings, as the file has them
+    # Through JSON: tuples become lists and keys strings, as the file has them.
+    return _name_free(json.loads(json.dumps(r)))
 
 
 def _diff(want: Any, got: Any, path: str = "$") -> list[str]:

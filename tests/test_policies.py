@@ -105,6 +105,47 @@ def test_hfx_idle_instance_takes_work_beyond_the_budget():
     assert [x.request.id for x in d.dispatch] == ["huge"]
 
 
+def kv_view(now: float, used_blocks: list[int]) -> ClusterView:
+    """Idle instances whose KV holds ``used_blocks`` of 6,250 blocks of 16 tokens."""
+    stats = [InstanceStats(i, Role.COLOCATED, now, 0, 0, 0, u, 0, 6250, 16, 0, 256, 0.0, 0)
+             for i, u in enumerate(used_blocks)]
+    return ClusterView(now, [InstanceView(i, Role.COLOCATED, s) for i, s in enumerate(stats)],
+                       MODEL, PROFILE)
+
+
+def test_scorpio_round_robins_at_arrival_and_its_ttft_guard_rejects():
+    pol = make_policy("scorpio")
+    for i in range(4):
+        pol.enqueue(req(f"r{i}", 0.0, 100, 0.7, 0.5), 0.0)
+    # Its deadline-ordered prefill alone (0.02 + 1e-4·9000 = 0.92 s) misses its 0.5 s TTFT.
+    pol.enqueue(req("long", 0.0, 9000, 0.5, 0.5), 0.0)
+    d = pol.schedule(view(0.0, n=2))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [
+        ("r0", 0), ("r2", 0), ("r1", 1), ("r3", 1)]
+    assert [r.id for r in d.reject] == ["long"]
+
+
+def test_aladdin_places_by_best_fit_among_feasible_workers():
+    pol = make_policy("aladdin")
+    pol.enqueue(req("small", 0.0, 1000, 5.0, 0.5), 0.0)
+    pol.enqueue(req("large", 0.0, 30_000, 5.0, 0.5), 0.0)  # more than worker 0 has free
+    # Worker 0 has 1,250 blocks (20,000 tokens) free, worker 1 all 100,000.
+    d = pol.schedule(kv_view(0.0, [5000, 0]))
+    assert [(x.request.id, x.instance, x.best_effort) for x in d.dispatch] == [
+        ("small", 0, False), ("large", 1, False)]
+
+
+def test_sa_assigns_each_request_to_the_largest_remaining_memory():
+    pol = make_policy("sa")
+    for rid, prompt in (("big", 3000), ("a", 100), ("b", 100)):
+        pol.enqueue(req(rid, 0.0, prompt, 5.0, 0.5), 0.0)
+    d = pol.schedule(view(0.0, n=2))
+    placed = {x.request.id: x.instance for x in d.dispatch}
+    placed |= {r.id: iid for iid, pending in pol._pending.items() for r, _ in pending}
+    # big → 0 (a tie, lowest id); a → 1; b → 1, which still has more left than 0.
+    assert placed == {"big": 0, "a": 1, "b": 1}
+
+
 # ---- SCORPIO ---------------------------------------------------------------------------------
 def test_virtual_batch_size_is_sum_of_trp():
     assert virtual_batch_size([0.25, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25)
