@@ -21,8 +21,8 @@ from dataclasses import replace
 
 from hfx.bench import write_json
 from hfx.bench.workloads import generate
-from hfx.cluster.instance import InstanceStats
 from hfx.engine import Role
+from hfx.engine.stats import InstanceStats
 from hfx.latency import load_profile
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.sa_search import Job, anneal, evaluate

@@ -32,9 +32,9 @@ from hfx.bench import write_json
 from hfx.bench.workloads import generate
 from hfx.clock import run
 from hfx.config import SimConfig
-from hfx.engine.torch_executor import TorchExecutor
+from hfx.engine.torch_executor import TorchExecutor, real_engine
 from hfx.latency import Profile, load_profile
-from hfx.model.build import LoadedModel, build_model, real_engine
+from hfx.model.build import LoadedModel, build_model
 from hfx.profiler import Grid, measure, profile_model
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.sim import run_cluster
@@ -84,7 +84,7 @@ def drift(loaded: LoadedModel, profile: Profile) -> float:
 def one_load(config: SimConfig, requests: list[Request], profile: Profile,
              loaded: LoadedModel) -> dict:
     control, real_end = run(run_cluster(config, requests, profile, progress=True,
-                                        make_engine=lambda ecfg: real_engine(loaded, ecfg)),
+                                        make_engine=lambda ecfg: real_engine(loaded.model, ecfg)),
                             virtual=False)
     real = stats(list(control.records.values()))
     control, sim_end = run(run_cluster(config, requests, profile), virtual=True)

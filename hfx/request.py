@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hfx.engine.sequence import GREEDY, SamplingParams
+from hfx.sampling import GREEDY, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

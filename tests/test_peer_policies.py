@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import make_engine, seq
 
-from hfx.cluster.instance import InstanceStats
 from hfx.config import SimConfig
 from hfx.engine import Role
+from hfx.engine.stats import InstanceStats
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, InstanceView, make_policy
 from hfx.policies.polyserve import IterationTable

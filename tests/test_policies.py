@@ -8,9 +8,9 @@ import random
 import pytest
 from conftest import make_engine, seq
 
-from hfx.cluster.instance import InstanceStats
 from hfx.config import SimConfig
 from hfx.engine import Role
+from hfx.engine.stats import InstanceStats
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.hfx import maturity_time, token_budget

@@ -11,8 +11,9 @@ torch = pytest.importorskip("torch")
 
 from hfx.cluster.control import TokenEvent  # noqa: E402
 from hfx.config import SimConfig  # noqa: E402
+from hfx.engine.torch_executor import real_engine  # noqa: E402
 from hfx.latency import Profile, StepTimeModel  # noqa: E402
-from hfx.model.build import build_model, real_engine  # noqa: E402
+from hfx.model.build import build_model  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
 from hfx.sim import build_cluster  # noqa: E402
 
@@ -32,7 +33,7 @@ def serve(loaded, config: SimConfig, requests: list[Request]) -> dict[str, list[
     heard: dict[str, list[TokenEvent]] = {r.id: [] for r in requests}
 
     async def go() -> None:
-        control = build_cluster(config, profile, lambda ecfg: real_engine(loaded, ecfg))
+        control = build_cluster(config, profile, lambda ecfg: real_engine(loaded.model, ecfg))
         await control.start()
         for r in requests:
             control.submit(r, heard[r.id].append)

@@ -16,10 +16,11 @@ transformers = pytest.importorskip("transformers")
 from hfx.engine import EngineConfig, EngineCore, EngineError, RequestStatus, Role  # noqa: E402
 from hfx.engine.block_manager import BlockManager  # noqa: E402
 from hfx.engine.planners.base import SchedulerOutput  # noqa: E402
-from hfx.engine.sequence import SamplingParams, Sequence  # noqa: E402
+from hfx.engine.sequence import Sequence  # noqa: E402
 from hfx.engine.torch_executor import TorchExecutor  # noqa: E402
 from hfx.model.shapes import get_shape  # noqa: E402
 from hfx.model.weights import random_model  # noqa: E402
+from hfx.sampling import SamplingParams  # noqa: E402
 
 LOGIT_ATOL = 1e-4  # float32; observed difference 0.0 on CPU (same kernels, same order)
 

@@ -10,37 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
-from hfx.engine import EngineCore, RequestStatus, Role, Sequence, StepOutput
+from hfx.engine import EngineCore, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import Request
 
 EventSink = Callable[[int, StepOutput], None]
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStats:
-    """A snapshot of one instance, as the Monitor collects it."""
-
-    instance_id: int
-    role: Role
-    time: float
-    num_waiting: int
-    num_running: int
-    num_held: int  # prefill role: prefilled requests waiting to migrate
-    kv_used_blocks: int
-    kv_waiting_blocks: int  # blocks its waiting requests will need when admitted
-    kv_total_blocks: int
-    block_size: int
-    decode_ctx: int  # Σ l_cur over running sequences (what Eq. 2 needs)
-    max_num_seqs: int  # sequences the engine runs at once
-    busy_time: float  # seconds spent executing steps so far
-    num_steps: int
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_used_blocks / self.kv_total_blocks
 
 
 class Instance(Protocol):

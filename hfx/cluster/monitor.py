@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
 
-from hfx.cluster.instance import Instance, InstanceStats
+from hfx.cluster.instance import Instance
+from hfx.engine.stats import InstanceStats
 
 DEFAULT_MONITOR_INTERVAL = 1.0  # seconds, seed 000 §9.3
 

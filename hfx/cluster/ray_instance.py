@@ -36,9 +36,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from hfx.cluster.instance import EventSink, InstanceStats, LocalInstance
+from hfx.cluster.instance import EventSink, LocalInstance
 from hfx.cluster.placement import EngineFactory
 from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput
+from hfx.engine.stats import InstanceStats
 from hfx.request import Request
 
 POLL_SECONDS = 0.25  # longest wait for a poll without events: how stale stats() may get

@@ -42,9 +42,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from hfx.cluster.instance import Instance, InstanceStats
+from hfx.cluster.instance import Instance
 from hfx.cluster.provisioner import Provisioner
 from hfx.engine import Role
+from hfx.engine.stats import InstanceStats
 
 
 @dataclass(frozen=True, slots=True)

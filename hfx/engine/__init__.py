@@ -3,7 +3,8 @@
 from hfx.engine.config import EngineConfig
 from hfx.engine.core import Admission, EngineCore, EngineError, StepOutput
 from hfx.engine.executor import Executor, SimExecutor
-from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, SamplingParams, Sequence
+from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, Sequence
+from hfx.engine.stats import InstanceStats
 
 __all__ = [
     "FINISH_REASON",
@@ -12,9 +13,9 @@ __all__ = [
     "EngineCore",
     "EngineError",
     "Executor",
+    "InstanceStats",
     "RequestStatus",
     "Role",
-    "SamplingParams",
     "Sequence",
     "SimExecutor",
     "StepOutput",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from hfx.sampling import GREEDY, SamplingParams
+
 
 class Role(str, enum.Enum):
     """What an instance does: both phases, or one side of P/D disaggregation (seed 000 §5.1)."""
@@ -34,25 +36,6 @@ class RequestStatus(enum.IntEnum):
     @property
     def finished(self) -> bool:
         return self > RequestStatus.PREFILLED
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How a real executor picks the next token. temperature 0 is greedy; a seed makes sampling
-    reproducible whatever else shares the batch."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-GREEDY = SamplingParams()
 
 
 # Finished status → OpenAI finish_reason (None: the request goes on elsewhere).

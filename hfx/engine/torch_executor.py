@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hfx.engine.config import EngineConfig
+from hfx.engine.core import EngineCore
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
 from hfx.model.sampler import sample
@@ -175,3 +177,10 @@ class TorchExecutor:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+def real_engine(model: CausalLM, config: EngineConfig, threaded: bool = True,
+                seed: int = 0) -> EngineCore:
+    """An engine core whose executor runs ``model`` (a checkpoint or random weights)."""
+    return EngineCore(config, TorchExecutor(model, config.num_kv_blocks, config.block_size,
+                                            threaded=threaded, seed=seed))

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import torch
 
-from hfx.engine import EngineConfig, EngineCore
-from hfx.engine.torch_executor import TorchExecutor
 from hfx.model.shapes import get_shape
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.model.transformer import CausalLM
@@ -55,10 +53,3 @@ def build_model(shape: str | None = "tiny", checkpoint: str | Path | None = None
     if model.shape.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(f"shape {shape!r} has too small a vocabulary for the byte tokenizer")
     return LoadedModel(model, tokenizer, f"{shape}-random")
-
-
-def real_engine(loaded: LoadedModel, config: EngineConfig, threaded: bool = True,
-                seed: int = 0) -> EngineCore:
-    executor = TorchExecutor(loaded.model, config.num_kv_blocks, config.block_size,
-                             threaded=threaded, seed=seed)
-    return EngineCore(config, executor)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from hfx.engine.sequence import SamplingParams
+from hfx.sampling import SamplingParams
 
 _SEED_STRIDE = 1_000_003  # a prime: (seed, position) pairs map to distinct generator seeds
 

@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hfx.cluster.instance import InstanceStats
 from hfx.engine import Role
+from hfx.engine.stats import InstanceStats
 from hfx.latency import Profile, StepTimeModel
 from hfx.request import Request, RequestRecord
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from hfx.cluster.instance import InstanceStats
+from hfx.engine.stats import InstanceStats
 from hfx.policies.base import InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.request import Outcome, Request, RequestRecord

@@ -43,9 +43,9 @@ class EngineSpec:
         if self.executor == "sim":
             assert self.profile is not None
             return EngineCore(config, SimExecutor(self.profile.model))
-        from hfx.model.build import real_engine
+        from hfx.engine.torch_executor import real_engine
 
-        return real_engine(self.model(), config)
+        return real_engine(self.model().model, config)
 
     def model(self) -> LoadedModel:
         return _load(self.shape, self.checkpoint, self.dtype, self.device, self.weight_seed)

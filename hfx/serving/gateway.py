@@ -18,8 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from hfx.engine import SamplingParams
 from hfx.request import Outcome
+from hfx.sampling import SamplingParams
 from hfx.serving.protocol import (
     APIError,
     ChatCompletionRequest,

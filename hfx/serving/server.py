@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from hfx.cluster.control import ControlPlane, TokenEvent
-from hfx.engine import SamplingParams
 from hfx.latency import StepTimeModel
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.sampling import SamplingParams
 from hfx.serving.metrics import Metrics
 from hfx.serving.protocol import APIError, SLOBody
 
