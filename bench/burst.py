@@ -18,11 +18,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hfx.bench import write_json
-from hfx.bench.metrics import summarize
-from hfx.bench.workloads import phases
 from hfx.clock import run
 from hfx.config import SimConfig
+from hfx.evaluation import write_json
+from hfx.evaluation.metrics import summarize
+from hfx.evaluation.workloads import phases
 from hfx.sim import instance_spans, resolve_profile, run_cluster, scaling_summary
 
 

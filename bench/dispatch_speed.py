@@ -19,10 +19,10 @@ import time
 from array import array
 from dataclasses import replace
 
-from hfx.bench import write_json
-from hfx.bench.workloads import generate
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
+from hfx.evaluation import write_json
+from hfx.evaluation.workloads import generate
 from hfx.latency import load_profile
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.sa_search import Job, anneal, evaluate

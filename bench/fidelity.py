@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hfx.bench import write_json
-from hfx.bench.workloads import generate
 from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.engine.torch_executor import TorchExecutor, real_engine
+from hfx.evaluation import write_json
+from hfx.evaluation.workloads import generate
 from hfx.latency import Profile, load_profile
 from hfx.model.build import LoadedModel, build_model
 from hfx.profiler import Grid, measure, profile_model

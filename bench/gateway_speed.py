@@ -29,9 +29,9 @@ from concurrent.futures import ProcessPoolExecutor
 import httpx
 import numpy as np
 
-from hfx.bench import write_json
-from hfx.bench.client import drive
-from hfx.bench.workloads import load_workload
+from hfx.evaluation import write_json
+from hfx.evaluation.client import drive
+from hfx.evaluation.workloads import load_workload
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from hfx.bench import write_json
+from hfx.evaluation import write_json
 
 
 async def handoff(n: int) -> dict:

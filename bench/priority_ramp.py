@@ -20,10 +20,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hfx.bench import write_json
-from hfx.bench.metrics import summarize
 from hfx.clock import run
 from hfx.config import SimConfig
+from hfx.evaluation import write_json
+from hfx.evaluation.metrics import summarize
 from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
 
 LEVELS = 4

@@ -19,9 +19,9 @@ from dataclasses import replace
 import numpy as np
 import ray
 
-from hfx.bench import write_json
 from hfx.cluster.control import TokenEvent
 from hfx.config import ServeConfig
+from hfx.evaluation import write_json
 from hfx.request import SLO, Request
 from hfx.serving.build import build_server
 

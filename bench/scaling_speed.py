@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from hfx.bench import write_json
+from hfx.evaluation import write_json
 from hfx.model.shapes import get_shape
 from hfx.model.weight_manager import OffloadedWeights, WeightManager, load_weights, warm_model
 from hfx.model.weights import (

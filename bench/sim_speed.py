@@ -16,8 +16,8 @@ import platform
 import statistics
 import time
 
-from hfx.bench import write_json
 from hfx.config import SimConfig
+from hfx.evaluation import write_json
 from hfx.sim import simulate
 
 

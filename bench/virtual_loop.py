@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import time
 
-from hfx.bench import write_json
 from hfx.clock import VirtualTimeLoop
+from hfx.evaluation import write_json
 
 
 async def workload(n: int) -> float:

@@ -11,7 +11,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from hfx.bench import write_json
 from hfx.config import (
     ProfileConfig,
     ServeConfig,
@@ -19,6 +18,7 @@ from hfx.config import (
     add_model_args,
     model_from_args,
 )
+from hfx.evaluation import write_json
 
 
 def _csv(kind: type) -> callable:
@@ -67,8 +67,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hfx.bench.presets import PRESETS
-    from hfx.bench.sweep import capacity_table, ratio_table, run_grid, table, write
+    from hfx.evaluation.presets import PRESETS
+    from hfx.evaluation.sweep import capacity_table, ratio_table, run_grid, table, write
 
     preset = None
     if args.preset:
@@ -99,8 +99,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from hfx.bench.workloads import TIERED, WORKLOADS
     from hfx.engine.planners import PLANNERS
+    from hfx.evaluation.workloads import TIERED, WORKLOADS
     from hfx.latency import shipped_profiles
     from hfx.policies import POLICIES
 
@@ -115,7 +115,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     print("shapes:   ", ", ".join(SHAPES), "(random-weight models for hfx profile; or "
           "--checkpoint DIR)")
-    from hfx.bench.presets import PRESETS
+    from hfx.evaluation.presets import PRESETS
 
     print("presets:")
     for name, p in PRESETS.items():
@@ -177,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     try:
-        from hfx.bench.client import bench
+        from hfx.evaluation.client import bench
     except ImportError as e:
         raise ValueError(f"hfx bench needs httpx ({e}): pip install -e '.[serve]'") from None
     result = bench(args.target, args.workload, args.qps, args.seed, args.requests_per_task)

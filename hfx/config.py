@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hfx.bench.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.engine.planners import PLANNERS
+from hfx.evaluation.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.policies import PD_POLICIES, POLICIES
 
 

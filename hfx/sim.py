@@ -15,8 +15,6 @@ from dataclasses import asdict, replace
 
 from tqdm import tqdm
 
-from hfx.bench.metrics import distribution, summarize
-from hfx.bench.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
@@ -28,6 +26,8 @@ from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
+from hfx.evaluation.metrics import distribution, summarize
+from hfx.evaluation.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.latency import Profile, load_profile
 from hfx.policies import make_pd_policies, make_policy
 from hfx.request import Outcome, Request

@@ -6,7 +6,7 @@ from array import array
 
 import pytest
 
-from hfx.bench.metrics import cost_units, summarize, summarize_records
+from hfx.evaluation.metrics import cost_units, summarize, summarize_records
 from hfx.request import SLO, Outcome, Request, RequestRecord
 
 SLO_DEFAULT = SLO(1.0, 0.5)

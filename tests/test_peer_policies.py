@@ -133,7 +133,7 @@ def test_peer_policies_serve_everything(policy):
 
 
 def test_capacity_interpolates_the_90_percent_crossing():
-    from hfx.bench.sweep import capacity
+    from hfx.evaluation.sweep import capacity
 
     def row(series, qps, att):
         return {"series": series, "qps": qps, "attainment": att, "attainment_dslo": att,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hfx.bench.metrics import cost_units
 from hfx.clock import run
 from hfx.cluster.provisioner import LoadModel, Provisioner
 from hfx.cluster.scaler import RateWindow, ScalerConfig, kv_utilisation, wait_indicator
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
+from hfx.evaluation.metrics import cost_units
 from hfx.request import Outcome
 from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simulate
 

@@ -105,7 +105,7 @@ def test_cli_unknown_names_list_the_valid_ones(capsys):
 
 
 def test_cli_sweep_series_do_not_inherit_each_others_fields(tmp_path, monkeypatch):
-    from hfx.bench import presets
+    from hfx.evaluation import presets
 
     monkeypatch.setitem(presets.PRESETS, "two", presets.Preset(
         "test", "four-task", (("scaling", {"policy": "rr", "max_instances": 4}),
@@ -118,7 +118,7 @@ def test_cli_sweep_series_do_not_inherit_each_others_fields(tmp_path, monkeypatc
 
 
 def test_cli_sweep_preset_may_set_any_field(tmp_path, capsys, monkeypatch):
-    from hfx.bench import presets
+    from hfx.evaluation import presets
 
     monkeypatch.setitem(presets.PRESETS, "tiny", presets.Preset(
         "test", "four-task", (("a", {"policy": "rr"}),), (10.0,),

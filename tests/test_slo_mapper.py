@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hfx.bench.workloads import TASKS, load_trace, priority_levels
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange, eq6_index
 from hfx.config import SimConfig
+from hfx.evaluation.workloads import TASKS, load_trace, priority_levels
 from hfx.request import SLO
 from hfx.sim import simulate
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hfx.bench.workloads import TASKS, TraceError, generate, load_trace, lognormal_lengths
+from hfx.evaluation.workloads import TASKS, TraceError, generate, load_trace, lognormal_lengths
 from hfx.request import SLO
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hfx.bench.workloads import TASKS
 from hfx.config import ServeConfig, SimConfig
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.evaluation.workloads import TASKS
 from hfx.latency import Profile, load_profile
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO

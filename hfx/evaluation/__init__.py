@@ -1,3 +1,5 @@
+"""Evaluation: workloads (Table 1 tasks, arrivals, traces), metrics (attainment, latency,
+cost), and what is built on them: sweeps, the seeds' experiment presets, the live-server client."""
 
 
 def write_json(path: str, obj: object) -> None:

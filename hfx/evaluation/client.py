@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from hfx.bench.metrics import summarize
-from hfx.bench.workloads import load_workload
+from hfx.evaluation.metrics import summarize
+from hfx.evaluation.workloads import load_workload
 from hfx.request import Outcome, Request, RequestRecord
 
 
