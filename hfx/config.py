@@ -10,7 +10,7 @@ import argparse
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,19 +20,20 @@ from hfx.evaluation.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOAD
 from hfx.policies import PD_POLICIES, POLICIES
 
 
-class SimConfig(BaseModel):
-    """One simulated run: a workload on a fleet under one policy."""
+class Section(BaseModel):
+    """One section of the configuration. Commands compose the sections they need, so each
+    setting has one definition, one default and one flag wherever it applies; a YAML file may
+    give a section's settings flat or under its name (``scaler: {max_instances: 4}``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    section: ClassVar[str]
 
-    workload: str = Field("four-task", description=(
-        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
-        f"per client), {', '.join(TIERED)} (PolyServe's setting, seed 003 §5.1; 4 × "
-        "requests-per-task requests), or a trace file (.jsonl/.csv)"))
-    policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
-                        f"{', '.join(PD_POLICIES)})")
-    qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
-                       "between the tasks (seed 000 §7.3); ignored for trace files")
+
+class FleetSection(Section):
+    """Which instances serve, in which roles, and how the control plane watches them."""
+
+    section: ClassVar[str] = "fleet"
+
     instances: int = Field(2, ge=1, description="number of instances, colocated mode (seed 000 "
                            "§8.1: 2)")
     mode: Literal["colocated", "pd"] = Field("colocated", description="colocated, or pd: "
@@ -48,15 +49,19 @@ class SimConfig(BaseModel):
     link_latency: float = Field(0.5e-3, ge=0, description="fixed cost of one KV transfer, s")
     kv_bytes_per_token: int | None = Field(None, ge=1, description="KV bytes per token; default:"
                                            " from the profile's model config")
-    seed: int = Field(0, ge=0, description="random seed of the workload")
-    requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
-                                   description="requests drawn per task (seed 000 §7.3: 300)")
-    model: str = Field("qwen2.5-7b", description="model of the shipped roofline profile "
-                       "(qwen2.5-7b, qwen2.5-32b, llama-3-70b)")
-    hardware: str = Field("ascend-910b", description="device of the shipped roofline profile "
-                          "(ascend-910b, the seeds' NPU; h200)")
-    profile: str | None = Field(None, description="step-time profile JSON; overrides "
-                                "--model/--hardware")
+    monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
+                                    "(seed 000 §9.3: 1 s)")
+
+    @property
+    def initial_instances(self) -> int:
+        return self.prefill + self.decode if self.mode == "pd" else self.instances
+
+
+class EngineSection(Section):
+    """Each instance's engine: batch planner, sequence and token limits, KV cache."""
+
+    section: ClassVar[str] = "engine"
+
     planner: str | None = Field(None, description=f"engine batch planner ({', '.join(PLANNERS)});"
                                 " default: the policy's own")
     max_num_seqs: int = Field(256, ge=1, description="running sequences per instance at most")
@@ -65,8 +70,38 @@ class SimConfig(BaseModel):
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
     kv_capacity_tokens: int | None = Field(None, ge=1, description="KV capacity per instance in "
                                            "tokens; default: from the profile's memory")
-    monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
-                                    "(seed 000 §9.3: 1 s)")
+
+    @field_validator("planner")
+    @classmethod
+    def _known_planner(cls, v: str | None) -> str | None:
+        if v is not None and v not in PLANNERS:
+            raise ValueError(f"unknown planner {v!r}; choose one of {', '.join(PLANNERS)}")
+        return v
+
+
+class PolicySection(Section):
+    """The dispatch policy, its parameters and predictions, and priority mapping."""
+
+    section: ClassVar[str] = "policy"
+
+    policy: str = Field("rr", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
+                        f"{', '.join(PD_POLICIES)})")
+    policy_params: dict[str, float | str] = Field(default_factory=dict, description=(
+        "policy parameters as key=value,... (e.g. theta=0.6 for hfx)"))
+    predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
+                                   "predictions are scaled by (1 + this); 0.2 = 20% too slow")
+    priorities: int | None = Field(None, ge=1, description=(
+        "give each task a priority instead of its SLO (0 = most important, by TTFT SLO) and map "
+        "priorities to SLOs with HFX-PM (seed 000 §5.2); N levels"))
+    priority_window: int = Field(200, ge=1, description="HFX-PM sliding window, completed "
+                                 "requests (the seed gives no value)")
+
+
+class ScalerSection(Section):
+    """The Scaler (seed 000 §6, Algorithm 3) and how new instances get their weights."""
+
+    section: ClassVar[str] = "scaler"
+
     max_instances: int | None = Field(None, ge=1, description=(
         "turn the Scaler on, up to this many instances (in pd mode both pools together; seed "
         "000 §8: 2 → 4 colocated, 4 → 8 P/D)"))
@@ -86,26 +121,21 @@ class SimConfig(BaseModel):
                                     "falls back to disk")
     load_profile: str | None = Field(None, description="measured load seconds per weight path "
                                      "(JSON), replacing the model")
-    priorities: int | None = Field(None, ge=1, description=(
-        "give each task a priority instead of its SLO (0 = most important, by TTFT SLO) and map "
-        "priorities to SLOs with HFX-PM (seed 000 §5.2); N levels"))
-    priority_window: int = Field(200, ge=1, description="HFX-PM sliding window, completed "
-                                 "requests (the seed gives no value)")
-    policy_params: dict[str, float | str] = Field(default_factory=dict, description=(
-        "policy parameters as key=value,... (e.g. theta=0.6 for hfx)"))
-    predictor_error: float = Field(0.0, gt=-1, description="the dispatcher's step-time "
-                                   "predictions are scaled by (1 + this); 0.2 = 20% too slow")
+
+
+class ClusterConfig(FleetSection, EngineSection, PolicySection, ScalerSection):
+    """Everything ``hfx.assembly.build_cluster`` needs; ``hfx sim`` and ``hfx serve`` share it."""
 
     @model_validator(mode="after")
-    def _scaling_bounds(self) -> SimConfig:
-        initial = self.prefill + self.decode if self.mode == "pd" else self.instances
+    def _scaling_bounds(self) -> ClusterConfig:
+        initial = self.initial_instances
         if self.max_instances is not None and self.max_instances < initial:
             raise ValueError(f"max_instances ({self.max_instances}) is below the initial "
                              f"fleet ({initial})")
         return self
 
     @model_validator(mode="after")
-    def _known_policy(self) -> SimConfig:
+    def _known_policy(self) -> ClusterConfig:
         if self.mode == "pd":
             if self.policy not in PD_POLICIES and self.policy != "rr":
                 raise ValueError(f"unknown P/D policy {self.policy!r}; choose one of "
@@ -115,12 +145,21 @@ class SimConfig(BaseModel):
                              f"{', '.join(POLICIES)}")
         return self
 
-    @field_validator("planner")
-    @classmethod
-    def _known_planner(cls, v: str | None) -> str | None:
-        if v is not None and v not in PLANNERS:
-            raise ValueError(f"unknown planner {v!r}; choose one of {', '.join(PLANNERS)}")
-        return v
+
+class WorkloadSection(Section):
+    """What arrives: a task set at a rate, or a trace file."""
+
+    section: ClassVar[str] = "workload"
+
+    workload: str = Field("four-task", description=(
+        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
+        f"per client), {', '.join(TIERED)} (PolyServe's setting, seed 003 §5.1; 4 × "
+        "requests-per-task requests), or a trace file (.jsonl/.csv)"))
+    qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
+                       "between the tasks (seed 000 §7.3); ignored for trace files")
+    seed: int = Field(0, ge=0, description="random seed of the workload")
+    requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
+                                   description="requests drawn per task (seed 000 §7.3: 300)")
 
     @field_validator("workload")
     @classmethod
@@ -132,11 +171,21 @@ class SimConfig(BaseModel):
         return v
 
 
-# ---- CLI generation --------------------------------------------------------------------------
-class ModelConfig(BaseModel):
+class SimConfig(WorkloadSection, ClusterConfig):
+    """One simulated run: a workload on a fleet under one policy."""
+
+    model: str = Field("qwen2.5-7b", description="model of the shipped roofline profile "
+                       "(qwen2.5-7b, qwen2.5-32b, llama-3-70b)")
+    hardware: str = Field("ascend-910b", description="device of the shipped roofline profile "
+                          "(ascend-910b, the seeds' NPU; h200)")
+    profile: str | None = Field(None, description="step-time profile JSON; overrides "
+                                "--model/--hardware")
+
+
+class ModelConfig(Section):
     """The real model an executor runs: a checkpoint directory, or random weights of a shape."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    section: ClassVar[str] = "model"
 
     shape: str = Field("tiny", description="random-weight model shape (tiny, qwen2.5-0.5b, "
                        "qwen2.5-7b); ignored with --checkpoint")
@@ -147,13 +196,13 @@ class ModelConfig(BaseModel):
     device: str | None = Field(None, description="torch device; default cuda when present, "
                                "else cpu")
     weight_seed: int = Field(0, ge=0, description="seed of the random weights")
-    block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
-    kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
 
 
 class ProfileConfig(ModelConfig):
     """``hfx profile``: measure the model on the seed's grid and fit the step-time model."""
 
+    block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
+    kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
     quick: bool = Field(False, description="a grid a CPU runs in about a minute (prefill batches"
                         " ≤ 8, decode ≤ 64, lengths ≤ 1024); default: seed 000 Appendix A's")
     repeats: int | None = Field(None, ge=1, description="timed runs per point (median); default"
@@ -161,34 +210,21 @@ class ProfileConfig(ModelConfig):
     out: str = Field("profile.json", description="where to write the profile JSON")
 
 
-class ServeConfig(ModelConfig):
-    """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances."""
+class GatewaySection(Section):
+    """The HTTP gateway, and where its instances run."""
+
+    section: ClassVar[str] = "gateway"
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free one)")
     executor: Literal["torch", "sim"] = Field("torch", description="torch: the real model; "
                                               "sim: placeholder text at the profile's speed")
-    policy: str = Field("hfx", description=f"dispatch policy ({', '.join(POLICIES)})")
-    instances: int = Field(1, ge=1, description="instances, colocated mode")
-    mode: Literal["colocated", "pd"] = Field("colocated", description="colocated or pd")
-    prefill: int = Field(1, ge=1, description="prefill instances in pd mode")
-    decode: int = Field(1, ge=1, description="decode instances in pd mode")
-    planner: str | None = Field(None, description="engine batch planner; default: the "
-                                "policy's")
-    profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
-                                "the sim executor); default tiny@cpu for the tiny shape on CPU, "
-                                "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
-                                "start (hfx profile --quick)")
-    priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
-                            "important), from Table 1's four-task SLOs (seed 000 §7.3)")
     default_ttft_ms: float = Field(2000.0, gt=0, description="SLO of a request that names none"
                                    " (Table 1's sharegpt: 2 s)")
     default_tpot_ms: float = Field(500.0, gt=0, description="SLO of a request that names none "
                                    "(Table 1's sharegpt: 0.5 s)")
     max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per request "
                                "(capped by the model's positions)")
-    max_instances: int | None = Field(None, ge=1, description="enable the Scaler up to this "
-                                      "many instances")
     ray: bool = Field(False, description="run every instance as a Ray actor (a local Ray "
                       "instance unless --ray-address)")
     ray_address: str | None = Field(None, description="address of a Ray cluster to place "
@@ -197,6 +233,31 @@ class ServeConfig(ModelConfig):
                                          "instance actor (a GPU too with --device cuda)")
 
 
+class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):
+    """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances. The
+    cluster sections are ``hfx sim``'s; the defaults below differ where serving needs it."""
+
+    policy: str = Field("hfx", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
+                        f"{', '.join(PD_POLICIES)})")
+    instances: int = Field(1, ge=1, description="instances, colocated mode")
+    prefill: int = Field(1, ge=1, description="prefill instances in pd mode")
+    decode: int = Field(1, ge=1, description="decode instances in pd mode")
+    kv_capacity_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, "
+                                    "tokens")
+    priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
+                            "important), from Table 1's four-task SLOs (seed 000 §7.3)")
+    profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
+                                "the sim executor); default tiny@cpu for the tiny shape on CPU, "
+                                "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
+                                "start (hfx profile --quick)")
+
+
+SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
+    WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection, ModelConfig,
+    GatewaySection)}
+
+
+# ---- CLI generation --------------------------------------------------------------------------
 def parse_params(text: str) -> dict[str, float | str]:
     """``a=1,b=x`` → {"a": 1.0, "b": "x"}: numbers where they parse, strings otherwise."""
     out: dict[str, float | str] = {}
@@ -219,13 +280,29 @@ def _scalar_type(annotation: Any) -> type:
     return annotation
 
 
+def section_of(schema: type[BaseModel], name: str) -> str | None:
+    """The section that defines field ``name`` of ``schema`` (None: the command's own field)."""
+    for cls in reversed(schema.__mro__):
+        if (isinstance(cls, type) and issubclass(cls, Section) and "section" in vars(cls)
+                and name in vars(cls).get("__annotations__", {})):
+            return cls.section
+    return None
+
+
 def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
                    exclude: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per field, with the field's description and default as help."""
-    group = parser.add_argument_group(f"{model.__name__} options")
-    for name, field in model.model_fields.items():
-        if name in exclude:
-            continue
+    """One ``--flag`` per field, with the field's description and default as help, grouped by
+    the section that defines it."""
+    groups: dict[str | None, argparse._ArgumentGroup] = {}
+    fields = [(section_of(model, n), n, f) for n, f in model.model_fields.items()
+              if n not in exclude]
+    order = [None, *SECTIONS]
+    for section, name, field in sorted(fields, key=lambda x: order.index(x[0])):
+        if section not in groups:
+            title = f"{model.__name__} options" if section is None else f"{section} options"
+            doc = None if section is None else SECTIONS[section].__doc__
+            groups[section] = parser.add_argument_group(title, doc)
+        group = groups[section]
         kind = _scalar_type(field.annotation)
         flag = "--" + name.replace("_", "-")
         help_text = f"{field.description} (default: {field.default})".replace("%", "%%")
@@ -243,6 +320,23 @@ def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
                                metavar=kind.__name__.upper(), help=help_text)
 
 
+def flatten_sections(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """YAML settings given flat or under their section's name, as one flat mapping."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        key = key.replace("-", "_")
+        if key in SECTIONS and isinstance(value, dict):
+            for k, v in value.items():
+                k = k.replace("-", "_")
+                if k not in SECTIONS[key].model_fields:
+                    raise SystemExit(f"{where}: {key}: unknown setting {k!r}; the {key} section "
+                                     f"has {', '.join(SECTIONS[key].model_fields)}")
+                flat[k] = v
+        else:
+            flat[key] = value
+    return flat
+
+
 def model_from_args(schema: type[BaseModel], args: argparse.Namespace,
                     config_file: str | Path | None = None, /, **overrides: Any) -> BaseModel:
     """Field values from the YAML file, then from the flags given, then ``overrides``.
@@ -254,7 +348,7 @@ def model_from_args(schema: type[BaseModel], args: argparse.Namespace,
         data = yaml.safe_load(Path(config_file).read_text()) or {}
         if not isinstance(data, dict):
             raise SystemExit(f"{config_file}: expected a mapping of option: value")
-        values.update({k.replace("-", "_"): v for k, v in data.items()})
+        values.update(flatten_sections(data, str(config_file)))
     values.update({k: v for k, v in vars(args).items() if k in schema.model_fields})
     values.update(overrides)
     try:

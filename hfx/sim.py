@@ -9,29 +9,23 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 from tqdm import tqdm
 
+from hfx.assembly import build_cluster
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
-from hfx.cluster.instance import Instance
-from hfx.cluster.monitor import Monitor
-from hfx.cluster.placement import EngineFactory, LocalPlacement, Placement
-from hfx.cluster.provisioner import LoadModel, Provisioner
-from hfx.cluster.scaler import Scaler, ScalerConfig
-from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
-from hfx.cluster.tl_manager import TLManager
+from hfx.cluster.placement import EngineFactory
+from hfx.cluster.scaler import Scaler
 from hfx.config import SimConfig
-from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
+from hfx.engine import Role
 from hfx.evaluation.metrics import distribution, summarize
 from hfx.evaluation.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.latency import Profile, load_profile
-from hfx.policies import make_pd_policies, make_policy
 from hfx.request import Outcome, Request
-from hfx.roofline import kv_bytes_from_meta, weight_bytes_per_device
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -41,36 +35,7 @@ def resolve_profile(config: SimConfig) -> Profile:
     return profile
 
 
-def engine_config(config: SimConfig, profile: Profile, planner: str) -> EngineConfig:
-    capacity = config.kv_capacity_tokens or profile.kv_capacity_tokens
-    return EngineConfig(
-        num_kv_blocks=max(1, capacity // config.block_size),
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        planner=planner,
-    )
-
-
 STALL_SECONDS = 600.0  # plus the arrival span: far beyond any workload's drain time
-
-
-def make_tl_manager(config: SimConfig, profile: Profile) -> TLManager:
-    kv = config.kv_bytes_per_token or kv_bytes_from_meta(profile.meta)
-    if kv is None:
-        raise ValueError(f"profile {profile.name} records no model config: give "
-                         "--kv-bytes-per-token for P/D mode")
-    tp = int(profile.meta.get("model", {}).get("tp", 1))
-    return TLManager(kv, tp, config.devices_per_node, config.intra_node_gbps,
-                     config.inter_node_gbps, config.link_latency)
-
-
-def make_mapper(config: SimConfig) -> PriorityMapper | None:
-    """HFX-PM with each priority's nominal SLO ± 25% (seed 000 §7.3), when priorities are on."""
-    if not config.priorities:
-        return None
-    _, nominal = priority_levels(workload_tasks(config.workload), config.priorities)
-    return PriorityMapper([PriorityRange.around(s) for s in nominal], config.priority_window)
 
 
 def load_requests(config: SimConfig) -> list[Request]:
@@ -82,57 +47,12 @@ def load_requests(config: SimConfig) -> list[Request]:
     return requests
 
 
-def sim_engines(profile: Profile) -> EngineFactory:
-    """Engines whose SimExecutor waits out the profile's predicted step time."""
-    return lambda ecfg: EngineCore(ecfg, SimExecutor(profile.model))
-
-
-def make_scaler(config: SimConfig, profile: Profile, control: ControlPlane,
-                ecfg: EngineConfig, placement: Placement) -> Scaler:
-    """The Scaler for ``config``; ``placement`` starts the instances it adds."""
-    initial = len(control.instances)
-    assert config.max_instances is not None
-    weights = weight_bytes_per_device(profile.meta) or 15.2e9
-    load = (LoadModel.from_file(config.load_profile, weights) if config.load_profile
-            else LoadModel(weights))
-    warm = config.warm_pool if config.warm_pool is not None else config.max_instances - initial
-    provisioner = Provisioner(load, config.weight_path, warm, config.cold_start,
-                              config.d2d_failure_rate, config.seed)
-    scfg = ScalerConfig(min_instances=initial, max_instances=config.max_instances,
-                        interval=config.scaling_interval, scale_out_ratio=config.scale_out_ratio,
-                        scale_in_ratio=config.scale_in_ratio,
-                        wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
-
-    def launch(iid: int, role: Role, load_seconds: float) -> Awaitable[Instance]:
-        return placement.launch(iid, replace(ecfg, role=role), load_seconds)
-
-    return Scaler(scfg, control, provisioner, launch)
-
-
-def build_cluster(config: SimConfig, profile: Profile,
-                  make_engine: EngineFactory | None = None,
-                  placement: Placement | None = None) -> ControlPlane:
-    """The control plane and its instances for ``config`` (not started): simulated engines by
-    default, or whatever ``make_engine`` builds (a real executor), in this process unless a
-    ``placement`` puts them elsewhere (Ray actors)."""
-    placement = placement or LocalPlacement(make_engine or sim_engines(profile))
-    migrator, tl = None, None
-    if config.mode == "pd":
-        policy, migrator = make_pd_policies(config.policy, **config.policy_params)
-        roles = [Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
-        tl = make_tl_manager(config, profile)
-    else:
-        policy = make_policy(config.policy, **config.policy_params)
-        roles = [Role.COLOCATED] * config.instances
-    ecfg = engine_config(config, profile, config.planner or policy.planner)
-    instances = placement.initial([(i, replace(ecfg, role=role)) for i, role in enumerate(roles)])
-    control = ControlPlane(instances, policy, profile,
-                           step_model=profile.model.scaled(1.0 + config.predictor_error),
-                           monitor=Monitor(config.monitor_interval),
-                           mapper=make_mapper(config), migrator=migrator, tl_manager=tl)
-    if config.max_instances is not None:
-        make_scaler(config, profile, control, ecfg, placement)
-    return control
+def sim_cluster(config: SimConfig, profile: Profile,
+                make_engine: EngineFactory | None = None) -> ControlPlane:
+    """``hfx.assembly.build_cluster`` for a simulated run: priorities map onto the workload's
+    tasks, and the workload's seed drives the provisioner."""
+    return build_cluster(config, profile, make_engine, tasks=workload_tasks(config.workload),
+                         seed=config.seed)
 
 
 async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None
@@ -186,7 +106,7 @@ async def run_cluster(config: SimConfig, requests: list[Request], profile: Profi
                       ) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
     (its records hold the outcome) and the time the last request finished."""
-    control = build_cluster(config, profile, make_engine)
+    control = sim_cluster(config, profile, make_engine)
     label = f"{config.policy}@{config.qps:g}qps" if progress else None
     return control, await drive(control, requests, label)
 
@@ -206,7 +126,7 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 def instance_spans(control: ControlPlane) -> list[tuple[float, float]]:
     """(provisioned, released) of every instance the run had, for cost (seed Eq. 3)."""
-    return [(control.active_since[i], control.released_at[i]) for i in control.active_since]
+    return control.fleet.spans()
 
 
 def scaling_summary(scaler: Scaler) -> dict:
@@ -242,7 +162,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         "mode": config.mode,
         "qps": config.qps,
         "seed": config.seed,
-        "instances": len(control.active_since) if control.scaler is None
+        "instances": len(control.fleet.active_since) if control.scaler is None
         else len(control.instances) + len(control.retired),
         "profile": profile.name,
         **summarize(records, spans),

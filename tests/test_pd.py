@@ -12,7 +12,7 @@ from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
 from hfx.engine import RequestStatus, Role
 from hfx.request import Outcome
-from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simulate
+from hfx.sim import drive, load_requests, resolve_profile, sim_cluster, simulate
 
 
 def test_transfer_time_is_bytes_over_bandwidth_plus_latency():
@@ -91,11 +91,11 @@ def test_migration_invariants_under_kv_pressure():
                                if rid in e._seqs and e._seqs[rid].block_table]
                     if holders != [rec.decode_instance]:
                         violations.append(f"{rid} KV on {holders}")
-            waited.append(len(control._blocked))
+            waited.append(len(control.migration.blocked))
 
     async def main():
         nonlocal control
-        control = build_cluster(cfg, resolve_profile(cfg))
+        control = sim_cluster(cfg, resolve_profile(cfg))
         watcher = asyncio.ensure_future(watch())
         await drive(control, load_requests(cfg))
         watcher.cancel()

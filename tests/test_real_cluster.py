@@ -15,7 +15,7 @@ from hfx.engine.torch_executor import real_engine  # noqa: E402
 from hfx.latency import Profile, StepTimeModel  # noqa: E402
 from hfx.model.build import build_model  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
-from hfx.sim import build_cluster  # noqa: E402
+from hfx.sim import sim_cluster  # noqa: E402
 
 # A step-time model of the right order for the tiny model on CPU; only predictions use it.
 MODEL = StepTimeModel(2e-3, 1e-5, 0.0, 2e-3, 1e-7, 3e-5)
@@ -33,7 +33,7 @@ def serve(loaded, config: SimConfig, requests: list[Request]) -> dict[str, list[
     heard: dict[str, list[TokenEvent]] = {r.id: [] for r in requests}
 
     async def go() -> None:
-        control = build_cluster(config, profile, lambda ecfg: real_engine(loaded.model, ecfg))
+        control = sim_cluster(config, profile, lambda ecfg: real_engine(loaded.model, ecfg))
         await control.start()
         for r in requests:
             control.submit(r, heard[r.id].append)

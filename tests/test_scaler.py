@@ -16,7 +16,7 @@ from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.evaluation.metrics import cost_units
 from hfx.request import Outcome
-from hfx.sim import build_cluster, drive, load_requests, resolve_profile, simulate
+from hfx.sim import drive, load_requests, resolve_profile, sim_cluster, simulate
 
 
 def test_rate_ratio_on_a_hand_made_window():
@@ -81,7 +81,7 @@ def test_drain_never_drops_a_request():
     cfg = SimConfig(policy="hfx", qps=80, requests_per_task=40)
 
     async def main():
-        control = build_cluster(cfg, resolve_profile(cfg))
+        control = sim_cluster(cfg, resolve_profile(cfg))
         loop = asyncio.get_running_loop()
         # Drain instance 0 two seconds in, with requests on it.
         loop.call_later(2.0, control.drain, 0)
@@ -91,7 +91,7 @@ def test_drain_never_drops_a_request():
     control, end = run(main(), virtual=True)
     assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
     assert 0 in control.retired and 0 not in control.instances
-    assert 2.0 < control.released_at[0] < end  # it left once empty, before the run ended
+    assert 2.0 < control.fleet.released_at[0] < end  # it left once empty, before the run ended
     late = [r for r in control.records.values() if r.dispatch_time and r.dispatch_time > 2.0]
     assert late and all(r.instance == 1 for r in late)  # nothing new went to it
 
@@ -102,7 +102,7 @@ def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
     cfg = SimConfig(policy="hfx", mode=mode, qps=40, requests_per_task=40, max_instances=fleet)
 
     async def main():
-        control = build_cluster(cfg, resolve_profile(cfg))
+        control = sim_cluster(cfg, resolve_profile(cfg))
 
         async def lost(plan):
             raise RuntimeError("device lost")
@@ -136,7 +136,7 @@ def test_role_switch_keeps_every_request():
     cfg = SimConfig(mode="pd", policy="hfx", qps=120, requests_per_task=150, max_instances=4)
 
     async def main():
-        control = build_cluster(cfg, resolve_profile(cfg))
+        control = sim_cluster(cfg, resolve_profile(cfg))
         scaler = control.scaler
         loop = asyncio.get_running_loop()
 

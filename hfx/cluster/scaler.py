@@ -41,6 +41,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hfx.cluster.instance import Instance
 from hfx.cluster.provisioner import Provisioner
@@ -146,10 +147,40 @@ class ScalerState:
 Launcher = Callable[[int, Role, float], Awaitable[Instance]]
 
 
-class Scaler:
-    """Watches the control plane and grows or shrinks its fleet."""
+class FleetControl(Protocol):
+    """What the Scaler reads and does; hfx.cluster.control.ControlPlane provides it."""
 
-    def __init__(self, config: ScalerConfig, control, provisioner: Provisioner,
+    @property
+    def pd(self) -> bool: ...
+
+    def roles(self) -> dict[int, Role]:
+        """Every instance holding a device (serving or draining) and its role."""
+        ...
+
+    def accepting(self, instance_id: int) -> bool: ...
+
+    def stats(self, instance_id: int) -> InstanceStats: ...
+
+    def waiting(self, role: Role) -> Iterable[tuple[float, float]]:
+        """(waiting since, SLO) of each request queued for this pool."""
+        ...
+
+    def drain(self, instance_id: int) -> None: ...
+
+    def release(self, instance_id: int) -> None: ...
+
+    def switch_role(self, instance_id: int, role: Role, ready_at: float) -> None: ...
+
+    def add_instance(self, instance: Instance, provisioned_at: float) -> None: ...
+
+    def record_span(self, instance_id: int, since: float, until: float) -> None: ...
+
+
+class Scaler:
+    """Watches the fleet's queues and grows or shrinks the fleet (the control plane's
+    ``ScalerHooks``: attach it with ``ControlPlane.attach_scaler``)."""
+
+    def __init__(self, config: ScalerConfig, control: FleetControl, provisioner: Provisioner,
                  factory: Launcher) -> None:
         self.config = config
         self.control = control
@@ -166,10 +197,9 @@ class Scaler:
         self._provisioning: dict[int, tuple[Role, float]] = {}  # role, provisioned at
         self._switching: dict[int, Role] = {}  # draining to change role
         self._last_action = float("-inf")
-        self._next_id = max(control.instances) + 1
+        self._next_id = max(control.roles()) + 1
         self._task: asyncio.Task[None] | None = None
         self._launches: set[asyncio.Task[None]] = set()
-        control.scaler = self
 
     # ---- events from the control plane -----------------------------------------------------
     def on_enqueue(self, role: Role, t: float) -> None:
@@ -185,7 +215,7 @@ class Scaler:
             self.control.switch_role(iid, new_role, now + self.config.role_switch_time)
             self._event(now, "switch_role", new_role, "drained", iid)
         else:
-            role = self.control.instances[iid].role
+            role = self.control.roles()[iid]
             self.control.release(iid)
             self.provisioner.give_back()
             self._event(now, "released", role, "drained", iid)
@@ -217,17 +247,16 @@ class Scaler:
             task.cancel()
         now = asyncio.get_running_loop().time()
         for iid, (_, since) in self._provisioning.items():
-            self.control.active_since[iid] = since
-            self.control.released_at[iid] = now
+            self.control.record_span(iid, since, now)
         self._provisioning.clear()
 
     def _members(self, role: Role) -> list[int]:
-        return [i for i, inst in self.control.instances.items()
-                if inst.role is role and self.control.accepting(i)]
+        return [i for i, r in self.control.roles().items()
+                if r is role and self.control.accepting(i)]
 
     def _occupied(self) -> int:
         """Devices in use: serving, draining, switching role, or loading (the max bound)."""
-        return len(self.control.instances) + len(self._provisioning)
+        return len(self.control.roles()) + len(self._provisioning)
 
     def _serving(self) -> int:
         """Capacity that stays: accepting instances and those loading (the min bound)."""
@@ -291,13 +320,13 @@ class Scaler:
             self.pools[role].grew_at.pop()
 
     def _least_utilised(self, role: Role) -> int:
-        stats = {i: self.control.instances[i].stats() for i in self._members(role)}
+        stats = {i: self.control.stats(i) for i in self._members(role)}
         return min(stats, key=lambda i: (kv_utilisation(stats[i]), -i))
 
     def _scale_out(self, role: Role, now: float, reason: str) -> None:
         iid = self._next_id
         self._next_id += 1
-        plan = self.provisioner.plan(peers_running=len(self.control.instances))
+        plan = self.provisioner.plan(peers_running=len(self.control.roles()))
         self._provisioning[iid] = (role, now)
         self.pools[role].grew_at.append(self.pools[role].rates.arrival_rate())
         self._last_action = now
@@ -328,7 +357,7 @@ class Scaler:
 
     def _sample(self, now: float) -> None:
         by_role = {r.value: len(self._members(r)) for r in self.pools}
-        active = len(self.control.instances)  # cost-bearing: serving or draining
+        active = len(self.control.roles())  # cost-bearing: serving or draining
         self.state.max_used = max(self.state.max_used, active + len(self._provisioning))
         self.state.over_time.append({
             "time": now, "active": active, "provisioning": len(self._provisioning),

@@ -7,14 +7,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hfx.config import ServeConfig, SimConfig
+from hfx.assembly import build_cluster
+from hfx.config import ServeConfig
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.evaluation.workloads import TASKS
 from hfx.latency import Profile, load_profile
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO
 from hfx.serving.server import ServeOptions, Server
-from hfx.sim import build_cluster
 
 if TYPE_CHECKING:
     from hfx.cluster.placement import Placement
@@ -70,7 +70,8 @@ def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
     from hfx.profiler import Grid, profile_model
 
     print("measuring a step-time profile (hfx profile --quick) ...")
-    return profile_model(spec.model(), Grid.quick(), config.kv_tokens, config.block_size)
+    return profile_model(spec.model(), Grid.quick(), config.kv_capacity_tokens,
+                         config.block_size)
 
 
 def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement | None:
@@ -120,14 +121,12 @@ def build_server(config: ServeConfig) -> Server:
         spec = EngineSpec("sim", max_len, profile=profile)
         name = f"{profile.name}-sim"
 
-    profile = replace(profile, kv_capacity_tokens=config.kv_tokens,
+    profile = replace(profile, kv_capacity_tokens=config.kv_capacity_tokens,
                       block_size=config.block_size)
-    sim = SimConfig(policy=config.policy, instances=config.instances, mode=config.mode,
-                    prefill=config.prefill, decode=config.decode, planner=config.planner,
-                    priorities=config.priorities, block_size=config.block_size,
-                    kv_capacity_tokens=config.kv_tokens, max_instances=config.max_instances,
-                    kv_bytes_per_token=None if profile.meta.get("model") else 1)
-    control = build_cluster(sim, profile, spec, _placement(config, spec, device))
+    if config.kv_bytes_per_token is None and not profile.meta.get("model"):
+        # A measured profile records no model config: P/D links then count tokens, not bytes.
+        config = config.model_copy(update={"kv_bytes_per_token": 1})
+    control = build_cluster(config, profile, spec, _placement(config, spec, device))
     options = ServeOptions(
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),

@@ -101,7 +101,7 @@ class Metrics:
         family("hfx_instances", "gauge", "Instances by role and state.")
         by: dict[tuple[str, str], int] = defaultdict(int)
         for i, inst in control.instances.items():
-            by[inst.role.value, "draining" if i in control.draining else "active"] += 1
+            by[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
         for inst in control.retired.values():
             by[inst.role.value, "retired"] += 1
         for (role, state), n in sorted(by.items()):

@@ -1,0 +1,115 @@
+"""Assembly: from a ``ClusterConfig`` to a control plane with its instances, policies, P/D links,
+priority mapper and Scaler. ``hfx sim`` and ``hfx serve`` build their clusters here, so a setting
+means the same in both; only the engines differ (simulated, real, in this process or Ray actors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from dataclasses import replace
+
+from hfx.cluster.control import ControlPlane
+from hfx.cluster.instance import Instance
+from hfx.cluster.monitor import Monitor
+from hfx.cluster.placement import EngineFactory, LocalPlacement, Placement
+from hfx.cluster.provisioner import LoadModel, Provisioner
+from hfx.cluster.scaler import Scaler, ScalerConfig
+from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
+from hfx.cluster.tl_manager import TLManager
+from hfx.config import ClusterConfig
+from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
+from hfx.evaluation.workloads import WORKLOADS, TaskSpec, priority_levels
+from hfx.latency import Profile
+from hfx.policies import make_pd_policies, make_policy
+from hfx.roofline import kv_bytes_from_meta, weight_bytes_per_device
+
+DEFAULT_WEIGHT_BYTES = 15.2e9  # Qwen2.5-7B in bf16, one device: the seeds' model (Table 2)
+
+
+def engine_config(config: ClusterConfig, profile: Profile, planner: str) -> EngineConfig:
+    capacity = config.kv_capacity_tokens or profile.kv_capacity_tokens
+    return EngineConfig(
+        num_kv_blocks=max(1, capacity // config.block_size),
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        planner=planner,
+    )
+
+
+def make_tl_manager(config: ClusterConfig, profile: Profile) -> TLManager:
+    kv = config.kv_bytes_per_token or kv_bytes_from_meta(profile.meta)
+    if kv is None:
+        raise ValueError(f"profile {profile.name} records no model config: give "
+                         "--kv-bytes-per-token for P/D mode")
+    tp = int(profile.meta.get("model", {}).get("tp", 1))
+    return TLManager(kv, tp, config.devices_per_node, config.intra_node_gbps,
+                     config.inter_node_gbps, config.link_latency)
+
+
+def make_mapper(config: ClusterConfig, tasks: Sequence[TaskSpec]) -> PriorityMapper | None:
+    """HFX-PM with each priority's nominal SLO ± 25% (seed 000 §7.3), when priorities are on;
+    the priorities split ``tasks`` by TTFT strictness."""
+    if not config.priorities:
+        return None
+    _, nominal = priority_levels(list(tasks), config.priorities)
+    return PriorityMapper([PriorityRange.around(s) for s in nominal], config.priority_window)
+
+
+def sim_engines(profile: Profile) -> EngineFactory:
+    """Engines whose SimExecutor waits out the profile's predicted step time."""
+    return lambda ecfg: EngineCore(ecfg, SimExecutor(profile.model))
+
+
+def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
+                ecfg: EngineConfig, placement: Placement, seed: int = 0) -> Scaler:
+    """The Scaler for ``config``, attached to ``control``; ``placement`` starts the instances
+    it adds."""
+    initial = len(control.instances)
+    assert config.max_instances is not None
+    weights = weight_bytes_per_device(profile.meta) or DEFAULT_WEIGHT_BYTES
+    load = (LoadModel.from_file(config.load_profile, weights) if config.load_profile
+            else LoadModel(weights))
+    warm = config.warm_pool if config.warm_pool is not None else config.max_instances - initial
+    provisioner = Provisioner(load, config.weight_path, warm, config.cold_start,
+                              config.d2d_failure_rate, seed)
+    scfg = ScalerConfig(min_instances=initial, max_instances=config.max_instances,
+                        interval=config.scaling_interval, scale_out_ratio=config.scale_out_ratio,
+                        scale_in_ratio=config.scale_in_ratio,
+                        wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
+
+    def launch(iid: int, role: Role, load_seconds: float) -> Awaitable[Instance]:
+        return placement.launch(iid, replace(ecfg, role=role), load_seconds)
+
+    scaler = Scaler(scfg, control, provisioner, launch)
+    control.attach_scaler(scaler)
+    return scaler
+
+
+def build_cluster(config: ClusterConfig, profile: Profile,
+                  make_engine: EngineFactory | None = None,
+                  placement: Placement | None = None, *,
+                  tasks: Sequence[TaskSpec] = WORKLOADS["four-task"],
+                  seed: int = 0) -> ControlPlane:
+    """The control plane and its instances for ``config`` (not started): simulated engines by
+    default, or whatever ``make_engine`` builds (a real executor), in this process unless a
+    ``placement`` puts them elsewhere (Ray actors). ``tasks`` are what priorities map onto
+    (HFX-PM); ``seed`` drives the provisioner's simulated D2D failures."""
+    placement = placement or LocalPlacement(make_engine or sim_engines(profile))
+    migrator, tl = None, None
+    if config.mode == "pd":
+        policy, migrator = make_pd_policies(config.policy, **config.policy_params)
+        roles = [Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
+        tl = make_tl_manager(config, profile)
+    else:
+        policy = make_policy(config.policy, **config.policy_params)
+        roles = [Role.COLOCATED] * config.instances
+    ecfg = engine_config(config, profile, config.planner or policy.planner)
+    instances = placement.initial([(i, replace(ecfg, role=role)) for i, role in enumerate(roles)])
+    control = ControlPlane(instances, policy, profile,
+                           step_model=profile.model.scaled(1.0 + config.predictor_error),
+                           monitor=Monitor(config.monitor_interval),
+                           mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl)
+    if config.max_instances is not None:
+        make_scaler(config, profile, control, ecfg, placement, seed)
+    return control

@@ -1,0 +1,136 @@
+"""The request ledger: each request's record from arrival to outcome, and who hears its tokens.
+
+The ledger owns the records (dispatch, every token time, finish, outcome), the token listeners
+the gateway streams from, and the set of requests still waiting for their first token, with a
+count per priority: HFX-PM's contention rule and the Scaler's W indicator read it. It makes no
+decisions; the control plane tells it what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from hfx.engine import StepOutput
+from hfx.engine.executor import PLACEHOLDER_TOKEN
+from hfx.request import Outcome, Request, RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What a listener hears about one request: a sampled token (PLACEHOLDER_TOKEN from a
+    simulated executor), or the end (token None)."""
+
+    token: int | None
+    finish_reason: str | None = None  # "stop", "length", "abort", or "error" with ``error``
+    error: str | None = None
+
+
+Listener = Callable[[TokenEvent], None]
+
+
+class RequestLedger:
+    def __init__(self, priority_levels: int = 0) -> None:
+        self.records: dict[str, RequestRecord] = {}
+        self.num_done = 0  # records with a terminal outcome
+        self._listeners: dict[str, Listener] = {}
+        # Requests without a first token, tracked for those who read them (see await_first).
+        self._awaiting: dict[str, RequestRecord] = {}
+        self._awaiting_count = [0] * priority_levels
+        self._counted: dict[str, int] = {}  # request id → the priority it is counted under
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- arrival -----------------------------------------------------------------------------
+    def open(self, request: Request, listener: Listener | None) -> RequestRecord:
+        if request.id in self.records:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        record = self.records[request.id] = RequestRecord(request)
+        if listener is not None:
+            self._listeners[request.id] = listener
+        self._idle.clear()
+        return record
+
+    def await_first(self, record: RequestRecord, priority: int | None = None) -> None:
+        """Track ``record`` until its first token; counted under ``priority`` if given."""
+        self._awaiting[record.request.id] = record
+        if priority is not None and record.request.id not in self._counted:
+            self._awaiting_count[priority] += 1
+            self._counted[record.request.id] = priority
+
+    def higher_pending(self, priority: int) -> bool:
+        """Whether a request more important than ``priority`` still awaits its first token."""
+        return any(self._awaiting_count[:priority])
+
+    def awaiting(self) -> Iterator[tuple[float, float]]:
+        """(arrival, TTFT SLO) of every tracked request without a first token."""
+        for record in self._awaiting.values():
+            assert record.slo is not None
+            yield record.request.arrival, record.slo.ttft
+
+    # ---- tokens ------------------------------------------------------------------------------
+    def on_tokens(self, out: StepOutput) -> None:
+        """One step's tokens: their times, the ids a real executor sampled (what a retry resumes
+        from), the listeners, first tokens."""
+        records = self.records
+        now = out.time
+        for rid in out.request_ids:
+            records[rid].token_times.append(now)
+        if out.token_ids is not None:
+            for rid, token in zip(out.request_ids, out.token_ids, strict=True):
+                record = records[rid]
+                if record.output_ids is None:
+                    record.output_ids = []
+                record.output_ids.append(token)
+        if self._listeners:
+            tokens = out.token_ids or [PLACEHOLDER_TOKEN] * len(out.request_ids)
+            for rid, token in zip(out.request_ids, tokens, strict=True):
+                listener = self._listeners.get(rid)
+                if listener is not None:
+                    listener(TokenEvent(token))
+        if self._awaiting:
+            for rid in out.request_ids:
+                self._first_token(rid)
+
+    def _first_token(self, request_id: str) -> None:
+        if self._awaiting.pop(request_id, None) is not None:
+            priority = self._counted.pop(request_id, None)
+            if priority is not None:
+                self._awaiting_count[priority] -= 1
+
+    # ---- the end -----------------------------------------------------------------------------
+    def settle(self, record: RequestRecord, outcome: Outcome, now: float,
+               error: str | None = None) -> None:
+        """Give ``record`` its terminal outcome."""
+        record.outcome = outcome
+        record.finish_time = now
+        record.error = error
+        self.num_done += 1
+        if self._awaiting:
+            self._first_token(record.request.id)
+
+    def announce(self, record: RequestRecord, reason: str | None) -> None:
+        """After ``settle`` and whatever else the end of a request causes: wake ``wait_idle``,
+        then tell its listener (last: a listener may ``forget`` the record)."""
+        if self.num_done == len(self.records):
+            self._idle.set()
+        if self._listeners:
+            listener = self._listeners.pop(record.request.id, None)
+            if listener is not None:
+                if reason is None:
+                    reason = "abort" if record.outcome is Outcome.ABORTED else "error"
+                listener(TokenEvent(None, reason, record.error))
+
+    def forget(self, request_id: str) -> RequestRecord | None:
+        """Drop a finished request's record (a long-running server would otherwise keep every
+        record); returns it, or None if it is unknown or still pending."""
+        record = self.records.get(request_id)
+        if record is None or record.outcome is Outcome.PENDING:
+            return None
+        del self.records[request_id]
+        self.num_done -= 1
+        return record
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()

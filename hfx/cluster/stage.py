@@ -1,0 +1,51 @@
+"""A scheduling stage: one policy, the instances it sees, its wake-up timer.
+
+Colocated serving has one stage (dispatch). P/D has two (seed 000 §5.1): the P-stage dispatcher
+over the prefill instances and the D-stage Migrator over the decode instances. A stage calls its
+policy whenever something may have changed — an arrival into its queue, a finished request while
+it still queues work, a Monitor snapshot, an instance joining or draining, or the wake-up time the
+policy asked for — and hands the decision to whoever applies it. Time is the running loop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from hfx.policies import ClusterView, Decision, Policy
+from hfx.request import Request
+
+Apply = Callable[[Decision, float], None]  # a decision and the time it was made
+
+
+class Stage:
+    def __init__(self, name: str, policy: Policy, view: ClusterView, apply: Apply) -> None:
+        self.name = name
+        self.policy = policy
+        self.view = view  # the instances of this stage's role, updated in place
+        self._apply = apply
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self.policy.enqueue(request, now)
+
+    def schedule(self) -> None:
+        """Ask the policy now; apply its decision; arm the wake-up it asked for."""
+        loop = asyncio.get_running_loop()
+        now = self.view.now = loop.time()
+        decision = self.policy.schedule(self.view)
+        self._apply(decision, now)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if decision.wake_at is not None:
+            self._timer = loop.call_at(max(decision.wake_at, now), self.schedule)
+
+    def schedule_if_queued(self) -> None:
+        if self.policy.num_queued():
+            self.schedule()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
