@@ -10,7 +10,13 @@ import pytest
 
 from hfx.clock import run
 from hfx.cluster.provisioner import LoadModel, Provisioner
-from hfx.cluster.scaler import RateWindow, ScalerConfig, kv_utilisation, wait_indicator
+from hfx.cluster.scaler import (
+    RateWindow,
+    Scaler,
+    ScalerConfig,
+    kv_utilisation,
+    wait_indicator,
+)
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
@@ -191,3 +197,121 @@ def test_scaler_grows_in_a_burst_and_shrinks_after_it_with_cool_down():
     assert r["instances_max_used"] == 4 and r["finished"] == r["requests"]
     # Cost follows the fleet: less than four instances for the whole run, more than two.
     assert 2 < r["cost_units"] * 0.05 / r["sim_seconds"] < 4
+
+
+class FakeFleet:
+    """A FleetControl that records what the Scaler does (hfx.cluster.scaler.FleetControl)."""
+
+    def __init__(self, roles: dict[int, Role], kv_used: dict[int, int]) -> None:
+        self._roles, self.kv_used = roles, kv_used
+        self.pd = Role.PREFILL in roles.values()
+        self.queued: dict[Role, list[tuple[float, float]]] = {}
+        self.actions: list[tuple] = []
+        self._draining: set[int] = set()
+
+    def roles(self):
+        return dict(self._roles)
+
+    def accepting(self, iid):
+        return iid not in self._draining
+
+    def stats(self, iid):
+        return InstanceStats(iid, self._roles[iid], 0.0, 0, 0, 0, self.kv_used[iid], 0, 100, 16,
+                             0, 256, 0.0, 0)
+
+    def waiting(self, role):
+        return iter(self.queued.get(role, []))
+
+    def drain(self, iid):
+        self._draining.add(iid)
+        self.actions.append(("drain", iid))
+
+    def release(self, iid):
+        del self._roles[iid]
+        self.actions.append(("release", iid))
+
+    def switch_role(self, iid, role, ready_at):
+        self._roles[iid] = role
+        self._draining.discard(iid)
+        self.actions.append(("switch_role", iid, role, ready_at))
+
+    def add_instance(self, instance, provisioned_at):
+        self.actions.append(("add", instance, provisioned_at))
+
+    def record_span(self, iid, since, until):
+        self.actions.append(("span", iid, since, until))
+
+
+def _scaler(fleet: FakeFleet, max_instances: int, min_instances: int | None = None) -> Scaler:
+    load = LoadModel(15.2e9)
+    provisioner = Provisioner(load, "d2d", warm_pool=max_instances - len(fleet.roles()))
+
+    async def never(iid, role, seconds):
+        raise AssertionError("no launch expected")
+
+    config = ScalerConfig(min_instances=min_instances or len(fleet.roles()),
+                          max_instances=max_instances)
+    return Scaler(config, fleet, provisioner, never)
+
+
+def test_pd_scaler_moves_the_least_used_prefill_instance_to_the_growing_decode_pool():
+    """Seed 000 §6: a shrinking pool gives an instance to a growing one (role switch) rather
+    than stopping one and starting another; the least KV-utilised instance goes; the switch
+    waits for its drain; then the cool-down holds further actions."""
+    fleet = FakeFleet({0: Role.PREFILL, 1: Role.PREFILL, 2: Role.DECODE, 3: Role.DECODE},
+                      kv_used={0: 50, 1: 10, 2: 80, 3: 90})
+
+    async def main():
+        scaler = _scaler(fleet, max_instances=4)  # no free device: only a switch can help
+        for t in range(15):  # prefill queue drains faster than it fills: ρ = 15/30 < ε_i
+            scaler.on_enqueue(Role.PREFILL, float(t))
+            scaler.on_dequeue(Role.PREFILL, float(t))
+            scaler.on_dequeue(Role.PREFILL, t + 0.5)
+        fleet.queued[Role.DECODE] = [(10.0, 0.1)] * 5  # waited 50× their TPOT: W ≫ 0.5
+        scaler.tick(15.0)
+        assert fleet.actions == [("drain", 1)]  # the prefill instance with less KV in use
+        scaler.on_drained(1)
+        scaler.tick(16.0)  # within the 2 s cool-down: nothing more
+        return scaler
+
+    scaler = run(main(), virtual=True)
+    # Drained at loop time 0: it serves as a decode instance after the 1 s switch (ours).
+    assert fleet.actions[1] == ("switch_role", 1, Role.DECODE, 1.0)
+    assert len(fleet.actions) == 2
+    assert [e.action for e in scaler.state.events] == ["scale_in", "switch_role"]
+
+
+def test_colocated_scaler_scales_in_the_least_used_instance_and_releases_it_when_drained():
+    fleet = FakeFleet({0: Role.COLOCATED, 1: Role.COLOCATED, 2: Role.COLOCATED},
+                      kv_used={0: 40, 1: 70, 2: 5})
+
+    async def main():
+        scaler = _scaler(fleet, max_instances=3, min_instances=2)
+        for t in range(12):  # ρ = 12/24 < ε_i, nobody waiting
+            scaler.on_enqueue(Role.COLOCATED, float(t))
+            scaler.on_dequeue(Role.COLOCATED, float(t))
+            scaler.on_dequeue(Role.COLOCATED, t + 0.5)
+        scaler.tick(12.0)
+        scaler.on_drained(2)
+        scaler.tick(15.0)  # past the cool-down, but at the minimum of 2: no further scale-in
+        return scaler
+
+    scaler = run(main(), virtual=True)
+    assert fleet.actions == [("drain", 2), ("release", 2)]
+    assert [e.action for e in scaler.state.events] == ["scale_in", "released"]
+
+
+def test_pd_scaler_keeps_the_fleet_minimum_when_only_one_pool_is_idle():
+    fleet = FakeFleet({0: Role.PREFILL, 1: Role.PREFILL, 2: Role.DECODE, 3: Role.DECODE},
+                      kv_used={0: 50, 1: 10, 2: 80, 3: 90})
+
+    async def main():
+        scaler = _scaler(fleet, max_instances=6)  # the initial 4 are the minimum
+        for t in range(15):  # the prefill pool would shrink; the decode pool is steady
+            scaler.on_enqueue(Role.PREFILL, float(t))
+            scaler.on_dequeue(Role.PREFILL, float(t))
+            scaler.on_dequeue(Role.PREFILL, t + 0.5)
+        scaler.tick(15.0)
+
+    run(main(), virtual=True)
+    assert fleet.actions == []
