@@ -12,7 +12,7 @@ from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.placement import EngineFactory, LocalPlacement, Placement
-from hfx.cluster.provisioner import LoadModel, Provisioner
+from hfx.cluster.provisioner import LoadModel, Plan, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.cluster.tl_manager import TLManager
@@ -78,8 +78,8 @@ def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
                         scale_in_ratio=config.scale_in_ratio,
                         wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
 
-    def launch(iid: int, role: Role, load_seconds: float) -> Awaitable[Instance]:
-        return placement.launch(iid, replace(ecfg, role=role), load_seconds)
+    def launch(iid: int, role: Role, plan: Plan) -> Awaitable[Instance]:
+        return placement.launch(iid, replace(ecfg, role=role), plan)
 
     scaler = Scaler(scfg, control, provisioner, launch)
     control.attach_scaler(scaler)

@@ -81,3 +81,44 @@ def test_a_request_no_engine_can_serve_fails_with_the_reason(loaded):
     assert heard["long"][-1].finish_reason == "error"
     assert "exceeds" in heard["long"][-1].error
     assert heard["r0"][-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("path", ["d2d", "cpu", "disk"])
+def test_serve_scales_out_with_weights_loaded_by_the_planned_path(path, caplog):
+    """``hfx serve``'s Scaler starts a real instance whose weights come by the weight path
+    (seed 000 §6) through the WeightManager: its own copy, equal to the running peer's, and the
+    same greedy tokens from both."""
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+
+    server = build_server(ServeConfig(shape="tiny", device="cpu", instances=1, max_instances=2,
+                                      weight_path=path, policy="rr", priorities=1))
+    control = server.control
+
+    async def go():
+        await control.start()
+        assert control.scaler.scale_out_now(control.instances[0].role, "test") == 1
+        for _ in range(2000):
+            if 1 in control.instances:
+                break
+            await asyncio.sleep(0.01)
+        heard: dict[str, list[TokenEvent]] = {}
+        for i in range(2):  # round robin: one on each instance
+            heard[f"r{i}"] = []
+            control.submit(Request(f"r{i}", asyncio.get_running_loop().time(), 5, 8,
+                                   SLO(10.0, 10.0), prompt_token_ids=[7, 8, 9, 10, 11]),
+                           heard[f"r{i}"].append)
+        await asyncio.wait_for(control.wait_idle(), 60)
+        await control.stop()
+        return heard
+
+    with caplog.at_level("INFO", logger="hfx.serving.engine_spec"):
+        heard = asyncio.run(go())
+    old, new = (control.instances[i].engine.executor.model for i in (0, 1))
+    assert old is not new
+    for (name, a), b in zip(old.state_dict().items(), new.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+        assert a.data_ptr() != b.data_ptr(), name  # a copy, not the same memory
+    assert f"weights loaded by {path} (asked: {path})" in caplog.text
+    assert [control.records[f"r{i}"].instance for i in range(2)] == [0, 1]
+    assert [e.token for e in heard["r0"]] == [e.token for e in heard["r1"]]

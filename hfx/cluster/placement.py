@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from hfx.cluster.instance import Instance, LocalInstance
+from hfx.cluster.provisioner import Plan
 from hfx.engine import EngineConfig, EngineCore
 
 EngineFactory = Callable[[EngineConfig], EngineCore]
+
+
+@runtime_checkable
+class WeightLoadingFactory(Protocol):
+    """An engine factory whose engines hold real weights. ``loading(path, peer)`` is a factory
+    whose engines get them by a weight path (seed 000 §6): ``d2d`` from a running peer (a
+    ``WeightHandle``; None: this process's own), ``cpu`` from a host-memory copy, ``disk``."""
+
+    @property
+    def holds_weights(self) -> bool: ...
+
+    def __call__(self, config: EngineConfig) -> EngineCore: ...
+
+    def loading(self, path: str, peer: object | None = None) -> EngineFactory: ...
 
 
 class Placement(Protocol):
@@ -22,11 +37,10 @@ class Placement(Protocol):
         """The fleet at start: one instance per (id, engine config), ready to serve."""
         ...
 
-    async def launch(self, instance_id: int, config: EngineConfig,
-                     load_seconds: float) -> Instance:
-        """One more instance, for the Scaler. ``load_seconds`` is the provisioner's modelled
-        weight load (Table 2): a simulated instance waits it out, a real one takes what it
-        takes."""
+    async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> Instance:
+        """One more instance, for the Scaler, as the provisioner planned it: a simulated
+        instance waits out the plan's modelled seconds (Table 2); a real one loads its weights
+        by the plan's path and takes what that takes."""
         ...
 
 
@@ -39,7 +53,13 @@ class LocalPlacement:
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[Instance]:
         return [LocalInstance(iid, self.make_engine(cfg)) for iid, cfg in configs]
 
-    async def launch(self, instance_id: int, config: EngineConfig,
-                     load_seconds: float) -> Instance:
-        await asyncio.sleep(load_seconds)
-        return LocalInstance(instance_id, self.make_engine(config))
+    async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> Instance:
+        if isinstance(self.make_engine, WeightLoadingFactory) and self.make_engine.holds_weights:
+            # Real weights by the planned path, on a worker thread: the loop keeps serving
+            # (the copies release the GIL).
+            make = self.make_engine.loading(plan.path)
+            engine = await asyncio.get_running_loop().run_in_executor(None, make, config)
+        else:
+            await asyncio.sleep(plan.seconds)
+            engine = self.make_engine(config)
+        return LocalInstance(instance_id, engine)

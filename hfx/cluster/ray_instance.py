@@ -37,7 +37,8 @@ import ray
 from ray.exceptions import RayActorError
 
 from hfx.cluster.instance import EventSink, LocalInstance
-from hfx.cluster.placement import EngineFactory
+from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
+from hfx.cluster.provisioner import Plan
 from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput
 from hfx.engine.stats import InstanceStats
 from hfx.request import Request
@@ -58,6 +59,7 @@ class EngineActor:
         self._pending: dict[str, tuple[Sequence, bool, object | None]] = {}
         self._ready = asyncio.Event()
         self._started = False
+        self._weights: Any = None  # a WeightManager once a peer asked for the weights
 
     def _push(self, _: int, out: StepOutput) -> None:
         for rid, status in out.transitions:
@@ -84,6 +86,18 @@ class EngineActor:
 
     async def clock(self) -> float:
         return asyncio.get_running_loop().time()
+
+    async def share_weights(self) -> Any:
+        """Publish this engine's weights for a new instance to copy (the d2d path, seed 000 §6):
+        a WeightHandle, or None for an engine without real weights."""
+        model = getattr(self.instance.engine.executor, "model", None)
+        if model is None:
+            return None
+        if self._weights is None:
+            from hfx.model.weight_manager import WeightManager
+
+            self._weights = WeightManager(model)
+        return self._weights.share()
 
     async def where(self) -> dict[str, Any]:
         """The actor's process and node, for operators (and for tests that kill it)."""
@@ -306,19 +320,36 @@ class RayPlacement:
     def __init__(self, make_engine: EngineFactory, **actor_options: Any) -> None:
         self.make_engine = make_engine  # pickled to each actor, which builds its own engine
         self.actor_options = actor_options
+        self._actors: dict[int, Any] = {}  # every actor started, for weights to copy from
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[RayInstance]:
         """Start the fleet's actors together (their engines build in parallel); blocks."""
         actors = [_create(iid, self.make_engine, cfg, self.actor_options) for iid, cfg in configs]
         try:
-            return [RayInstance.connect(iid, actor, cfg)
-                    for (iid, cfg), actor in zip(configs, actors, strict=True)]
+            fleet = [RayInstance.connect(iid, actor, cfg)
+                     for (iid, cfg), actor in zip(configs, actors, strict=True)]
+            self._actors.update((iid, actor) for (iid, _), actor in zip(configs, actors,
+                                                                         strict=True))
+            return fleet
         except BaseException:  # all or nothing: no actor left for a fleet that did not start
             for actor in actors:
                 ray.kill(actor, no_restart=True)
             raise
 
-    async def launch(self, instance_id: int, config: EngineConfig,
-                     load_seconds: float) -> RayInstance:
-        return await RayInstance.launch(instance_id, self.make_engine, config,
-                                        **self.actor_options)
+    async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> RayInstance:
+        make = self.make_engine
+        if isinstance(make, WeightLoadingFactory) and make.holds_weights:
+            peer = await self._peer_weights() if plan.path == "d2d" else None
+            make = make.loading(plan.path, peer)
+        instance = await RayInstance.launch(instance_id, make, config, **self.actor_options)
+        self._actors[instance_id] = instance.actor
+        return instance
+
+    async def _peer_weights(self) -> Any:
+        """A running actor's published weights (d2d), or None: then the new one reads disk."""
+        for iid, actor in list(self._actors.items()):
+            try:
+                return await actor.share_weights.remote()
+            except Exception:  # a dead actor is no source: try the next
+                self._actors.pop(iid, None)
+        return None

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hfx.cluster.instance import Instance
-from hfx.cluster.provisioner import Provisioner
+from hfx.cluster.provisioner import Plan, Provisioner
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 
@@ -142,9 +142,9 @@ class ScalerState:
     max_used: int = 0
 
 
-# Brings up instance ``id`` in ``role``; the provisioner's modelled load time is the third
-# argument (a simulated instance waits it out; a real one takes what it takes).
-Launcher = Callable[[int, Role, float], Awaitable[Instance]]
+# Brings up instance ``id`` in ``role`` as the provisioner planned it: a simulated instance
+# waits out the plan's modelled seconds; a real one loads its weights by the plan's path.
+Launcher = Callable[[int, Role, Plan], Awaitable[Instance]]
 
 
 class FleetControl(Protocol):
@@ -225,8 +225,16 @@ class Scaler:
         the cool-down; the failed one was released when it drained."""
         now = asyncio.get_running_loop().time()
         self._event(now, "failed", role, "instance failed", iid)
-        if self._occupied() < self.config.max_instances:
-            self._scale_out(role, now, f"replace failed instance {iid}")
+        self.scale_out_now(role, f"replace failed instance {iid}")
+
+    def scale_out_now(self, role: Role, reason: str = "asked") -> int | None:
+        """Start one more instance in ``role`` now, outside the indicators and the cool-down
+        (an operator's request, a benchmark); returns its id, or None at ``max_instances``."""
+        if self._occupied() >= self.config.max_instances:
+            return None
+        iid = self._next_id
+        self._scale_out(role, asyncio.get_running_loop().time(), reason)
+        return iid
 
     # ---- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -333,13 +341,13 @@ class Scaler:
         detail = f"{reason}; {plan.path}{' (d2d failed)' if plan.fell_back else ''}, " \
                  f"{'warm' if plan.warm else 'cold'}, {plan.seconds:.2f} s"
         self._event(now, "scale_out", role, detail, iid)
-        task = asyncio.get_running_loop().create_task(self._launch(iid, role, now, plan.seconds))
+        task = asyncio.get_running_loop().create_task(self._launch(iid, role, now, plan))
         self._launches.add(task)
         task.add_done_callback(self._launches.discard)
 
-    async def _launch(self, iid: int, role: Role, provisioned_at: float, seconds: float) -> None:
+    async def _launch(self, iid: int, role: Role, provisioned_at: float, plan: Plan) -> None:
         try:
-            instance = await self.factory(iid, role, seconds)
+            instance = await self.factory(iid, role, plan)
         except Exception as e:  # a launch that fails frees its slot; the indicators decide again
             self._provisioning.pop(iid, None)
             self.provisioner.give_back()

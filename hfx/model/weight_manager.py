@@ -185,6 +185,40 @@ def warm_model(shape: ModelShape, dtype: torch.dtype = torch.float32,
     return model
 
 
+@dataclass(frozen=True, slots=True)
+class WeightSources:
+    """Where a new instance may get its weights, by path: a running peer's published segment
+    (``d2d``), a host-memory copy (``cpu``), a checkpoint directory (``disk``). A missing source
+    makes its path fall back to disk (seed 000 §6)."""
+
+    peer: WeightHandle | None = None
+    host: OffloadedWeights | None = None
+    checkpoint: str | Path | None = None
+
+
+def fill_weights(model: CausalLM, path: str, sources: WeightSources) -> str:
+    """Load weights into ``model`` (a warm-pool model: memory allocated, no weights) by ``path``;
+    returns the path taken: the one asked for, or ``disk`` when its source failed or is
+    missing. Raises PeerUnavailable when not even the disk has them."""
+    taken = "disk"
+    try:
+        if path == "d2d" and sources.peer is not None:
+            receive(sources.peer, model)
+            taken = "d2d"
+        elif path == "cpu" and sources.host is not None:
+            sources.host.restore(model)
+            taken = "cpu"
+    except PeerUnavailable:
+        pass  # seed 000 §6: fall back to loading from disk
+    if taken == "disk":
+        if sources.checkpoint is None:
+            raise PeerUnavailable(f"no {path} source and no checkpoint on disk to fall back to")
+        load_state(model, read_state_dict(sources.checkpoint))
+    init_buffers(model, next(model.parameters()).device)
+    model.eval()
+    return taken
+
+
 def load_weights(checkpoint: str | Path, peer: WeightHandle | None = None,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  into: CausalLM | None = None) -> tuple[CausalLM, str]:
@@ -192,14 +226,5 @@ def load_weights(checkpoint: str | Path, peer: WeightHandle | None = None,
     peer when one is given and readable, else from disk. Returns the model and the path taken
     ("d2d" or "disk")."""
     model = into if into is not None else empty_model(read_config(checkpoint), dtype, device)
-    path = "disk"
-    if peer is not None:
-        try:
-            receive(peer, model)
-            path = "d2d"
-        except PeerUnavailable:
-            pass  # seed 000 §6: fall back to the disk
-    if path == "disk":
-        load_state(model, read_state_dict(checkpoint))
-    init_buffers(model, device)
-    return model.eval(), path
+    path = fill_weights(model, "d2d", WeightSources(peer=peer, checkpoint=checkpoint))
+    return model, path

@@ -2,62 +2,24 @@
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hfx.assembly import build_cluster
 from hfx.config import ServeConfig
-from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.evaluation.workloads import TASKS
 from hfx.latency import Profile, load_profile
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO
+from hfx.serving.engine_spec import EngineSpec
 from hfx.serving.server import ServeOptions, Server
 
 if TYPE_CHECKING:
     from hfx.cluster.placement import Placement
-    from hfx.model.build import LoadedModel
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
 PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """How each instance builds its engine. Picklable, so that a Ray actor builds its own: the
-    weights are made or read where they run, never shipped through the object store."""
-
-    executor: str  # "torch" or "sim"
-    max_model_len: int
-    profile: Profile | None = None  # the sim executor's step times
-    shape: str | None = None
-    checkpoint: str | None = None
-    dtype: str | None = None
-    device: str | None = None
-    weight_seed: int = 0
-
-    def __call__(self, config: EngineConfig) -> EngineCore:
-        config = replace(config, max_model_len=self.max_model_len)
-        if self.executor == "sim":
-            assert self.profile is not None
-            return EngineCore(config, SimExecutor(self.profile.model))
-        from hfx.engine.torch_executor import real_engine
-
-        return real_engine(self.model().model, config)
-
-    def model(self) -> LoadedModel:
-        return _load(self.shape, self.checkpoint, self.dtype, self.device, self.weight_seed)
-
-
-@functools.cache
-def _load(shape: str | None, checkpoint: str | None, dtype: str | None, device: str | None,
-          seed: int) -> LoadedModel:
-    """One copy of the weights per process, shared by every instance it runs."""
-    from hfx.model.build import build_model
-
-    return build_model(shape, checkpoint, dtype, device, seed)
 
 
 def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
@@ -126,7 +88,10 @@ def build_server(config: ServeConfig) -> Server:
     if config.kv_bytes_per_token is None and not profile.meta.get("model"):
         # A measured profile records no model config: P/D links then count tokens, not bytes.
         config = config.model_copy(update={"kv_bytes_per_token": 1})
-    control = build_cluster(config, profile, spec, _placement(config, spec, device))
+    placement = _placement(config, spec, device)
+    control = build_cluster(config, profile, spec, placement)
+    if config.max_instances is not None and spec.holds_weights and placement is None:
+        spec.prepare(config.weight_path)  # the source scaled-out instances copy from
     options = ServeOptions(
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
