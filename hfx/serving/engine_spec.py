@@ -16,8 +16,10 @@ no copy anywhere (a Ray actor asked for ``cpu``) are made again from their seed.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -80,15 +82,20 @@ class EngineSpec:
 
         model = self.model().model
         peer = host = None
+        old = _MANAGERS.pop(self._key(), None)
+        if old is not None:
+            old.close()
         if path == "d2d":
-            manager = WeightManager(model)
-            _MANAGERS[self._key()] = manager  # the segment lives as long as the process
+            manager = _MANAGERS[self._key()] = WeightManager(model)
+            atexit.register(manager.close)  # closing twice is harmless
             peer = manager.share()
         elif path == "cpu":
             host = OffloadedWeights(model)
         checkpoint = self.checkpoint
         if checkpoint is None and path in ("d2d", "disk"):  # random weights: a copy on disk
-            checkpoint = str(save_checkpoint(model, tempfile.mkdtemp(prefix="hfx-weights-")))
+            folder = tempfile.mkdtemp(prefix="hfx-weights-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            checkpoint = str(save_checkpoint(model, folder))
         _SOURCES[self._key()] = WeightSources(peer, host, checkpoint)
 
     def _load_by_path(self):  # -> CausalLM
