@@ -12,7 +12,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.latency import Profile, StepTimeModel
-from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
+from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, make_policy
 from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
@@ -144,6 +144,70 @@ def test_sa_assigns_each_request_to_the_largest_remaining_memory():
     placed |= {r.id: iid for iid, pending in pol._pending.items() for r, _ in pending}
     # big → 0 (a tie, lowest id); a → 1; b → 1, which still has more left than 0.
     assert placed == {"big": 0, "a": 1, "b": 1}
+
+
+# ---- HFX in P/D (seed 000 §5.1) -----------------------------------------------------------------
+PD_MODEL = StepTimeModel(0.02, 1e-4, 0.0, 0.01, 1e-5, 1e-3)  # E_d = 0.01 + 1e-5·ctx + 1e-3·B
+
+
+def decode_view(free_blocks: int = 6250) -> ClusterView:
+    stats = InstanceStats(0, Role.DECODE, 0.0, 0, 0, 0, 6250 - free_blocks, 0, 6250, 16, 0, 256,
+                          0.0, 0)
+    return ClusterView(0.0, [InstanceView(0, Role.DECODE, stats)], PD_MODEL,
+                       Profile("t", PD_MODEL, kv_capacity_tokens=100_000))
+
+
+def test_hfx_migrator_admits_while_the_decode_step_keeps_the_strictest_tpot():
+    _, migrator = make_pd_policies("hfx")
+    for i in range(5):
+        migrator.enqueue(req(f"r{i}", 0.0, 1000, 5.0, 0.05), 0.0)
+    d = migrator.schedule(decode_view())
+    # With k joined (1001 tokens of context each): E_d = 0.01 + 1e-5·1001·k + 1e-3·k:
+    # 0.021, 0.032, 0.043 ≤ 0.05, then 0.054 > 0.05 — three go, two wait.
+    assert [x.request.id for x in d.dispatch] == ["r0", "r1", "r2"]
+    e_d = 0.01 + 1e-5 * 3003 + 3e-3
+    assert migrator.maturity[0] == pytest.approx(e_d)  # the end of the next iteration
+    assert d.wake_at == pytest.approx(e_d) and migrator.num_queued() == 2
+
+
+def test_hfx_migrator_takes_the_strict_tpot_first_and_holds_the_batch_to_it():
+    _, migrator = make_pd_policies("hfx")
+    migrator.enqueue(req("loose", 0.0, 1000, 5.0, 0.05), 0.0)
+    migrator.enqueue(req("strict", 0.0, 1000, 5.0, 0.03), 0.0)
+    d = migrator.schedule(decode_view())
+    # strict alone: 0.021 ≤ 0.03; with loose joined 0.032 > 0.03 (strict's TPOT binds).
+    assert [x.request.id for x in d.dispatch] == ["strict"]
+
+
+def test_hfx_migrator_binds_the_rest_of_the_batch_to_a_newly_admitted_strict_tpot():
+    _, migrator = make_pd_policies("hfx")
+    migrator.enqueue(req("first", 0.0, 1000, 5.0, 0.05), 0.0)
+    migrator.schedule(decode_view())  # in flight: TPOT 0.05, about 1,000 tokens of context
+    migrator.enqueue(req("strict", 0.0, 10, 5.0, 0.03), 0.0)
+    migrator.enqueue(req("loose", 0.0, 1000, 5.0, 0.05), 0.0)
+    view = decode_view()
+    view.now = migrator.maturity[0]
+    d = migrator.schedule(view)
+    # strict joins (E_d ≈ 0.022 ≤ 0.03); loose would make E_d ≈ 0.033: within its own 0.05
+    # and the in-flight 0.05, but not within strict's 0.03, which now binds.
+    assert [x.request.id for x in d.dispatch] == ["strict"]
+
+
+def test_hfx_migrator_never_admits_past_the_free_kv():
+    _, migrator = make_pd_policies("hfx")
+    for i in range(3):
+        migrator.enqueue(req(f"r{i}", 0.0, 1000, 5.0, 1.0), 0.0)
+    # 150 blocks = 2,400 tokens: one request needs 1,000 + 128 (the output prior).
+    d = migrator.schedule(decode_view(free_blocks=150))
+    assert [x.request.id for x in d.dispatch] == ["r0", "r1"]
+
+
+def test_hfx_prefill_budget_is_the_tokens_whose_prefill_fits_the_strictest_ttft():
+    dispatcher, _ = make_pd_policies("hfx")
+    assert dispatcher.budget(None, PD_MODEL, 0.0) == float("inf")  # nothing queued
+    dispatcher.enqueue(req("a", 0.0, 100, 2.0, 0.1), 0.0)
+    dispatcher.enqueue(req("b", 0.0, 100, 0.5, 0.1), 0.0)
+    assert dispatcher.budget(None, PD_MODEL, 0.0) == pytest.approx((0.5 - 0.02) / 1e-4)
 
 
 # ---- SCORPIO ---------------------------------------------------------------------------------

@@ -91,7 +91,9 @@ def build_server(config: ServeConfig) -> Server:
     placement = _placement(config, spec, device)
     control = build_cluster(config, profile, spec, placement)
     if config.max_instances is not None and spec.holds_weights and placement is None:
-        spec.prepare(config.weight_path)  # the source scaled-out instances copy from
+        warm = (config.warm_pool if config.warm_pool is not None
+                else config.max_instances - config.initial_instances)
+        spec.prepare(config.weight_path, warm)  # what scaled-out instances copy from
     options = ServeOptions(
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),

@@ -74,13 +74,24 @@ class EngineSpec:
     def _key(self) -> tuple:
         return self.shape, self.checkpoint, self.dtype, self.device, self.weight_seed
 
-    def prepare(self, path: str) -> None:
-        """Publish this process's weights as the source ``path`` reads (and the disk copy it
-        falls back to), off the scaling path: once, at start."""
-        from hfx.model.weight_manager import OffloadedWeights, WeightManager, WeightSources
+    def prepare(self, path: str, warm_pool: int = 0) -> None:
+        """Off the scaling path, once, at start: publish this process's weights as the source
+        ``path`` reads (and the disk copy it falls back to), and allocate ``warm_pool`` warm
+        models — parameter memory allocated and touched, no weights (seed 000 §6's warm pool:
+        runtimes up, weights not loaded)."""
+        from hfx.model.build import resolve_dtype
+        from hfx.model.weight_manager import (
+            OffloadedWeights,
+            WeightManager,
+            WeightSources,
+            warm_model,
+        )
         from hfx.model.weights import save_checkpoint
 
         model = self.model().model
+        device = self.device or "cpu"
+        _WARM[self._key()] = [warm_model(model.shape, resolve_dtype(self.dtype, device), device)
+                              for _ in range(warm_pool)]
         peer = host = None
         old = _MANAGERS.pop(self._key(), None)
         if old is not None:
@@ -117,7 +128,8 @@ class EngineSpec:
         sources = _SOURCES.get(self._key(), WeightSources(checkpoint=self.checkpoint))
         if self.peer is not None:
             sources = replace(sources, peer=self.peer)
-        model = warm_model(shape, dtype, device)
+        pool = _WARM.get(self._key())
+        model = pool.pop() if pool else warm_model(shape, dtype, device)  # cold: allocate now
         try:
             taken = fill_weights(model, self.load_path, sources)
         except PeerUnavailable:
@@ -130,6 +142,7 @@ class EngineSpec:
 # This process's weight sources for scaled-out instances, by spec (see EngineSpec.prepare).
 _SOURCES: dict[tuple, WeightSources] = {}
 _MANAGERS: dict[tuple, WeightManager] = {}
+_WARM: dict[tuple, list] = {}  # warm-pool models (CausalLM) without weights
 
 
 @functools.cache
