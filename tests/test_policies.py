@@ -40,6 +40,7 @@ def test_maturity_update():
 
 MODEL = StepTimeModel(0.02, 1e-4, 0.0, 0.03, 0.0, 1e-4)
 PROFILE = Profile("t", MODEL, kv_capacity_tokens=100_000)
+PD_MODEL = StepTimeModel(0.02, 1e-4, 0.0, 0.01, 1e-5, 1e-3)  # E_d = 0.01 + 1e-5·ctx + 1e-3·B
 
 
 def view(now: float, n: int = 1, running: int = 0, ctx: int = 0) -> ClusterView:
@@ -135,6 +136,20 @@ def test_aladdin_places_by_best_fit_among_feasible_workers():
         ("small", 0, False), ("large", 1, False)]
 
 
+@pytest.mark.parametrize(("ttft", "tpot", "best_effort"), [
+    (0.1201, 0.02165, False),  # just inside both bounds
+    (0.1199, 0.02165, True),  # TTFT: the prefill alone takes 0.02 + 1e-4·1000 = 0.12 s
+    (0.1201, 0.02163, True),  # TPOT: mean step 0.01 + 1e-5·(1000 + 128/2) + 1e-3 = 0.02164 s
+])
+def test_aladdin_feasibility_predicts_ttft_and_mean_tpot(ttft, tpot, best_effort):
+    pol = make_policy("aladdin")
+    pol.enqueue(req("r", 0.0, 1000, ttft, tpot), 0.0)  # output predicted: the 128-token prior
+    view = kv_view(0.0, [0])
+    view.step_model = PD_MODEL
+    d = pol.schedule(view)
+    assert [(x.request.id, x.best_effort) for x in d.dispatch] == [("r", best_effort)]
+
+
 def test_sa_assigns_each_request_to_the_largest_remaining_memory():
     pol = make_policy("sa")
     for rid, prompt in (("big", 3000), ("a", 100), ("b", 100)):
@@ -147,7 +162,6 @@ def test_sa_assigns_each_request_to_the_largest_remaining_memory():
 
 
 # ---- HFX in P/D (seed 000 §5.1) -----------------------------------------------------------------
-PD_MODEL = StepTimeModel(0.02, 1e-4, 0.0, 0.01, 1e-5, 1e-3)  # E_d = 0.01 + 1e-5·ctx + 1e-3·B
 
 
 def decode_view(free_blocks: int = 6250) -> ClusterView:
@@ -211,6 +225,18 @@ def test_hfx_prefill_budget_is_the_tokens_whose_prefill_fits_the_strictest_ttft(
 
 
 # ---- SCORPIO ---------------------------------------------------------------------------------
+def test_scorpio_predicted_tpot_on_a_hand_example():
+    from types import SimpleNamespace
+
+    pol = make_policy("scorpio", epsilon=1.5)
+    sh = SimpleNamespace(batch_size=2, decode_ctx=2000)
+    r = req("r", 0.0, 500, 1.0, 0.05)
+    # n_real = 3; context 2000 + 500 + 3·100/2 = 2650, L_avg = 2650/3; the virtual batch size
+    # with TPOTs 0.1, 0.2 and 0.05 is 0.5 + 0.25 + 1 = 1.75; ε·(α·n·L_avg + β·n + δ).
+    got = pol.predicted_tpot(sh, [0.1, 0.2], r, 100.0, alpha=1e-5, beta=2e-3, delta=0.03)
+    assert got == pytest.approx(1.5 * (1e-5 * 1.75 * 2650 / 3 + 2e-3 * 1.75 + 0.03))
+
+
 def test_virtual_batch_size_is_sum_of_trp():
     assert virtual_batch_size([0.25, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25)
     assert virtual_batch_size([]) == 0.0
