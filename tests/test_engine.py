@@ -238,3 +238,44 @@ def test_watermark_keeps_blocks_free_for_running_decodes(vloop):
 
     assert first_admitted_with(0.25)[1] == {"r0": 1}  # r1 held back: r0 decodes
     assert first_admitted_with(0.0)[1] == {"r1": 50}  # r1 admitted: prefill first
+
+
+def test_slo_paced_best_effort_takes_leftovers_and_is_preempted_for_an_slo_request(vloop):
+    """SLOs-Serve (seed 002 §4.1): best-effort work runs on what SLO work leaves and is the
+    first to lose its KV; an SLO request is never preempted for it."""
+    from hfx.latency import StepTimeModel
+
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
+    engine, ex = make_engine(num_blocks=10, block_size=4, planner="slo-paced", watermark=0.0,
+                             step_model=model)
+    be = seq("be", 16, 20, best_effort=True)
+    slo = seq("slo", 16, 12, tpot=0.05, prefill_deadline=1.0)
+    engine.add_request(be)
+    engine.add_request(slo)
+    vloop.run_until_complete(drain(engine))
+    assert ex.plans[0] == {"slo": 16, "be": 16}  # the SLO prompt first, best effort after it
+    # 10 blocks: slo needs 7 at its end (28 tokens), be 9: be yields, never slo.
+    assert be.num_preemptions >= 1 and slo.num_preemptions == 0
+    assert len(slo.output_token_ids) == 12 and len(be.output_token_ids) == 20
+
+
+def test_prefill_first_preempts_once_per_recompute(vloop):
+    engine, ex = make_engine(num_blocks=12, block_size=4, planner="prefill-first", watermark=0.0)
+    seqs = [seq(f"r{i}", 8, 12) for i in range(6)]
+    for s in seqs:
+        engine.add_request(s)
+    vloop.run_until_complete(drain(engine))
+    recomputes = sum(1 for plan in ex.plans for n in plan.values() if n > 8)
+    assert recomputes >= 1 and sum(s.num_preemptions for s in seqs) == recomputes
+
+
+def test_slo_paced_prefills_earliest_deadline_first(vloop):
+    from hfx.latency import StepTimeModel
+
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
+    engine, ex = make_engine(num_blocks=1024, block_size=16, planner="slo-paced",
+                             step_model=model)
+    engine.add_request(seq("late", 1500, 2, tpot=0.05, prefill_deadline=5.0))
+    engine.add_request(seq("early", 1500, 2, tpot=0.05, prefill_deadline=1.0))
+    vloop.run_until_complete(engine.step())
+    assert ex.plans[0] == {"early": 1500, "late": 548}  # 2,048 tokens a step without decodes
