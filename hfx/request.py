@@ -8,6 +8,7 @@ exist by arrival + TTFT + i·TPOT; it is reported beside Eq. 4.
 from __future__ import annotations
 
 import enum
+import math
 from array import array
 from dataclasses import dataclass, field
 
@@ -24,8 +25,8 @@ class SLO:
     tpot: float
 
     def __post_init__(self) -> None:
-        if not (self.ttft > 0 and self.tpot > 0):
-            raise ValueError(f"SLO targets must be positive, got ttft={self.ttft}, "
+        if not (0 < self.ttft < math.inf and 0 < self.tpot < math.inf):  # NaN fails too
+            raise ValueError(f"SLO targets must be positive and finite, got ttft={self.ttft}, "
                              f"tpot={self.tpot}")
 
 

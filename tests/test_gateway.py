@@ -79,7 +79,10 @@ def test_models_health_metrics(gw):
 
 
 def _post(gw, body, headers=None) -> httpx.Response:
-    return httpx.post(f"{gw.url}/v1/completions", json=body, headers=headers or {}, timeout=30)
+    # json.dumps writes NaN and Infinity as JavaScript does, as some clients send them.
+    return httpx.post(f"{gw.url}/v1/completions", content=json.dumps(body),
+                      headers={"content-type": "application/json", **(headers or {})},
+                      timeout=30)
 
 
 def test_slo_from_body_headers_priority_task_default(gw):
@@ -112,6 +115,10 @@ def test_slo_from_body_headers_priority_task_default(gw):
     ({"model": "M", "prompt": "x", "priority": 9}, 400, "priority"),
     ({"model": "M", "prompt": "x", "task": "poetry"}, 400, "unknown task"),
     ({"model": "gpt-5", "prompt": "x"}, 404, "does not exist"),
+    ({"model": "M", "prompt": "x", "seed": 2**64}, 400, "seed"),
+    ({"model": "M", "prompt": "x", "temperature": float("nan")}, 400, "temperature"),
+    ({"model": "M", "prompt": "x", "slo": {"ttft_ms": float("inf"), "tpot_ms": 100}}, 400,
+     "ttft_ms"),
 ])
 def test_bad_input_is_a_4xx_and_the_server_goes_on(gw, body, status, needle):
     if body.get("model") == "M":
@@ -123,6 +130,28 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(gw, body, status, needle):
     assert _post(gw, {"model": gw.model, "prompt": "ok", "max_tokens": 1}).status_code == 200
 
 
+def test_a_poison_sampling_request_is_served_and_breaks_nothing(gw):
+    """Valid but extreme sampling values (issue 16): top_p that keeps no token keeps the most
+    likely one; the largest seed seeds a generator. Neither may take an instance down."""
+    for extra in ({"top_p": 1e-300}, {"seed": 2**63 - 1, "temperature": 1.0}):
+        r = _post(gw, {"model": gw.model, "prompt": "hello", "max_tokens": 2, **extra})
+        assert r.status_code == 200, r.text
+    greedy = _post(gw, {"model": gw.model, "prompt": "hello", "max_tokens": 4,
+                        "temperature": 0}).json()["choices"][0]["text"]
+    nucleus = _post(gw, {"model": gw.model, "prompt": "hello", "max_tokens": 4,
+                         "temperature": 1.0, "top_p": 1e-300}).json()["choices"][0]["text"]
+    assert nucleus == greedy
+    assert len(gw.server.control.instances) == 2 and gw.server.control.num_instance_failures == 0
+
+
+def test_an_empty_stop_string_is_ignored_in_either_form(gw):
+    body = {"model": gw.model, "prompt": "The cat", "max_tokens": 6, "temperature": 0}
+    plain = _post(gw, body).json()["choices"][0]
+    for stop in ("", [""]):
+        r = _post(gw, {**body, "stop": stop}).json()["choices"][0]
+        assert (r["text"], r["finish_reason"]) == (plain["text"], plain["finish_reason"])
+
+
 def test_malformed_json_and_bad_headers(gw):
     r = httpx.post(f"{gw.url}/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
@@ -130,6 +159,10 @@ def test_malformed_json_and_bad_headers(gw):
     r = _post(gw, {"model": gw.model, "prompt": "x"}, {"x-slo-ttft-ms": "soon",
                                                        "x-slo-tpot-ms": "1"})
     assert r.status_code == 400 and "milliseconds" in r.json()["error"]["message"]
+    for bad in ("inf", "nan", "-5"):
+        r = _post(gw, {"model": gw.model, "prompt": "x"}, {"x-slo-ttft-ms": bad,
+                                                           "x-slo-tpot-ms": "100"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "slo", bad
 
 
 def _idle(gw) -> bool:

@@ -12,22 +12,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_SEED = 2**63 - 1  # vLLM's range (an int64); wider seeds cannot seed a generator
+
 
 class SLOBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ttft_ms: float = Field(gt=0, description="time to first token, milliseconds")
     tpot_ms: float = Field(gt=0, description="time per output token, milliseconds")
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and ±Infinity are refused in every number (they would poison the sampler, the SLO
+    # arithmetic, or come back as invalid JSON).
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default and range
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -39,9 +43,11 @@ class _Common(BaseModel):
 
     @property
     def stop_strings(self) -> list[str]:
+        """The non-empty stop strings: an empty one would match at once, so it is ignored, the
+        same in either form."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
     @property
     def include_usage(self) -> bool:
