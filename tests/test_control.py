@@ -103,26 +103,35 @@ def test_unknown_policy_lists_the_valid_ones():
 
 
 class BreakingExecutor(SimExecutor):
-    """Runs like the simulator, then raises on step ``breaks_at`` (a GPU fault, a bug)."""
+    """Runs like the simulator until step ``breaks_at``. Then, ``raise``: the step raises (a
+    device fault or a bug, which the engine cannot tell from a bad request); ``die``: the
+    instance dies mid-step, as a killed process does (its step never returns)."""
 
-    def __init__(self, model: StepTimeModel, breaks_at: int) -> None:
+    def __init__(self, model: StepTimeModel, breaks_at: int, how: str = "raise") -> None:
         super().__init__(model)
-        self.steps, self.breaks_at = 0, breaks_at
+        self.steps, self.breaks_at, self.how = 0, breaks_at, how
+        self.instance: LocalInstance | None = None
 
     async def execute(self, out):
         self.steps += 1
         if self.steps == self.breaks_at:
-            raise RuntimeError("device lost")
+            if self.how == "raise":
+                raise RuntimeError("device lost")
+            assert self.instance is not None
+            self.instance._fail(f"instance {self.instance.id} failed: process died")
+            await asyncio.Event().wait()  # never returns
         return await super().execute(out)
 
 
-def _break_one_of_two(max_retries: int):
-    """Four requests round-robin over two instances; instance 0 raises on its third step (r0
-    and r2 have streamed tokens by then); r9 arrives after the failure."""
+def _break_one_of_two(max_retries: int, how: str = "raise"):
+    """Four requests round-robin over two instances; instance 0 breaks on its third step, a
+    decode step of r0 and r2, which have streamed tokens by then; r9 arrives after it."""
     async def main():
         cfg = EngineConfig(num_kv_blocks=512, block_size=16)
-        instances = [LocalInstance(0, EngineCore(cfg, BreakingExecutor(MODEL, breaks_at=3))),
+        breaking = BreakingExecutor(MODEL, breaks_at=3, how=how)
+        instances = [LocalInstance(0, EngineCore(cfg, breaking)),
                      LocalInstance(1, EngineCore(cfg, SimExecutor(MODEL)))]
+        breaking.instance = instances[0]
         cp = ControlPlane(instances, make_policy("rr"), PROFILE, max_retries=max_retries)
         await cp.start()
         heard: dict[str, list] = {}
@@ -138,20 +147,25 @@ def _break_one_of_two(max_retries: int):
     return run(main(), virtual=True)
 
 
-def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more():
-    cp, heard = _break_one_of_two(max_retries=0)
+@pytest.mark.parametrize(("how", "max_retries"), [("die", 0), ("raise", 1)])
+def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more(how, max_retries):
+    """Without retries, or when they were in the step that raised (suspects: either may have
+    caused it, and a request that broke one instance is never sent to break another)."""
+    cp, heard = _break_one_of_two(max_retries, how)
     for i in (0, 2):  # round robin put these on instance 0
         rec = cp.records[f"r{i}"]
-        assert rec.outcome is Outcome.FAILED and "device lost" in rec.error
+        assert rec.outcome is Outcome.FAILED and rec.retries == 0
+        assert ("device lost" if how == "raise" else "process died") in rec.error
         assert heard[f"r{i}"][-1].finish_reason == "error"
     for i in (1, 3, 9):
         assert cp.records[f"r{i}"].outcome is Outcome.FINISHED
     assert cp.records["r9"].instance == 1
     assert 0 not in cp.instances and 0 in cp.retired  # released after failing
+    assert cp.num_instance_failures == 1
 
 
-def test_a_broken_instances_requests_resume_elsewhere_with_every_token():
-    cp, heard = _break_one_of_two(max_retries=1)
+def test_a_dead_instances_requests_resume_elsewhere_with_every_token():
+    cp, heard = _break_one_of_two(max_retries=1, how="die")
     for i in (0, 2):
         rec = cp.records[f"r{i}"]
         assert rec.outcome is Outcome.FINISHED and rec.retries == 1 and rec.instance == 1
@@ -161,6 +175,38 @@ def test_a_broken_instances_requests_resume_elsewhere_with_every_token():
         assert heard[f"r{i}"][-1].finish_reason == "length"
     assert all(cp.records[f"r{i}"].outcome is Outcome.FINISHED for i in (1, 3, 9))
     assert 0 in cp.retired
+
+
+class PoisonExecutor(SimExecutor):
+    """Raises on any step that contains request ``poison`` (a request that breaks a step)."""
+
+    async def execute(self, out):
+        if any(s.request_id == "poison" for s in out.num_scheduled_tokens):
+            raise ValueError("probability tensor contains nan")
+        return await super().execute(out)
+
+
+def test_a_request_whose_step_raises_alone_fails_alone_and_the_instance_goes_on():
+    async def main():
+        cfg = EngineConfig(num_kv_blocks=512, block_size=16)
+        cp = ControlPlane([LocalInstance(0, EngineCore(cfg, PoisonExecutor(MODEL)))],
+                          make_policy("rr"), PROFILE)
+        await cp.start()
+        heard: list = []
+        cp.submit(Request("poison", 0.0, 50, 10, SLO_DEFAULT), heard.append)
+        await asyncio.sleep(0.5)
+        cp.submit(Request("fine", asyncio.get_running_loop().time(), 50, 10, SLO_DEFAULT))
+        await asyncio.wait_for(cp.wait_idle(), 60)
+        await cp.stop()
+        return cp, heard
+
+    cp, heard = run(main(), virtual=True)
+    poison, fine = cp.records["poison"], cp.records["fine"]
+    assert poison.outcome is Outcome.FAILED and "probability tensor" in poison.error
+    assert [(e.token, e.finish_reason) for e in heard] == [(None, "error")]
+    assert fine.outcome is Outcome.FINISHED and fine.instance == 0
+    assert cp.num_instance_failures == 0 and 0 in cp.instances
+    assert cp.instances[0].engine.kv.num_used_blocks == 0
 
 
 class HoldingPolicy(ArrivalOrderPolicy):

@@ -38,6 +38,9 @@ from hfx.request import Outcome, Request, RequestRecord
 
 __all__ = ["ControlPlane", "Listener", "ScalerHooks", "TokenEvent"]
 
+_OUTCOME = {RequestStatus.FINISHED_ABORTED: Outcome.ABORTED,
+            RequestStatus.FINISHED_FAILED: Outcome.FAILED}  # the rest finished
+
 
 class ScalerHooks(Protocol):
     """What the control plane tells a Scaler (hfx/cluster/scaler.py)."""
@@ -260,9 +263,9 @@ class ControlPlane:
             self.fleet.check_drained(instance_id)
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
-            outcome = (Outcome.ABORTED if status is RequestStatus.FINISHED_ABORTED
-                       else Outcome.FINISHED)
-            self._finish(record, outcome, now, reason=FINISH_REASON[status])
+            outcome = _OUTCOME.get(status, Outcome.FINISHED)
+            error = out.failure if status is RequestStatus.FINISHED_FAILED else None
+            self._finish(record, outcome, now, error, reason=FINISH_REASON[status])
             finished = True
         if finished and self.migration is not None:
             self.migration.on_finished(now)
@@ -288,7 +291,7 @@ class ControlPlane:
             dst = record.decode_instance
             if dst is not None and dst != instance_id and dst in self.instances:
                 self.instances[dst].abort(rid)  # its KV was on its way there: free the room
-            if self.recovery.resumable(record, instance_id):
+            if self.recovery.resumable(record, instance_id, suspect=rid in out.suspects):
                 self._resume(record, now)
             else:
                 self._finish(record, Outcome.FAILED, now, out.error)

@@ -12,10 +12,22 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
-from hfx.engine import EngineCore, InstanceStats, RequestStatus, Role, Sequence, StepOutput
+from hfx.engine import (
+    EngineCore,
+    InstanceStats,
+    RequestStatus,
+    Role,
+    Sequence,
+    StepFailed,
+    StepOutput,
+)
 from hfx.request import Request
 
 EventSink = Callable[[int, StepOutput], None]
+
+# A step that raises with one request in it fails that request alone, unless the steps before
+# it raised too: then the executor, not a request, is what is broken.
+MAX_FAILED_STEPS_IN_A_ROW = 1
 
 
 class Instance(Protocol):
@@ -136,17 +148,37 @@ class LocalInstance:
             num_steps=e.num_steps,
         )
 
-    def _fail(self, error: str) -> None:
+    def _fail(self, error: str, suspects: tuple[str, ...] = (),
+              before: list[tuple[str, RequestStatus]] | None = None) -> None:
         assert self._sink is not None
         ids = self.engine.fail_all()
         now = asyncio.get_running_loop().time()
-        self._sink(self.id, StepOutput(now, [], None,
-                                       [(rid, RequestStatus.FINISHED_ABORTED) for rid in ids],
-                                       error))
+        self._sink(self.id, StepOutput(
+            now, [], None,
+            [*(before or []), *((rid, RequestStatus.FINISHED_ABORTED) for rid in ids)],
+            error, suspects))
+
+    def _step_failed(self, e: StepFailed, failures_in_a_row: int) -> bool:
+        """A step raised. One request alone in it, the first time in a row: that request
+        failed, not the instance (issue 16: one bad request never takes an instance down).
+        Otherwise the instance is broken: fail it, and name the step's requests as suspects,
+        which are never resumed elsewhere. Returns whether the instance goes on."""
+        assert self._sink is not None
+        now = asyncio.get_running_loop().time()
+        if len(e.request_ids) == 1 and failures_in_a_row <= MAX_FAILED_STEPS_IN_A_ROW:
+            (rid,) = e.request_ids
+            self.engine.fail_request(rid)
+            self._sink(self.id, StepOutput(
+                now, [], None, [*e.transitions, (rid, RequestStatus.FINISHED_FAILED)],
+                failure=f"request {rid} failed on instance {self.id}: {e}"))
+            return True
+        self._fail(f"instance {self.id} failed: {e}", tuple(e.request_ids), e.transitions)
+        return False
 
     async def _run(self) -> None:
         engine, sink = self.engine, self._sink
         assert sink is not None
+        failures_in_a_row = 0
         while True:
             if not engine.has_work():
                 self._wake.clear()
@@ -155,9 +187,15 @@ class LocalInstance:
             steps = engine.num_steps
             try:
                 out = await engine.step()
-            except Exception as e:  # a broken executor must not leave requests hanging
+            except StepFailed as e:
+                failures_in_a_row += 1
+                if self._step_failed(e, failures_in_a_row):
+                    continue
+                return
+            except Exception as e:  # a broken engine must not leave requests hanging
                 self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
                 return
+            failures_in_a_row = 0
             if out.request_ids or out.transitions:
                 sink(self.id, out)
             if engine.num_steps == steps and engine.has_work():

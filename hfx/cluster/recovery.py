@@ -25,8 +25,10 @@ class Recovery:
         self.num_instance_failures = 0
         self.num_resumed = 0  # requests resumed elsewhere after their instance failed
 
-    def resumable(self, record: RequestRecord, instance_id: int) -> bool:
-        if record.retries >= self.max_retries:
+    def resumable(self, record: RequestRecord, instance_id: int, suspect: bool = False) -> bool:
+        """``suspect``: it was in the step that broke the instance; it may be the cause, and a
+        request that broke one instance is never sent to break another (issue 16)."""
+        if suspect or record.retries >= self.max_retries:
             return False
         if record.request.prompt_token_ids is not None and record.num_tokens and (
                 record.output_ids is None or len(record.output_ids) != record.num_tokens):

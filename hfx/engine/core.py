@@ -36,10 +36,26 @@ class StepOutput(NamedTuple):
     transitions: list[tuple[str, RequestStatus]]
     # Set when the engine broke: every request it held is in ``transitions`` as aborted.
     error: str | None = None
+    # With ``error``: the requests of the step that raised. One of them may have caused it,
+    # so none of them is resumed elsewhere.
+    suspects: tuple[str, ...] = ()
+    # Why the FINISHED_FAILED requests in ``transitions`` failed.
+    failure: str | None = None
 
 
 class EngineError(ValueError):
     """A request this engine can never serve (too long for the model or the KV cache)."""
+
+
+class StepFailed(RuntimeError):
+    """The executor raised during a step; ``request_ids`` were in that step, which advanced
+    nothing. ``transitions`` are the aborts applied before it (they still happened)."""
+
+    def __init__(self, cause: BaseException, request_ids: list[str],
+                 transitions: list[tuple[str, RequestStatus]]) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.request_ids = request_ids
+        self.transitions = transitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +194,16 @@ class EngineCore:
     def get(self, request_id: str) -> Sequence | None:
         return self._seqs.get(request_id)
 
+    def fail_request(self, request_id: str) -> None:
+        """Drop one request whose step raised (the engine goes on); frees its KV."""
+        seq = self._seqs.pop(request_id)
+        if seq in self.state.running:
+            self.state.running.remove(seq)
+        elif seq in self.state.waiting:
+            self.state.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = RequestStatus.FINISHED_FAILED
+
     def fail_all(self) -> list[str]:
         """The engine cannot go on (its executor raised): drop every request, free all KV;
         returns their ids."""
@@ -204,7 +230,13 @@ class EngineCore:
         if not out:
             return StepOutput(loop.time(), [], None, transitions)
         start = loop.time()
-        sampled = await self.executor.execute(out)
+        try:
+            sampled = await self.executor.execute(out)
+        except Exception as e:
+            # The caller decides whether to fail the step's requests alone (fail_request) or
+            # the whole engine (fail_all).
+            raise StepFailed(e, [s.request_id for s in out.num_scheduled_tokens],
+                             transitions) from e
         now = loop.time()
         self.num_steps += 1
         self.busy_time += now - start

@@ -32,6 +32,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
     FINISHED_MIGRATED = 6  # left this instance with its KV
+    FINISHED_FAILED = 7  # its step raised in the executor: failed alone, the engine goes on
 
     @property
     def finished(self) -> bool:
@@ -44,6 +45,7 @@ FINISH_REASON: dict[RequestStatus, str | None] = {
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_MIGRATED: None,
+    RequestStatus.FINISHED_FAILED: "error",
 }
 
 
