@@ -269,3 +269,30 @@ def test_priority_slo_is_clamped_while_a_higher_priority_waits_for_its_first_tok
     assert alone == SLO(ranges[0].lo.ttft, ranges[0].lo.tpot)  # relaxed to the strictest
     assert contended == SLO(ranges[1].lo.ttft, ranges[1].lo.tpot)  # its own bound
     assert after == alone  # p0 got its first token: relaxed again
+
+
+def test_with_no_instance_left_queued_and_new_requests_fail_at_once_with_the_reason():
+    """Issue 16: a fleet that lost its last instance, with no Scaler to replace it, does not
+    let requests wait forever."""
+    async def main():
+        cfg = EngineConfig(num_kv_blocks=512, block_size=16)
+        breaking = BreakingExecutor(MODEL, breaks_at=3, how="die")
+        instance = LocalInstance(0, EngineCore(cfg, breaking))
+        breaking.instance = instance
+        cp = ControlPlane([instance], make_policy("rr"), PROFILE)
+        await cp.start()
+        cp.submit(req(0))
+        cp.submit(req(1))
+        await asyncio.sleep(1.0)
+        late = cp.submit(req(2))
+        await asyncio.wait_for(cp.wait_idle(), 60)  # nothing hangs
+        await cp.stop()
+        return cp, late
+
+    cp, late = run(main(), virtual=True)
+    for i in (0, 1):  # resumable, but nowhere to go
+        rec = cp.records[f"r{i}"]
+        assert rec.outcome is Outcome.FAILED and rec.retries == 1
+        assert rec.error == "no instance can serve: instance 0 failed: process died"
+    assert late.outcome is Outcome.FAILED and late.finish_time == late.request.arrival
+    assert cp.serviceable() == "instance 0 failed: process died"

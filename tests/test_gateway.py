@@ -229,3 +229,25 @@ def test_hfx_bench_drives_a_live_server(tmp_path):
         assert result["tpot"]["mean"] > 0 and result["attainment"] > 0
     finally:
         running.close()
+
+
+def test_readiness_tells_the_truth_and_an_empty_fleet_answers_503_at_once():
+    from fastapi.testclient import TestClient
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.gateway import create_app
+
+    server = build_server(ServeConfig(executor="sim", instances=1))
+    with TestClient(create_app(server)) as client:
+        r = client.get("/ready")
+        assert r.status_code == 200 and r.json()["accepting"] == 1
+        client.portal.call(server.control.drain, 0)  # the last instance leaves
+        r = client.get("/ready")
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["reason"] == "every instance has left"
+        assert client.get("/health").status_code == 200  # alive all the same
+        r = client.post("/v1/completions", json={"model": server.options.model_name,
+                                                  "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["error"]["code"] == "unavailable"

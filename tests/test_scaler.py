@@ -242,6 +242,9 @@ class FakeFleet:
     def record_span(self, iid, since, until):
         self.actions.append(("span", iid, since, until))
 
+    def launch_failed(self, iid, error):
+        self.actions.append(("launch_failed", iid))
+
 
 def _scaler(fleet: FakeFleet, max_instances: int, min_instances: int | None = None) -> Scaler:
     load = LoadModel(15.2e9)

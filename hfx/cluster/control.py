@@ -53,6 +53,10 @@ class ScalerHooks(Protocol):
 
     def on_failed(self, instance_id: int, role: Role) -> None: ...
 
+    def launching(self) -> int:
+        """Instances it is starting now."""
+        ...
+
     def stop(self) -> None: ...
 
 
@@ -82,6 +86,7 @@ class ControlPlane:
         self.ledger = RequestLedger(mapper.levels if mapper else 0)
         self.recovery = Recovery(max_retries, self.fleet.pd)
         self.scaler: ScalerHooks | None = None
+        self._unserviceable = "every instance has left"  # the last instance failure, if any
         self._dispatch: Stage | None = None
         self.migration: Migration | None = None
 
@@ -187,6 +192,10 @@ class ControlPlane:
                    if request.priority is not None else "request has no SLO or priority")
             self._finish(record, Outcome.REJECTED, request.arrival, why)
             return record
+        why = self.serviceable()
+        if why is not None:
+            self._finish(record, Outcome.FAILED, request.arrival, f"no instance can serve: {why}")
+            return record
         if request.slo is None:  # the policy sees the mapped SLO; the record keeps both
             request = replace(request, slo=record.slo)
         if self.scaler is not None:
@@ -215,6 +224,25 @@ class ControlPlane:
         self.instances[record.instance].abort(request_id)
         if record.decode_instance is not None:
             self.instances[record.decode_instance].abort(request_id)
+
+    def serviceable(self) -> str | None:
+        """None while some instance can take work, or one is starting; else why not."""
+        if any(self.fleet.accepting(i) for i in self.instances):
+            return None
+        if self.scaler is not None and self.scaler.launching():
+            return None
+        return self._unserviceable
+
+    def check_serviceable(self) -> None:
+        """With no instance able to take work and none starting, queued requests would wait
+        forever: fail them now with the reason (the gateway answers new ones 503)."""
+        why = self.serviceable()
+        if why is None:
+            return
+        now = asyncio.get_running_loop().time()
+        for record in list(self.records.values()):
+            if record.outcome is Outcome.PENDING and record.instance is None:
+                self._finish(record, Outcome.FAILED, now, f"no instance can serve: {why}")
 
     # ---- decisions and events --------------------------------------------------------------
     def _apply(self, decision: Decision, now: float) -> None:
@@ -282,6 +310,7 @@ class ControlPlane:
         if role is None:
             return  # already gone (released, or between roles)
         self.recovery.num_instance_failures += 1
+        self._unserviceable = out.error or self._unserviceable
         self.fleet.drain(instance_id)  # no new work there: retries go elsewhere
         for rid, _ in out.transitions:
             record = self.records[rid]
@@ -298,6 +327,7 @@ class ControlPlane:
         self.fleet.check_drained(instance_id)
         if self.scaler is not None:
             self.scaler.on_failed(instance_id, role)
+        self.check_serviceable()
         for stage in self._stages():
             stage.schedule_if_queued()
 
@@ -362,3 +392,8 @@ class ControlPlane:
 
     def record_span(self, instance_id: int, since: float, until: float) -> None:
         self.fleet.record_span(instance_id, since, until)
+
+    def launch_failed(self, instance_id: int, error: str) -> None:
+        """A launch the Scaler started failed: if nothing else can serve, say so now."""
+        self._unserviceable = f"launching instance {instance_id} failed: {error}"
+        self.check_serviceable()

@@ -175,6 +175,8 @@ class FleetControl(Protocol):
 
     def record_span(self, instance_id: int, since: float, until: float) -> None: ...
 
+    def launch_failed(self, instance_id: int, error: str) -> None: ...
+
 
 class Scaler:
     """Watches the fleet's queues and grows or shrinks the fleet (the control plane's
@@ -226,6 +228,10 @@ class Scaler:
         now = asyncio.get_running_loop().time()
         self._event(now, "failed", role, "instance failed", iid)
         self.scale_out_now(role, f"replace failed instance {iid}")
+
+    def launching(self) -> int:
+        """Instances being started (loading weights) now."""
+        return len(self._provisioning)
 
     def scale_out_now(self, role: Role, reason: str = "asked") -> int | None:
         """Start one more instance in ``role`` now, outside the indicators and the cool-down
@@ -353,6 +359,7 @@ class Scaler:
             self.provisioner.give_back()
             self._event(asyncio.get_running_loop().time(), "launch_failed", role,
                         f"{type(e).__name__}: {e}", iid)
+            self.control.launch_failed(iid, f"{type(e).__name__}: {e}")
             return
         if self._provisioning.pop(iid, None) is None:
             await instance.stop()  # the run ended while it loaded

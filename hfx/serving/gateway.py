@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from hfx.request import Outcome
 from hfx.sampling import SamplingParams
 from hfx.serving.protocol import (
+    RETRY_AFTER_SECONDS,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -127,7 +128,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -141,7 +142,18 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "instances": len(server.control.instances)}
+        """Liveness: the process serves HTTP. Whether it can serve requests is /ready."""
+        return {"status": "ok", **server.readiness()}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 while an instance accepts work (or one is starting); else 503 with
+        the reason and Retry-After, so a load balancer sends traffic elsewhere."""
+        state = server.readiness()
+        if state["ready"]:
+            return JSONResponse({"status": "ready", **state})
+        return JSONResponse({"status": "unavailable", **state}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+RETRY_AFTER_SECONDS = 5  # told to clients and load balancers while nothing can serve
 MAX_SEED = 2**63 - 1  # vLLM's range (an int64); wider seeds cannot seed a generator
 
 
@@ -89,10 +90,12 @@ class APIError(Exception):
     """A request the gateway refuses: becomes an OpenAI-style error object."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+                 code: str | None = None, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = (
             status, message, param, code, kind)
+        self.headers = headers or {}  # e.g. Retry-After on a 503
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from hfx.cluster.control import ControlPlane, TokenEvent
 from hfx.latency import StepTimeModel
@@ -18,7 +19,7 @@ from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sampling import SamplingParams
 from hfx.serving.metrics import Metrics
-from hfx.serving.protocol import APIError, SLOBody
+from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
 
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
 PRIORITY_HEADER = "x-priority"
@@ -77,6 +78,16 @@ class Server:
 
     async def stop(self) -> None:
         await self.control.stop()
+
+    def readiness(self) -> dict[str, Any]:
+        """Whether requests can be served: instances accepting work, starting, and why not."""
+        control = self.control
+        accepting = sum(control.accepting(i) for i in control.instances)
+        starting = control.scaler.launching() if control.scaler is not None else 0
+        why = control.serviceable()
+        return {"ready": why is None, "instances": len(control.instances),
+                "accepting": accepting, "starting": starting,
+                **({"reason": why} if why is not None else {})}
 
     # ---- SLOs ------------------------------------------------------------------------------
     def resolve_slo(self, body_slo: SLOBody | None, priority: int | None, task: str | None,
@@ -155,6 +166,11 @@ class Server:
                            param="max_tokens", code="context_length_exceeded")
         if applied.slo is not None:
             self.check_feasible(applied.slo, len(prompt_ids))
+        why = self.control.serviceable()
+        if why is not None:  # nothing can take it and nothing is starting: say so now
+            raise APIError(503, f"no instance can serve: {why}", kind="server_error",
+                           code="unavailable",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         eos = self.options.eos_token_id
         loop = asyncio.get_running_loop()
         request = Request(
