@@ -251,3 +251,16 @@ def test_readiness_tells_the_truth_and_an_empty_fleet_answers_503_at_once():
                                                   "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert r.json()["error"]["code"] == "unavailable"
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_kv(gw):
+    body = {"model": gw.model, "prompt": "long story", "max_tokens": 3000, "ignore_eos": True,
+            "task": "wikisql"}
+    before = gw.server.metrics.requests["wikisql", "aborted"]
+    with pytest.raises(httpx.TimeoutException):  # the client gives up and closes
+        httpx.post(f"{gw.url}/v1/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 20
+    while not _idle(gw):
+        assert time.monotonic() < deadline, "the abandoned request kept running"
+        time.sleep(0.05)
+    assert gw.server.metrics.requests["wikisql", "aborted"] == before + 1

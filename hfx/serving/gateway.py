@@ -8,6 +8,7 @@ stream).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from hfx.serving.protocol import (
 from hfx.serving.server import Server, Stream
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+DISCONNECT_POLL_SECONDS = 0.5  # how soon a non-streaming client that left is noticed
 DEFAULT_CHAT_TOKENS = 256  # ours: a random-weight model rarely samples its end token
 
 
@@ -193,7 +195,7 @@ def create_app(server: Server) -> FastAPI:
                                       timing=_timing(stream)),
                         lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
                         if body.include_usage else None)
-        return await _whole(gen, lambda: chunk(
+        return await _whole(gen, request, lambda: chunk(
             gen.text, gen.finish_reason, usage=_usage(stream, len(gen.tokens)),
             slo=_slo_fields(stream), timing=_timing(stream)))
 
@@ -227,7 +229,7 @@ def create_app(server: Server) -> FastAPI:
                         lambda: {**chunk({}, None), "choices": [],
                                  "usage": _usage(stream, len(gen.tokens))}
                         if body.include_usage else None)
-        return await _whole(gen, lambda: {
+        return await _whole(gen, request, lambda: {
             "id": stream.request.id, "object": "chat.completion", "created": created,
             "model": body.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
@@ -250,16 +252,36 @@ def _error_of(gen: _Generation) -> APIError | None:
                     code="instance_failed")
 
 
-async def _whole(gen: _Generation, body) -> JSONResponse:
+async def _whole(gen: _Generation, request: Request, body) -> JSONResponse:
+    """A non-streaming answer. Nothing is sent until the end, so the server would not notice a
+    client that went away; a watcher polls the connection and aborts the request then, which
+    frees its KV as a streaming disconnect does (issue 16)."""
+    collect = asyncio.ensure_future(_drain(gen))
+    watch = asyncio.ensure_future(_watch_disconnect(request))
     try:
-        async for _ in gen.pieces():
-            pass
+        await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        gen.server.abort(gen.stream)  # a no-op unless the handler was cancelled mid-way
+        watch.cancel()
+        if not collect.done():  # the client left (or the handler was cancelled)
+            collect.cancel()
+        gen.server.abort(gen.stream)  # a no-op for a request that ended
+    if not collect.done() or collect.cancelled():
+        return JSONResponse({}, status_code=499)  # nobody is listening any more
+    collect.result()
     err = _error_of(gen)
     if err is not None:
         return JSONResponse(err.body(), status_code=err.status)
     return JSONResponse(body(), headers=_slo_headers(gen.stream))
+
+
+async def _drain(gen: _Generation) -> None:
+    async for _ in gen.pieces():
+        pass
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
 
 def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingResponse:
