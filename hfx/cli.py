@@ -7,6 +7,7 @@ carries the field's help text and default; ``--config FILE.yaml`` sets any of th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -150,12 +151,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    env_key = os.environ.get("HFX_API_KEY") or None  # as vLLM's VLLM_API_KEY
     config = model_from_args(ServeConfig, args, args.config)
+    if config.api_key is None and env_key is not None:
+        config = config.model_copy(update={"api_key": env_key})
     try:
         import uvicorn
 
         from hfx.serving.build import build_server
-        from hfx.serving.gateway import create_app
+        from hfx.serving.gateway import Access, create_app
     except ImportError as e:
         raise ValueError(f"hfx serve needs the serve extra ({e}): pip install -e '.[serve]'"
                          + (" and the torch extra" if config.executor == "torch" else "")
@@ -170,8 +174,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"({config.executor} executor, {config.policy} policy)")
     # The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
     # for token timestamps of millisecond steps. httptools parses HTTP when installed.
-    uvicorn.run(create_app(server), host=config.host, port=config.port, log_level="warning",
-                loop="asyncio")
+    uvicorn.run(create_app(server, Access.of(config)), host=config.host, port=config.port,
+                log_level="warning", loop="asyncio")
     return 0
 
 

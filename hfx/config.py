@@ -231,6 +231,14 @@ class GatewaySection(Section):
                                     "instances on (implies --ray), e.g. auto or ray://host:10001")
     ray_cpus_per_instance: float = Field(1.0, ge=0, description="CPUs Ray reserves for each "
                                          "instance actor (a GPU too with --device cuda)")
+    api_key: str | None = Field(None, description="require this key as a Bearer token on /v1/* "
+                                "(as vLLM's --api-key); default: $HFX_API_KEY if set, else open")
+    auth_metrics: bool = Field(False, description="require the API key on /metrics too")
+    auth_health: bool = Field(False, description="require the API key on /health and /ready")
+    cors_origins: str | None = Field(None, description="comma-separated origins browsers may "
+                                     "call from (CORS); default: none")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body; a larger "
+                                "one is a 413 before it is read whole (default 8 MiB)")
 
 
 class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):

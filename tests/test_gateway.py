@@ -264,3 +264,59 @@ def test_a_non_streaming_client_that_goes_away_frees_its_kv(gw):
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.05)
     assert gw.server.metrics.requests["wikisql", "aborted"] == before + 1
+
+
+def _sim_client(**access):
+    from fastapi.testclient import TestClient
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.gateway import Access, create_app
+
+    server = build_server(ServeConfig(executor="sim", instances=1))
+    return TestClient(create_app(server, Access(**access))), server.options.model_name
+
+
+def test_api_key_guards_v1_and_optionally_metrics_and_health():
+    client, model = _sim_client(api_key="s3cret", auth_metrics=True)
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    with client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = client.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/v1/models").status_code == 401
+        assert client.get("/metrics").status_code == 401  # auth_metrics
+        assert client.get("/health").status_code == 200  # not guarded unless auth_health
+        ok = {"Authorization": "Bearer s3cret"}
+        assert client.post("/v1/completions", json=body, headers=ok).status_code == 200
+        assert client.get("/metrics", headers=ok).status_code == 200
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read_whole():
+    client, model = _sim_client(max_body_bytes=2048)
+    big = json.dumps({"model": model, "prompt": "x" * 4096, "max_tokens": 1}).encode()
+
+    def chunked():  # no Content-Length: the limit is counted as the chunks arrive
+        for i in range(0, len(big), 512):
+            yield big[i:i + 512]
+
+    with client:
+        r = client.post("/v1/completions", content=big,
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        r = client.post("/v1/completions", content=chunked(),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        r = client.post("/v1/completions", json={"model": model, "prompt": "x",
+                                                 "max_tokens": 1})
+        assert r.status_code == 200  # under the limit: served
+
+
+def test_cors_origins_are_allowed_only_when_configured():
+    client, _ = _sim_client(cors_origins=("https://app.example",))
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    with client:
+        r = client.options("/v1/completions", headers=preflight)
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        r = client.options("/v1/completions", headers={**preflight, "Origin": "https://evil"})
+        assert "access-control-allow-origin" not in r.headers

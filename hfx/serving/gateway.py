@@ -9,14 +9,17 @@ stream).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from hfx.request import Outcome
@@ -29,6 +32,9 @@ from hfx.serving.protocol import (
     chat_prompt,
 )
 from hfx.serving.server import Server, Stream
+
+if TYPE_CHECKING:
+    from hfx.config import GatewaySection
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.5  # how soon a non-streaming client that left is noticed
@@ -118,15 +124,110 @@ class _Generation:
             yield piece
 
 
-def create_app(server: Server) -> FastAPI:
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who may call the gateway, from where, with how much."""
+
+    api_key: str | None = None  # a Bearer token on /v1/* (as vLLM's --api-key)
+    auth_metrics: bool = False
+    auth_health: bool = False
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 8 << 20
+
+    @classmethod
+    def of(cls, config: GatewaySection) -> Access:
+        origins = tuple(o.strip() for o in (config.cors_origins or "").split(",") if o.strip())
+        return cls(config.api_key, config.auth_metrics, config.auth_health, origins,
+                   config.max_body_bytes)
+
+    def guards(self, path: str) -> bool:
+        if self.api_key is None:
+            return False
+        if path.startswith("/v1/"):
+            return True
+        return (self.auth_metrics and path == "/metrics") or (
+            self.auth_health and path in ("/health", "/ready"))
+
+
+class _Guard:
+    """ASGI middleware: the API key, then the body limit — a body over ``max_body_bytes`` is
+    refused (413) from its Content-Length or as soon as its chunks pass the limit, before the
+    app reads it whole."""
+
+    def __init__(self, app: Any, access: Access) -> None:
+        self.app, self.access = app, access
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        if self.access.guards(scope["path"]) and not _authorized(
+                headers.get("authorization", ""), self.access.api_key or ""):
+            return await _refuse(send, APIError(401, "a valid API key is required "
+                                                "(Authorization: Bearer KEY)",
+                                                code="invalid_api_key"))
+        limit = self.access.max_body_bytes
+        too_large = APIError(413, f"the request body exceeds {limit} bytes",
+                             code="request_too_large")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await _refuse(send, too_large)
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away mid-body
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await _refuse(send, too_large)
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # the disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+
+def _authorized(header: str, key: str) -> bool:
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                              key.encode())
+
+
+async def _refuse(send: Any, e: APIError) -> None:
+    body = json.dumps(e.body()).encode()
+    await send({"type": "http.response.start", "status": e.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(server: Server, access: Access | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await server.start()
         yield
         await server.stop()
 
+    access = access or Access()
     app = FastAPI(title="HFX", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(_Guard, access=access)
+    if access.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["*"], allow_credentials=False)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
