@@ -57,6 +57,8 @@ def test_stop_strings_end_the_output_before_them(gw):
     stop = next(text[i:i + 2] for i in range(6, len(text) - 2)
                 if "\ufffd" not in text[:i + 2])  # two characters well inside the output
     want = text[:text.find(stop)]
+    counted = gw.server.metrics.requests
+    finished, aborted = counted["default", "finished"], counted["default", "aborted"]
     whole = gw.client.completions.create(model=gw.model, prompt="Once upon", max_tokens=24,
                                          temperature=0, stop=[stop],
                                          extra_body={"ignore_eos": True})
@@ -66,6 +68,12 @@ def test_stop_strings_end_the_output_before_them(gw):
         stream=True, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # Both ended on the stop string: served requests, with their latencies, not aborts.
+    deadline = time.monotonic() + 10
+    while counted["default", "finished"] < finished + 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (counted["default", "finished"], counted["default", "aborted"]) == (
+        finished + 2, aborted)
 
 
 def test_models_health_metrics(gw):

@@ -87,6 +87,7 @@ class ControlPlane:
         self.recovery = Recovery(max_retries, self.fleet.pd)
         self.scaler: ScalerHooks | None = None
         self._unserviceable = "every instance has left"  # the last instance failure, if any
+        self._stopping: set[str] = set()  # aborted because their output is complete
         self._dispatch: Stage | None = None
         self.migration: Migration | None = None
 
@@ -213,12 +214,17 @@ class ControlPlane:
         """Drop a finished request's record; returns it, or None if unknown or pending."""
         return self.ledger.forget(request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request wherever it is; each instance holding it reports the abort."""
+    def abort(self, request_id: str, finished: bool = False) -> None:
+        """Abort a request wherever it is; each instance holding it reports the abort.
+        ``finished``: the output is complete (the gateway found a stop string): it ends as
+        finished with reason "stop", and its latencies count."""
         record = self.records.get(request_id)
         if record is None or record.outcome is not Outcome.PENDING:
             return
+        if finished:
+            self._stopping.add(request_id)
         if record.instance is None:  # still in the dispatch queue: skipped when dispatched
+            self._stopping.discard(request_id)
             self._finish(record, Outcome.ABORTED, asyncio.get_running_loop().time())
             return
         self.instances[record.instance].abort(request_id)
@@ -292,8 +298,13 @@ class ControlPlane:
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
             outcome = _OUTCOME.get(status, Outcome.FINISHED)
+            reason = FINISH_REASON[status]
+            if rid in self._stopping:  # ended on a stop string: served, not abandoned
+                self._stopping.discard(rid)
+                if status is RequestStatus.FINISHED_ABORTED:
+                    outcome, reason = Outcome.FINISHED, "stop"
             error = out.failure if status is RequestStatus.FINISHED_FAILED else None
-            self._finish(record, outcome, now, error, reason=FINISH_REASON[status])
+            self._finish(record, outcome, now, error, reason=reason)
             finished = True
         if finished and self.migration is not None:
             self.migration.on_finished(now)

@@ -117,7 +117,7 @@ class _Generation:
             if hits:  # a stop string: the output ends before it
                 self.text = self.text[:min(hits)]
                 self.finish_reason = "stop"
-                self.server.abort(self.stream)
+                self.server.stopped(self.stream)  # finished, not abandoned: served
                 return
             end = max(self._sent, len(self.text) - self._hold)
             piece, self._sent = self.text[self._sent:end], end

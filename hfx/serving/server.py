@@ -196,9 +196,15 @@ class Server:
             self.metrics.observe(record)
 
     def abort(self, stream: Stream) -> None:
-        """The client went away (or a stop string ended it): stop the request, free its KV."""
+        """The client went away: stop the request, free its KV (outcome aborted)."""
         if stream.record.outcome is Outcome.PENDING:
             self.control.abort(stream.request.id)
+
+    def stopped(self, stream: Stream) -> None:
+        """A stop string ended the output: stop generating and free the KV, as an end of
+        output (outcome finished, reason "stop"), not an abort."""
+        if stream.record.outcome is Outcome.PENDING:
+            self.control.abort(stream.request.id, finished=True)
 
     def text(self, tokens: list[int]) -> str:
         if self.options.placeholder_text is not None:
