@@ -156,10 +156,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.api_key is None and env_key is not None:
         config = config.model_copy(update={"api_key": env_key})
     try:
-        import uvicorn
-
         from hfx.serving.build import build_server
-        from hfx.serving.gateway import Access, create_app
+        from hfx.serving.gateway import Access, serve
     except ImportError as e:
         raise ValueError(f"hfx serve needs the serve extra ({e}): pip install -e '.[serve]'"
                          + (" and the torch extra" if config.executor == "torch" else "")
@@ -172,10 +170,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          ) from None
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
           f"({config.executor} executor, {config.policy} policy)")
-    # The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
-    # for token timestamps of millisecond steps. httptools parses HTTP when installed.
-    uvicorn.run(create_app(server, Access.of(config)), host=config.host, port=config.port,
-                log_level="warning", loop="asyncio")
+    serve(server, Access.of(config), config.host, config.port, config.shutdown_timeout)
+    print("stopped")
     return 0
 
 

@@ -239,6 +239,9 @@ class GatewaySection(Section):
                                      "call from (CORS); default: none")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body; a larger "
                                 "one is a 413 before it is read whole (default 8 MiB)")
+    shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
+                                    "in-flight requests finish (new ones get 503); a second "
+                                    "signal exits at once")
 
 
 class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):

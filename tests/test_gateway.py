@@ -250,6 +250,12 @@ def test_readiness_tells_the_truth_and_an_empty_fleet_answers_503_at_once():
     with TestClient(create_app(server)) as client:
         r = client.get("/ready")
         assert r.status_code == 200 and r.json()["accepting"] == 1
+        server.draining = True  # what the first SIGTERM sets (hfx.serving.gateway.serve)
+        assert client.get("/ready").json()["reason"] == "shutting down"
+        r = client.post("/v1/completions", json={"model": server.options.model_name,
+                                                  "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        server.draining = False
         client.portal.call(server.control.drain, 0)  # the last instance leaves
         r = client.get("/ready")
         assert r.status_code == 503 and r.headers["retry-after"] == "5"

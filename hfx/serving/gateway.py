@@ -404,3 +404,25 @@ def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingRe
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers=_slo_headers(gen.stream))
+
+
+def serve(server: Server, access: Access, host: str, port: int, shutdown_timeout: float) -> None:
+    """Run the gateway until a signal. The first SIGTERM or SIGINT drains: new requests get 503,
+    in-flight ones have ``shutdown_timeout`` seconds to finish; a second signal exits at once.
+    The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
+    for token timestamps of millisecond steps. httptools parses HTTP when installed."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Not uvicorn's own: it re-raises the signal after the shutdown (the process then
+            # dies of it, exit status -15), and only a second SIGINT forces the exit.
+            if self.should_exit:  # the second signal, whichever it is
+                self.force_exit = True
+            self.should_exit = True
+            server.draining = True
+
+    config = uvicorn.Config(create_app(server, access), host=host, port=port,
+                            log_level="warning", loop="asyncio",
+                            timeout_graceful_shutdown=shutdown_timeout)
+    _Server(config).run()

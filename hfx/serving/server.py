@@ -69,6 +69,7 @@ class Server:
         self.options = options
         self.step_model = step_model
         self.metrics = Metrics()
+        self.draining = False  # shutting down: in-flight requests finish, new ones get 503
         self._ids = itertools.count()
 
     async def start(self) -> None:
@@ -84,7 +85,7 @@ class Server:
         control = self.control
         accepting = sum(control.accepting(i) for i in control.instances)
         starting = control.scaler.launching() if control.scaler is not None else 0
-        why = control.serviceable()
+        why = "shutting down" if self.draining else control.serviceable()
         return {"ready": why is None, "instances": len(control.instances),
                 "accepting": accepting, "starting": starting,
                 **({"reason": why} if why is not None else {})}
@@ -166,7 +167,7 @@ class Server:
                            param="max_tokens", code="context_length_exceeded")
         if applied.slo is not None:
             self.check_feasible(applied.slo, len(prompt_ids))
-        why = self.control.serviceable()
+        why = "shutting down" if self.draining else self.control.serviceable()
         if why is not None:  # nothing can take it and nothing is starting: say so now
             raise APIError(503, f"no instance can serve: {why}", kind="server_error",
                            code="unavailable",
