@@ -216,6 +216,9 @@ class GatewaySection(Section):
     section: ClassVar[str] = "gateway"
 
     host: str = Field("127.0.0.1", description="address to listen on")
+    served_model_name: str | None = Field(None, description="the model id clients send and "
+                                          "/v1/models lists; default: the checkpoint folder's "
+                                          "name, SHAPE-random, or PROFILE-sim")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free one)")
     executor: Literal["torch", "sim"] = Field("torch", description="torch: the real model; "
                                               "sim: placeholder text at the profile's speed")

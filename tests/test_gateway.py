@@ -127,6 +127,10 @@ def test_slo_from_body_headers_priority_task_default(gw):
     ({"model": "M", "prompt": "x", "temperature": float("nan")}, 400, "temperature"),
     ({"model": "M", "prompt": "x", "slo": {"ttft_ms": float("inf"), "tpot_ms": 100}}, 400,
      "ttft_ms"),
+    ({"model": "M", "prompt": "x\ud800y"}, 400, "not valid Unicode"),
+    ({"model": "M", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"model": "M", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "M", "prompt": "x", "n": 2}, 400, "n"),
 ])
 def test_bad_input_is_a_4xx_and_the_server_goes_on(gw, body, status, needle):
     if body.get("model") == "M":
@@ -334,3 +338,24 @@ def test_cors_origins_are_allowed_only_when_configured():
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         r = client.options("/v1/completions", headers={**preflight, "Origin": "https://evil"})
         assert "access-control-allow-origin" not in r.headers
+
+
+def test_served_model_name_and_the_model_endpoint():
+    client, model = _sim_client()
+    assert "@" not in model  # a Hugging Face-style id by default
+    with client:
+        assert client.get(f"/v1/models/{model}").json()["id"] == model
+        assert client.get("/v1/models/other").status_code == 404
+    from fastapi.testclient import TestClient
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.gateway import create_app
+
+    server = build_server(ServeConfig(executor="sim", served_model_name="Qwen/Qwen2.5-7B"))
+    with TestClient(create_app(server)) as named:
+        assert named.get("/v1/models").json()["data"][0]["id"] == "Qwen/Qwen2.5-7B"
+        assert named.get("/v1/models/Qwen/Qwen2.5-7B").status_code == 200
+        r = named.post("/v1/completions", json={"model": "Qwen/Qwen2.5-7B", "prompt": "hi",
+                                                 "max_tokens": 2, "logprobs": 0})
+        assert r.status_code == 200  # the off form of an unsupported parameter is accepted

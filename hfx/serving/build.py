@@ -81,7 +81,7 @@ def build_server(config: ServeConfig) -> Server:
         device = "cpu"
         profile = _profile(config, device, EngineSpec("sim", max_len))
         spec = EngineSpec("sim", max_len, profile=profile)
-        name = f"{profile.name}-sim"
+        name = f"{profile.name.replace('@', '-')}-sim"  # no "@": clients read ids as HF names
 
     profile = replace(profile, kv_capacity_tokens=config.kv_capacity_tokens,
                       block_size=config.block_size)
@@ -95,7 +95,7 @@ def build_server(config: ServeConfig) -> Server:
                 else config.max_instances - config.initial_instances)
         spec.prepare(config.weight_path, warm)  # what scaled-out instances copy from
     options = ServeOptions(
-        model_name=name, max_model_len=max_len,
+        model_name=config.served_model_name or name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,

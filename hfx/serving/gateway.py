@@ -258,11 +258,21 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
         return JSONResponse({"status": "unavailable", **state}, status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
+    def model_card() -> dict[str, Any]:
+        return {"id": server.options.model_name, "object": "model", "created": 0,
+                "owned_by": "hfx", "max_model_len": server.options.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": server.options.model_name, "object": "model", "created": 0,
-            "owned_by": "hfx", "max_model_len": server.options.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != server.options.model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server serves "
+                           f"{server.options.model_name!r}", param="model",
+                           code="model_not_found")
+        return model_card()
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

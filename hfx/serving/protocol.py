@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RETRY_AFTER_SECONDS = 5  # told to clients and load balancers while nothing can serve
 MAX_SEED = 2**63 - 1  # vLLM's range (an int64); wider seeds cannot seed a generator
@@ -41,6 +41,17 @@ class _Common(BaseModel):
     slo: SLOBody | None = None
     priority: int | None = Field(None, ge=0)
     task: str | None = None
+    # Accepted only in their off form: an accepted parameter is never silently ignored.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> _Common:
+        asked = [name for name in ("logprobs", "top_logprobs", "echo") if getattr(self, name)]
+        if asked:
+            raise ValueError(f"{', '.join(asked)}: not supported by this server")
+        return self
 
     @property
     def stop_strings(self) -> list[str]:

@@ -145,6 +145,11 @@ class Server:
     # ---- requests --------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: JSON allows it, UTF-8 not
+                raise APIError(400, f"the prompt is not valid Unicode: {e.reason} at "
+                               f"character {e.start}", param="prompt") from None
             ids = self.tokenizer.encode(prompt)
             if not ids:
                 raise APIError(400, "prompt is empty", param="prompt")
