@@ -359,3 +359,25 @@ def test_served_model_name_and_the_model_endpoint():
         r = named.post("/v1/completions", json={"model": "Qwen/Qwen2.5-7B", "prompt": "hi",
                                                  "max_tokens": 2, "logprobs": 0})
         assert r.status_code == 200  # the off form of an unsupported parameter is accepted
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop():
+    import threading
+
+    client, model = _sim_client()
+    server = client.app.state.server
+    seen: list[str] = []
+    encode = server.encode
+
+    def spy(prompt):
+        seen.append(threading.current_thread().name)
+        return encode(prompt)
+
+    server.encode = spy
+    with client:
+        loop_thread = client.portal.call(lambda: threading.current_thread().name)
+        client.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 1})
+        r = client.post("/v1/completions", json={"model": model, "prompt": "x" * 20_000,
+                                                  "max_tokens": 1})
+        assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
+    assert seen[0] == loop_thread and seen[1] != loop_thread

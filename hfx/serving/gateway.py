@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.5  # how soon a non-streaming client that left is noticed
+TOKENIZE_INLINE_CHARS = 16_384  # longer prompts are tokenized off the event loop
 DEFAULT_CHAT_TOKENS = 256  # ours: a random-weight model rarely samples its end token
 
 
@@ -288,7 +289,7 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        ids = server.encode(body.prompt)
+        ids = await _encode(server, body.prompt)
         stream = open_stream("cmpl", body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS,
                              request)
         gen = _Generation(server, stream, body.stop_strings)
@@ -312,7 +313,7 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        ids = server.encode(chat_prompt(body.messages))
+        ids = await _encode(server, chat_prompt(body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_TOKENS
         stream = open_stream("chatcmpl", body, ids, max_tokens, request)
         gen = _Generation(server, stream, body.stop_strings)
@@ -383,6 +384,14 @@ async def _whole(gen: _Generation, request: Request, body) -> JSONResponse:
     if err is not None:
         return JSONResponse(err.body(), status_code=err.status)
     return JSONResponse(body(), headers=_slo_headers(gen.stream))
+
+
+async def _encode(server: Server, prompt: str | list[int]) -> list[int]:
+    """Tokenize; a long prompt on a worker thread, so that other streams keep flowing while it
+    is tokenized (tokenizers releases the GIL)."""
+    if isinstance(prompt, str) and len(prompt) > TOKENIZE_INLINE_CHARS:
+        return await asyncio.to_thread(server.encode, prompt)
+    return server.encode(prompt)
 
 
 async def _drain(gen: _Generation) -> None:
