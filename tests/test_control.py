@@ -175,6 +175,7 @@ def test_a_dead_instances_requests_resume_elsewhere_with_every_token():
         assert heard[f"r{i}"][-1].finish_reason == "length"
     assert all(cp.records[f"r{i}"].outcome is Outcome.FINISHED for i in (1, 3, 9))
     assert 0 in cp.retired
+    assert (cp.num_instance_failures, cp.num_resumed) == (1, 2)
 
 
 class PoisonExecutor(SimExecutor):
