@@ -3,12 +3,14 @@ finish and refuses new ones; a second signal exits at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -43,17 +45,24 @@ def _model(port: int) -> str:
     return httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
 
 
+@contextlib.contextmanager
+def _in_flight(port: int, max_tokens: int) -> Iterator[Iterator[str]]:
+    """A streaming request under way (its first chunk arrived); yields the rest of its lines."""
+    body = {"model": _model(port), "prompt": "x", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(timeout=60) as client, client.stream(
+            "POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+        lines = r.iter_lines()  # held: a dropped iterator closes the stream
+        assert next(lines).startswith("data: ")
+        yield lines
+
+
 def test_sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_0():
     port = _free_port()
     proc = _serve(port, timeout=30)
     try:
         model = _model(port)
-        body = {"model": model, "prompt": "x", "max_tokens": 150, "stream": True,
-                "ignore_eos": True}
-        with httpx.Client(timeout=60) as client, client.stream(
-                "POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
+        with _in_flight(port, max_tokens=150) as lines:
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             try:  # a new request is not served: refused at connect, or 503 if it gets in
@@ -76,13 +85,7 @@ def test_a_second_signal_exits_at_once():
     port = _free_port()
     proc = _serve(port, timeout=120)
     try:
-        model = _model(port)
-        body = {"model": model, "prompt": "x", "max_tokens": 3000, "stream": True,
-                "ignore_eos": True}
-        with httpx.Client(timeout=60) as client, client.stream(
-                "POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
-            lines = r.iter_lines()  # held: a dropped iterator closes the stream
-            assert next(lines).startswith("data: ")
+        with _in_flight(port, max_tokens=3000):
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             assert proc.poll() is None  # draining: the long request holds it
