@@ -221,12 +221,11 @@ class ControlPlane:
         record = self.records.get(request_id)
         if record is None or record.outcome is not Outcome.PENDING:
             return
-        if finished:
-            self._stopping.add(request_id)
         if record.instance is None:  # still in the dispatch queue: skipped when dispatched
-            self._stopping.discard(request_id)
             self._finish(record, Outcome.ABORTED, asyncio.get_running_loop().time())
             return
+        if finished:
+            self._stopping.add(request_id)
         self.instances[record.instance].abort(request_id)
         if record.decode_instance is not None:
             self.instances[record.decode_instance].abort(request_id)
@@ -299,10 +298,8 @@ class ControlPlane:
                 continue  # closed by the other instance of a migration aborted in flight
             outcome = _OUTCOME.get(status, Outcome.FINISHED)
             reason = FINISH_REASON[status]
-            if rid in self._stopping:  # ended on a stop string: served, not abandoned
-                self._stopping.discard(rid)
-                if status is RequestStatus.FINISHED_ABORTED:
-                    outcome, reason = Outcome.FINISHED, "stop"
+            if status is RequestStatus.FINISHED_ABORTED and rid in self._stopping:
+                outcome, reason = Outcome.FINISHED, "stop"  # a stop string: served
             error = out.failure if status is RequestStatus.FINISHED_FAILED else None
             self._finish(record, outcome, now, error, reason=reason)
             finished = True
@@ -358,6 +355,7 @@ class ControlPlane:
                 error: str | None = None, reason: str | None = None) -> None:
         self.ledger.settle(record, outcome, now, error)
         req = record.request
+        self._stopping.discard(req.id)  # however it ended
         if self.migration is not None:
             self.migration.forget(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED
