@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 
+from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
@@ -109,7 +110,8 @@ def build_cluster(config: ClusterConfig, profile: Profile,
     control = ControlPlane(instances, policy, profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
                            monitor=Monitor(config.monitor_interval),
-                           mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl)
+                           mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl,
+                           admission=AdmissionLimits(config.max_queued, config.max_wait))
     if config.max_instances is not None:
         make_scaler(config, profile, control, ecfg, placement, seed)
     return control

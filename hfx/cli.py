@@ -43,7 +43,7 @@ def _summary(r: dict) -> str:
         f"policy {r['policy']}  workload {r['workload']}  qps {r['qps']:g}  instances "
         f"{r['instances']}  profile {r['profile']}",
         f"requests {r['requests']}  finished {r['finished']}  rejected {r['rejected']}  "
-        f"failed {r['failed']}",
+        f"shed {r['shed']}  failed {r['failed']}",
         f"attainment {r['attainment']:.3f}  (deadline-based {r['attainment_dslo']:.3f})  "
         f"goodput {r['goodput_rps']:.2f} req/s  cost {r['cost_units']} units",
         f"TTFT s  {d('ttft')}",

@@ -123,7 +123,22 @@ class ScalerSection(Section):
                                      "(JSON), replacing the model")
 
 
-class ClusterConfig(FleetSection, EngineSection, PolicySection, ScalerSection):
+class AdmissionSection(Section):
+    """Admission control: when the fleet sheds load instead of queueing it (hfx/cluster/
+    admission.py); the same rule in simulation and serving."""
+
+    section: ClassVar[str] = "admission"
+
+    max_queued: int | None = Field(None, ge=1, description="requests waiting at the "
+                                   "dispatcher at most; an arrival beyond is shed (HTTP 429); "
+                                   "default: no bound")
+    max_wait: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        "seconds a request may go past its TTFT SLO without a first token before it is shed "
+        "(HTTP 503); default: no bound (the seeds' behaviour)"))
+
+
+class ClusterConfig(FleetSection, EngineSection, PolicySection, ScalerSection,
+                    AdmissionSection):
     """Everything ``hfx.assembly.build_cluster`` needs; ``hfx sim`` and ``hfx serve`` share it."""
 
     @model_validator(mode="after")
@@ -258,6 +273,11 @@ class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):
     decode: int = Field(1, ge=1, description="decode instances in pd mode")
     kv_capacity_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, "
                                     "tokens")
+    max_queued: int | None = Field(1024, ge=1, description="requests waiting at the "
+                                   "dispatcher at most; an arrival beyond is shed (HTTP 429)")
+    max_wait: float | None = Field(30.0, ge=0, allow_inf_nan=False, description=(
+        "seconds a request may go past its TTFT SLO without a first token before it is shed "
+        "(HTTP 503)"))
     priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
                             "important), from Table 1's four-task SLOs (seed 000 §7.3)")
     profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
@@ -267,8 +287,8 @@ class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):
 
 
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
-    WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection, ModelConfig,
-    GatewaySection)}
+    WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection,
+    AdmissionSection, ModelConfig, GatewaySection)}
 
 
 # ---- CLI generation --------------------------------------------------------------------------

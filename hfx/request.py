@@ -66,6 +66,7 @@ class Outcome(enum.Enum):
     REJECTED = "rejected"  # a policy declined it; counted as an SLO miss
     ABORTED = "aborted"  # the client went away
     FAILED = "failed"  # an error on the serving path
+    SHED = "shed"  # admission control turned it away: queue full, or waited too long
 
 
 @dataclass(slots=True)

@@ -381,3 +381,39 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop():
                                                   "max_tokens": 1})
         assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
     assert seen[0] == loop_thread and seen[1] != loop_thread
+
+
+def test_overload_is_shed_429_when_the_queue_is_full_503_when_it_waited_too_long():
+    from fastapi.testclient import TestClient
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.gateway import create_app
+
+    server = build_server(ServeConfig(executor="sim", instances=1, max_queued=2, max_wait=0.0))
+    prompt = [7] * 2000
+    alone = server.step_model.prefill_one(len(prompt))
+    # Only a request prefilled at once makes this TTFT; one behind another's prefill cannot.
+    slo = {"ttft_ms": 1.3 * alone * 1e3, "tpot_ms": 500}
+    body = {"model": server.options.model_name, "prompt": prompt, "max_tokens": 4,
+            "slo": slo}
+
+    async def burst() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://hfx") as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=body)
+                                          for _ in range(8)))
+
+    with TestClient(create_app(server)) as client:
+        answers = client.portal.call(burst)
+        metrics = client.get("/metrics").text
+    codes = sorted(r.status_code for r in answers)
+    full = [r for r in answers if r.status_code == 429]
+    late = [r for r in answers if r.status_code == 503]
+    assert codes[0] == 200 and set(codes) == {200, 429, 503}, codes
+    assert {r.json()["error"]["code"] for r in full} == {"queue_full"}
+    assert {r.json()["error"]["code"] for r in late} == {"shed"}
+    assert all(r.headers["retry-after"] == "5" for r in full + late)
+    assert f'hfx_requests_total{{outcome="shed",task="default"}} {len(full) + len(late)}' \
+        in metrics
+    assert "hfx_queued_requests 0" in metrics

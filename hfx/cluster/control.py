@@ -7,7 +7,9 @@ It composes parts named for their jobs and routes events between them:
   Migrator's stage inside ``Migration`` (migration.py, seed 000 §5.1);
 - ``Fleet`` (fleet.py): membership, drain, role switch, views, KV links, cost;
 - ``Recovery`` (recovery.py): what becomes of a failed instance's requests;
-- HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (seed 000 §5.2).
+- HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (seed 000 §5.2);
+- ``AdmissionLimits`` (admission.py): the queue bound and the first-token wait bound that shed
+  load, in simulation and serving alike.
 
 Arrivals go to the dispatch stage (after priority mapping); its decisions go to instances; step
 outputs from the instances update the ledger and call the stages again. The Scaler, when there
@@ -22,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.fleet import Fleet
 from hfx.cluster.instance import Instance
 from hfx.cluster.ledger import Listener, RequestLedger, TokenEvent
@@ -73,6 +76,7 @@ class ControlPlane:
         migrator: Policy | None = None,
         tl_manager: TLManager | None = None,
         max_retries: int = 1,
+        admission: AdmissionLimits | None = None,
     ) -> None:
         self.fleet = Fleet(instances, monitor or Monitor(), tl_manager)
         if self.fleet.pd and migrator is None:
@@ -87,7 +91,11 @@ class ControlPlane:
         self.recovery = Recovery(max_retries, self.fleet.pd)
         self.scaler: ScalerHooks | None = None
         self._unserviceable = "every instance has left"  # the last instance failure, if any
-        self._stopping: set[str] = set()  # aborted because their output is complete
+        self.admission = admission or AdmissionLimits()
+        # Requests aborted on their instances for a reason other than the client's: the outcome,
+        # finish reason and error they end with when the abort lands (a stop string: finished).
+        self._ending: dict[str, tuple[Outcome, str | None, str | None]] = {}
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}  # first-token wait bounds
         self._dispatch: Stage | None = None
         self.migration: Migration | None = None
 
@@ -197,16 +205,24 @@ class ControlPlane:
         if why is not None:
             self._finish(record, Outcome.FAILED, request.arrival, f"no instance can serve: {why}")
             return record
+        assert self._dispatch is not None, "start() the control plane first"
+        why = self.admission.queue_full(self._dispatch.policy.num_queued())
+        if why is not None:
+            self._finish(record, Outcome.SHED, request.arrival, why)
+            return record
         if request.slo is None:  # the policy sees the mapped SLO; the record keeps both
             request = replace(request, slo=record.slo)
+        loop = asyncio.get_running_loop()
+        deadline = self.admission.first_token_deadline(record)
+        if deadline is not None:
+            self._deadlines[request.id] = loop.call_at(deadline, self._shed_late, request.id)
         if self.scaler is not None:
             self.ledger.await_first(record)
             self.scaler.on_enqueue(Role.PREFILL if self.pd else Role.COLOCATED,
                                    request.arrival)
         if self.migration is not None:
             self.migration.sent[request.id] = request
-        assert self._dispatch is not None, "start() the control plane first"
-        self._dispatch.enqueue(request, asyncio.get_running_loop().time())
+        self._dispatch.enqueue(request, loop.time())
         self._dispatch.schedule()
         return record
 
@@ -221,14 +237,35 @@ class ControlPlane:
         record = self.records.get(request_id)
         if record is None or record.outcome is not Outcome.PENDING:
             return
-        if record.instance is None:  # still in the dispatch queue: skipped when dispatched
-            self._finish(record, Outcome.ABORTED, asyncio.get_running_loop().time())
+        ending = (Outcome.FINISHED, "stop", None) if finished else None
+        self._end(record, Outcome.ABORTED, None, ending)
+
+    def _end(self, record: RequestRecord, outcome: Outcome, error: str | None,
+             ending: tuple[Outcome, str | None, str | None] | None) -> None:
+        """End a pending request wherever it is: a queued one now with ``outcome``; one on an
+        instance once its abort lands there, with ``ending`` (outcome, reason, error) if given,
+        else as aborted."""
+        rid = record.request.id
+        if record.instance is None:  # still in the dispatch queue
+            assert self._dispatch is not None
+            self._dispatch.policy.withdraw(rid)
+            self._finish(record, outcome, asyncio.get_running_loop().time(), error)
             return
-        if finished:
-            self._stopping.add(request_id)
-        self.instances[record.instance].abort(request_id)
+        if ending is not None:
+            self._ending[rid] = ending
+        self.instances[record.instance].abort(rid)
         if record.decode_instance is not None:
-            self.instances[record.decode_instance].abort(request_id)
+            self.instances[record.decode_instance].abort(rid)
+
+    def _shed_late(self, request_id: str) -> None:
+        """The first-token wait bound passed (admission.py): shed the request if it still has
+        no token, wherever it waits."""
+        self._deadlines.pop(request_id, None)
+        record = self.records.get(request_id)
+        if record is None or record.outcome is not Outcome.PENDING or record.num_tokens:
+            return
+        why = self.admission.late()
+        self._end(record, Outcome.SHED, why, (Outcome.SHED, None, why))
 
     def serviceable(self) -> str | None:
         """None while some instance can take work, or one is starting; else why not."""
@@ -298,9 +335,9 @@ class ControlPlane:
                 continue  # closed by the other instance of a migration aborted in flight
             outcome = _OUTCOME.get(status, Outcome.FINISHED)
             reason = FINISH_REASON[status]
-            if status is RequestStatus.FINISHED_ABORTED and rid in self._stopping:
-                outcome, reason = Outcome.FINISHED, "stop"  # a stop string: served
             error = out.failure if status is RequestStatus.FINISHED_FAILED else None
+            if status is RequestStatus.FINISHED_ABORTED and rid in self._ending:
+                outcome, reason, error = self._ending[rid]  # a stop string, or shed
             self._finish(record, outcome, now, error, reason=reason)
             finished = True
         if finished and self.migration is not None:
@@ -355,7 +392,10 @@ class ControlPlane:
                 error: str | None = None, reason: str | None = None) -> None:
         self.ledger.settle(record, outcome, now, error)
         req = record.request
-        self._stopping.discard(req.id)  # however it ended
+        self._ending.pop(req.id, None)  # however it ended
+        deadline = self._deadlines.pop(req.id, None)
+        if deadline is not None:
+            deadline.cancel()
         if self.migration is not None:
             self.migration.forget(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED

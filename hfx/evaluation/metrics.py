@@ -1,7 +1,7 @@
 """Metrics over request records (seed 000 §3 and §7.5).
 
 - attainment: seed Eq. 4, the fraction of *all* requests that finished with TTFT and mean TPOT
-  within their SLO (rejected, failed and aborted requests count as misses);
+  within their SLO (rejected, shed, failed and aborted requests count as misses);
 - attainment_dslo: the deadline-based variant (seed 003 §2.3);
 - ttft / tpot / e2e: mean and percentiles over finished requests, in seconds;
 - goodput_rps: requests that met their SLO per second of the run; throughput_rps: finished
@@ -50,6 +50,7 @@ def _group(records: Sequence[RequestRecord], met: Sequence[bool],
         "finished": len(finished),
         "rejected": sum(r.outcome is Outcome.REJECTED for r in records),
         "failed": sum(r.outcome is Outcome.FAILED for r in records),
+        "shed": sum(r.outcome is Outcome.SHED for r in records),
         "best_effort": sum(r.best_effort for r in records),
         "attainment": sum(met) / n if n else 0.0,
         "attainment_dslo": sum(met_dslo) / n if n else 0.0,

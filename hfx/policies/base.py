@@ -82,6 +82,11 @@ class Policy(ABC):
     @abstractmethod
     def num_queued(self) -> int: ...
 
+    @abstractmethod
+    def withdraw(self, request_id: str) -> bool:
+        """Drop a queued request (its client went away, or admission control shed it), so that
+        it is neither dispatched nor counted any more; False if it is not queued here."""
+
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:  # noqa: B027
         """A request left the cluster (finished, aborted or failed)."""
 
@@ -100,3 +105,10 @@ class ArrivalOrderPolicy(Policy):
 
     def num_queued(self) -> int:
         return len(self._queue)
+
+    def withdraw(self, request_id: str) -> bool:
+        for i, req in enumerate(self._queue):  # O(queue): bounded by admission control
+            if req.id == request_id:
+                del self._queue[i]
+                return True
+        return False

@@ -105,6 +105,15 @@ class HFXDispatcher(Policy):
     def num_queued(self) -> int:
         return len(self.queue) + len(self._best_effort)
 
+    def withdraw(self, request_id: str) -> bool:
+        if self.queue.remove(request_id):
+            return True
+        for req in self._best_effort:
+            if req.id == request_id:
+                self._best_effort.remove(req)
+                return True
+        return False
+
     # ---- the dispatcher ---------------------------------------------------------------------
     def _shadow_of(self, inst: InstanceView, view: ClusterView) -> ShadowInstance:
         self.maturity.setdefault(inst.id, view.now)

@@ -59,6 +59,9 @@ class HFXMigrator(Policy):
     def num_queued(self) -> int:
         return len(self.queue)
 
+    def withdraw(self, request_id: str) -> bool:
+        return self.queue.remove(request_id)
+
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()
         now, model = view.now, view.step_model

@@ -95,6 +95,14 @@ class PolyServe(Policy):
     def num_queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def withdraw(self, request_id: str) -> bool:
+        for queue in self._queues.values():
+            for i, item in enumerate(queue):
+                if item[1] == request_id:
+                    del queue[i]  # the rest stays in deadline order
+                    return True
+        return False
+
     # ---- the admission check -------------------------------------------------------------
     def queued_prefill(self, iid: int) -> int:
         """Prompt tokens not yet prefilled: waiting at the last snapshot, plus those sent since

@@ -55,6 +55,19 @@ class SimulatedAnnealing(Policy):
     def num_queued(self) -> int:
         return len(self._arrived) + sum(len(p) for p in self._pending.values())
 
+    def withdraw(self, request_id: str) -> bool:
+        for i, req in enumerate(self._arrived):
+            if req.id == request_id:
+                del self._arrived[i]
+                return True
+        for iid, pending in self._pending.items():
+            for i, (req, _) in enumerate(pending):
+                if req.id == request_id:
+                    del pending[i]
+                    self._plans[iid] = None  # the plan indexes the pending list: search again
+                    return True
+        return False
+
     def _assign(self, req: Request, out_len: float, view: ClusterView) -> int:
         """Largest remaining memory first; reset the round when it cannot hold the request."""
         need = req.prompt_len + out_len

@@ -55,6 +55,20 @@ class Scorpio(Policy):
     def num_queued(self) -> int:
         return len(self._pending) + sum(len(q) for q in self._queues.values())
 
+    def withdraw(self, request_id: str) -> bool:
+        for i, req in enumerate(self._pending):
+            if req.id == request_id:
+                del self._pending[i]
+                return True
+        for queue in self._queues.values():
+            for i, item in enumerate(queue):
+                if item[3].id == request_id:
+                    queue[i] = queue[-1]
+                    queue.pop()
+                    heapq.heapify(queue)
+                    return True
+        return False
+
     def predicted_tpot(self, sh: ShadowInstance, tpots: list[float], req: Request,
                        out_len: float, alpha: float, beta: float, delta: float) -> float:
         """ε·ITL(n, L_avg) with req joined, over req's predicted life."""

@@ -19,6 +19,7 @@ class SLOQueue:
         self._classes: dict[float, deque[Request]] = {}  # TPOT target → FIFO by arrival
         self._tpots: list[float] = []  # sorted keys of _classes
         self._taken: set[str] = set()
+        self._queued: dict[str, Request] = {}  # by id: what ``remove`` looks up
         self._ttfts: Counter = Counter()
         self._size = 0
 
@@ -33,17 +34,27 @@ class SLOQueue:
             fifo = self._classes[tpot] = deque()
             bisect.insort(self._tpots, tpot)
         fifo.append(request)
+        self._queued[request.id] = request
         self._ttfts[request.slo.ttft] += 1
         self._size += 1
 
     def take(self, request: Request) -> None:
         """Remove a request yielded by ``scan``."""
         self._taken.add(request.id)
+        del self._queued[request.id]
         self._size -= 1
         ttft = request.slo.ttft
         self._ttfts[ttft] -= 1
         if self._ttfts[ttft] == 0:
             del self._ttfts[ttft]
+
+    def remove(self, request_id: str) -> bool:
+        """Remove a queued request by id; False if it is not queued."""
+        request = self._queued.get(request_id)
+        if request is None:
+            return False
+        self.take(request)
+        return True
 
     def min_ttft(self) -> float | None:
         return min(self._ttfts) if self._ttfts else None

@@ -353,13 +353,18 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
 
 
 def _error_of(gen: _Generation) -> APIError | None:
-    """A request that ended without being served: rejected by the policy (overload, 503) or
-    failed on an instance (it broke, or could not hold the request: 500, with the reason).
-    What a client can get wrong is refused before submission, as a 4xx."""
+    """A request that ended without being served: rejected by the policy or shed by admission
+    control (overload, 503), or failed on an instance (it broke, or could not hold the request:
+    500, with the reason). What a client can get wrong is refused before submission, as a
+    4xx."""
     if gen.finish_reason != "error":
         return None
-    if gen.stream.record.outcome is Outcome.REJECTED:
+    outcome = gen.stream.record.outcome
+    if outcome is Outcome.REJECTED:
         return APIError(503, gen.error or "rejected", kind="server_error", code="rejected")
+    if outcome is Outcome.SHED:  # waited past the bound (admission.py): try again later
+        return APIError(503, f"overloaded: {gen.error}", kind="server_error", code="shed",
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     return APIError(500, gen.error or "request failed", kind="server_error",
                     code="instance_failed")
 
@@ -382,7 +387,7 @@ async def _whole(gen: _Generation, request: Request, body) -> JSONResponse:
     collect.result()
     err = _error_of(gen)
     if err is not None:
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
     return JSONResponse(body(), headers=_slo_headers(gen.stream))
 
 

@@ -192,6 +192,9 @@ class Server:
                 self._ended(request.id)
 
         record = self.control.submit(request, listen)
+        if record.outcome is Outcome.SHED:  # the queue is full: admission.py
+            raise APIError(429, f"overloaded: {record.error}", kind="server_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         if record.slo is not None and applied.slo is None:  # mapped from the priority
             applied = AppliedSLO(record.slo, applied.priority, applied.task, "priority")
         return Stream(request, record, applied, queue)
