@@ -57,8 +57,8 @@ def test_stop_strings_end_the_output_before_them(gw):
     stop = next(text[i:i + 2] for i in range(6, len(text) - 2)
                 if "\ufffd" not in text[:i + 2])  # two characters well inside the output
     want = text[:text.find(stop)]
-    counted = gw.server.metrics.requests
-    finished, aborted = counted["default", "finished"], counted["default", "aborted"]
+    count = gw.server.metrics.count
+    finished, aborted = count("default", "finished"), count("default", "aborted")
     whole = gw.client.completions.create(model=gw.model, prompt="Once upon", max_tokens=24,
                                          temperature=0, stop=[stop],
                                          extra_body={"ignore_eos": True})
@@ -70,20 +70,38 @@ def test_stop_strings_end_the_output_before_them(gw):
     assert chunks[-1].choices[0].finish_reason == "stop"
     # Both ended on the stop string: served requests, with their latencies, not aborts.
     deadline = time.monotonic() + 10
-    while counted["default", "finished"] < finished + 2 and time.monotonic() < deadline:
+    while count("default", "finished") < finished + 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert (counted["default", "finished"], counted["default", "aborted"]) == (
-        finished + 2, aborted)
+    assert (count("default", "finished"), count("default", "aborted")) == (finished + 2, aborted)
 
 
 def test_models_health_metrics(gw):
     assert [m.id for m in gw.client.models.list()] == [gw.model]
     assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"
+    finished = ("hfx_requests_total", (("outcome", "finished"), ("task", "medical_qa")))
+    ttfts = ("hfx_ttft_seconds_count", (("task", "medical_qa"),))
+    tokens = ("hfx_generated_tokens_total", ())
+    before = scrape(gw.url)
     gw.client.completions.create(model=gw.model, prompt="x", max_tokens=2,
-                                 extra_body={"task": "medical_qa"})
-    text = httpx.get(f"{gw.url}/metrics").text
-    assert 'hfx_requests_total{outcome="finished",task="medical_qa"}' in text
-    assert "hfx_ttft_seconds_bucket" in text and "hfx_instance_kv_usage" in text
+                                 extra_body={"task": "medical_qa", "ignore_eos": True})
+    deadline = time.monotonic() + 10
+    while (after := scrape(gw.url)).get(finished, 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert after[finished] - before.get(finished, 0) == 1
+    assert after[ttfts] - before.get(ttfts, 0) == 1
+    assert after[tokens] - before[tokens] == 2
+    assert after["hfx_in_flight_requests", ()] == 0 and after["hfx_queued_requests", ()] == 0
+    kv = {dict(labels)["instance"] for name, labels in after if name == "hfx_instance_kv_usage"}
+    assert kv == {"0", "1"}
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """/metrics parsed: (sample name, sorted labels) → value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def _post(gw, body, headers=None) -> httpx.Response:
@@ -274,14 +292,14 @@ def test_readiness_tells_the_truth_and_an_empty_fleet_answers_503_at_once():
 def test_a_non_streaming_client_that_goes_away_frees_its_kv(gw):
     body = {"model": gw.model, "prompt": "long story", "max_tokens": 3000, "ignore_eos": True,
             "task": "wikisql"}
-    before = gw.server.metrics.requests["wikisql", "aborted"]
+    before = gw.server.metrics.count("wikisql", "aborted")
     with pytest.raises(httpx.TimeoutException):  # the client gives up and closes
         httpx.post(f"{gw.url}/v1/completions", json=body, timeout=1.0)
     deadline = time.monotonic() + 20
     while not _idle(gw):
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.05)
-    assert gw.server.metrics.requests["wikisql", "aborted"] == before + 1
+    assert gw.server.metrics.count("wikisql", "aborted") == before + 1
 
 
 def _sim_client(**access):
@@ -417,3 +435,22 @@ def test_overload_is_shed_429_when_the_queue_is_full_503_when_it_waited_too_long
     assert f'hfx_requests_total{{outcome="shed",task="default"}} {len(full) + len(late)}' \
         in metrics
     assert "hfx_queued_requests 0" in metrics
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exports():
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    dashboard = json.loads((Path(__file__).parents[1] / "docs/grafana/hfx.json").read_text())
+    wanted = {name for panel in dashboard["panels"] for target in panel["targets"]
+              for name in re.findall(r"\bhfx_\w+", target["expr"])}
+    client, model = _sim_client()
+    with client:
+        r = client.post("/v1/completions", json={"model": model, "prompt": "hi",
+                                                  "max_tokens": 2})
+        assert r.status_code == 200
+        text = client.get("/metrics").text
+    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    assert len(wanted) >= 15 and wanted <= exported, sorted(wanted - exported)

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hfx.request import Outcome
 from hfx.sampling import SamplingParams
+from hfx.serving.metrics import CONTENT_TYPE
 from hfx.serving.protocol import (
     RETRY_AFTER_SECONDS,
     APIError,
@@ -276,9 +277,8 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
         return model_card()
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(server.metrics.render(server.control),
-                                 media_type="text/plain; version=0.0.4")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 
     def open_stream(kind: str, body: CompletionRequest | ChatCompletionRequest,
                     prompt_ids: list[int], max_tokens: int, request: Request) -> Stream:

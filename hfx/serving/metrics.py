@@ -1,123 +1,123 @@
-"""Prometheus metrics of the gateway, in the text exposition format (version 0.0.4).
+"""Prometheus metrics of the gateway, through ``prometheus_client``.
 
-Counters and latency histograms are updated as each request ends; gauges (queues, KV use,
-instances) are read from the control plane when ``/metrics`` is scraped.
+Each server has its own registry (no process-global state, so several servers in one process —
+tests, benchmarks — keep apart). Counters and latency histograms are updated as each request
+ends; gauges (queues, KV use, instances) and the control plane's own counters are read from it
+when ``/metrics`` is scraped. docs/grafana/hfx.json is a dashboard over these names.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter as Tally
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hfx.cluster.control import ControlPlane
 from hfx.request import Outcome, RequestRecord
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds; spans sub-ms CPU steps to multi-second queues.
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+           60.0)
+SCALING_ACTIONS = ("scale_out", "scale_in", "switch_role", "launch_failed")
 
 
-def _labels(labels: dict[str, str | int]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), "")}"'
-                     for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
+class _ControlPlaneCollector(Collector):
+    """What the control plane knows at scrape time."""
+
+    def __init__(self, control: ControlPlane) -> None:
+        self.control = control
+
+    def collect(self) -> Iterator[Metric]:
+        control = self.control
+        yield _gauge("hfx_queued_requests", "Requests in the dispatcher's queue.",
+                     control.policy.num_queued())
+        ledger = control.ledger
+        yield _gauge("hfx_in_flight_requests", "Requests submitted and not ended.",
+                     len(ledger.records) - ledger.num_done)
+        per_instance = (("hfx_instance_running", "Sequences running on the instance.",
+                         "num_running"),
+                        ("hfx_instance_waiting", "Sequences waiting on the instance.",
+                         "num_waiting"),
+                        ("hfx_instance_kv_usage", "Fraction of KV blocks in use.", "kv_usage"))
+        stats = {i: inst.stats() for i, inst in control.instances.items()}
+        for name, text, attr in per_instance:
+            family = GaugeMetricFamily(name, text, labels=["instance", "role"])
+            for i, s in sorted(stats.items()):
+                family.add_metric([str(i), s.role.value], getattr(s, attr))
+            yield family
+        states: Tally[tuple[str, str]] = Tally()
+        for i, inst in control.instances.items():
+            states[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
+        for inst in control.retired.values():
+            states[inst.role.value, "retired"] += 1
+        family = GaugeMetricFamily("hfx_instances", "Instances by role and state.",
+                                   labels=["role", "state"])
+        for (role, state), n in sorted(states.items()):
+            family.add_metric([role, state], n)
+        yield family
+        yield CounterMetricFamily("hfx_instance_failures", "Instances that failed (executor "
+                                  "error, process or node lost).",
+                                  value=control.num_instance_failures)
+        yield CounterMetricFamily("hfx_resumed_requests", "Requests resumed on another "
+                                  "instance after theirs failed.", value=control.num_resumed)
+        events = control.scaler.state.events if control.scaler is not None else []
+        actions = Tally(e.action for e in events)
+        family = CounterMetricFamily("hfx_scaling_events", "Scale-out and scale-in decisions.",
+                                     labels=["action"])
+        for action in SCALING_ACTIONS:
+            family.add_metric([action], actions[action])
+        yield family
 
 
-class Histogram:
-    def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)
-        self.total = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.total += 1
-        self.sum += value
-        for i, b in enumerate(BUCKETS):
-            if value <= b:
-                self.counts[i] += 1
-
-    def render(self, name: str, labels: dict[str, str]) -> list[str]:
-        lines = [f"{name}_bucket{_labels({**labels, 'le': b})} {c}"
-                 for b, c in zip(BUCKETS, self.counts, strict=True)]
-        lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {self.total}")
-        lines.append(f"{name}_sum{_labels(labels)} {self.sum}")
-        lines.append(f"{name}_count{_labels(labels)} {self.total}")
-        return lines
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self.requests: dict[tuple[str, str], int] = defaultdict(int)  # (task, outcome)
-        self.slo: dict[tuple[str, str], int] = defaultdict(int)  # (task, met|missed)
-        self.latency: dict[tuple[str, str], Histogram] = defaultdict(Histogram)  # (metric, task)
-        self.tokens = 0
+    def __init__(self, control: ControlPlane) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._requests = Counter("hfx_requests", "Requests ended, by task and outcome "
+                                 "(finished, rejected, shed, aborted, failed).",
+                                 ["outcome", "task"], registry=r)
+        self._slo = Counter("hfx_slo", "Finished requests that met or missed their SLO.",
+                            ["result", "task"], registry=r)
+        self._tokens = Counter("hfx_generated_tokens", "Output tokens streamed.", registry=r)
+        self._prompt_tokens = Counter("hfx_prompt_tokens", "Prompt tokens of ended requests.",
+                                      registry=r)
+        self._latency = {
+            metric: Histogram(f"hfx_{metric}_seconds", f"{text}, seconds (finished requests).",
+                              ["task"], buckets=BUCKETS, registry=r)
+            for metric, text in (("ttft", "Time to first token"),
+                                 ("tpot", "Time per output token"),
+                                 ("e2e", "End-to-end latency"),
+                                 ("queue", "Time from arrival to dispatch"))}
+        r.register(_ControlPlaneCollector(control))
 
     def observe(self, record: RequestRecord) -> None:
+        """A request ended: count it, and its latencies if it finished."""
         task = record.request.task
-        self.requests[task, record.outcome.value] += 1
+        self._requests.labels(record.outcome.value, task).inc()
         if record.outcome is Outcome.FINISHED:
-            self.slo[task, "met" if record.meets_slo() else "missed"] += 1
+            self._slo.labels("met" if record.meets_slo() else "missed", task).inc()
             for metric in ("ttft", "tpot", "e2e"):
                 value = getattr(record, metric)
                 if value is not None:
-                    self.latency[metric, task].observe(value)
-        self.tokens += record.num_tokens
+                    self._latency[metric].labels(task).observe(value)
+            if record.queue_time is not None:
+                self._latency["queue"].labels(task).observe(record.queue_time)
+        self._tokens.inc(record.num_tokens)
+        self._prompt_tokens.inc(record.request.prompt_len)
 
-    def render(self, control: ControlPlane) -> str:
-        out: list[str] = []
+    def count(self, task: str, outcome: str) -> int:
+        """Requests of ``task`` that ended with ``outcome`` so far."""
+        want = {"outcome": outcome, "task": task}
+        return next((int(s.value) for m in self._requests.collect() for s in m.samples
+                     if s.name == "hfx_requests_total" and s.labels == want), 0)
 
-        def family(name: str, kind: str, help_text: str) -> None:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-
-        family("hfx_requests_total", "counter", "Requests ended, by task and outcome.")
-        for (task, outcome), n in sorted(self.requests.items()):
-            out.append(f"hfx_requests_total{_labels({'task': task, 'outcome': outcome})} {n}")
-        family("hfx_slo_total", "counter", "Finished requests that met or missed their SLO.")
-        for (task, result), n in sorted(self.slo.items()):
-            out.append(f"hfx_slo_total{_labels({'task': task, 'result': result})} {n}")
-        family("hfx_generated_tokens_total", "counter", "Output tokens streamed.")
-        out.append(f"hfx_generated_tokens_total {self.tokens}")
-        for metric, text in (("ttft", "Time to first token"), ("tpot", "Time per output token"),
-                             ("e2e", "End-to-end latency")):
-            family(f"hfx_{metric}_seconds", "histogram", f"{text}, seconds.")
-            for (m, task), h in sorted(self.latency.items()):
-                if m == metric:
-                    out += h.render(f"hfx_{metric}_seconds", {"task": task})
-        family("hfx_queued_requests", "gauge", "Requests in the dispatcher's queue.")
-        out.append(f"hfx_queued_requests {control.policy.num_queued()}")
-        family("hfx_in_flight_requests", "gauge", "Requests submitted and not ended.")
-        pending = sum(r.outcome is Outcome.PENDING for r in control.records.values())
-        out.append(f"hfx_in_flight_requests {pending}")
-        gauges = (("hfx_instance_running", "Sequences running on the instance.", "num_running"),
-                  ("hfx_instance_waiting", "Sequences waiting on the instance.", "num_waiting"),
-                  ("hfx_instance_kv_usage", "Fraction of KV blocks in use.", "kv_usage"))
-        stats = {i: inst.stats() for i, inst in control.instances.items()}
-        for name, text, attr in gauges:
-            family(name, "gauge", text)
-            for i, s in sorted(stats.items()):
-                out.append(f"{name}{_labels({'instance': i, 'role': s.role.value})} "
-                           f"{getattr(s, attr)}")
-        family("hfx_instances", "gauge", "Instances by role and state.")
-        by: dict[tuple[str, str], int] = defaultdict(int)
-        for i, inst in control.instances.items():
-            by[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
-        for inst in control.retired.values():
-            by[inst.role.value, "retired"] += 1
-        for (role, state), n in sorted(by.items()):
-            out.append(f"hfx_instances{_labels({'role': role, 'state': state})} {n}")
-        family("hfx_instance_failures_total", "counter", "Instances that failed (executor "
-               "error, process or node lost).")
-        out.append(f"hfx_instance_failures_total {control.num_instance_failures}")
-        family("hfx_resumed_requests_total", "counter", "Requests resumed on another instance "
-               "after theirs failed.")
-        out.append(f"hfx_resumed_requests_total {control.num_resumed}")
-        family("hfx_scaling_events_total", "counter", "Scale-out and scale-in decisions.")
-        events = control.scaler.state.events if control.scaler is not None else []
-        actions: dict[str, int] = defaultdict(int)
-        for e in events:
-            actions[e.action] += 1
-        for action in ("scale_out", "scale_in", "switch_role", "launch_failed"):
-            out.append(f"hfx_scaling_events_total{_labels({'action': action})} "
-                       f"{actions[action]}")
-        return "\n".join(out) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -68,7 +68,7 @@ class Server:
         self.tokenizer = tokenizer
         self.options = options
         self.step_model = step_model
-        self.metrics = Metrics()
+        self.metrics = Metrics(control)
         self.draining = False  # shutting down: in-flight requests finish, new ones get 503
         self._ids = itertools.count()
 
