@@ -235,6 +235,14 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
     async def api_error(_: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    @app.exception_handler(Exception)
+    async def internal(_: Request, e: Exception) -> JSONResponse:
+        # A bug, not the client's doing: still an OpenAI-style error (Starlette logs the
+        # traceback and the server goes on).
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                     kind="server_error", code="internal_error").body(),
+                            status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
