@@ -5,6 +5,7 @@ means the same in both; only the engines differ (simulated, real, in this proces
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import ClusterConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
+from hfx.engine.executor import StepNoise
 from hfx.evaluation.workloads import WORKLOADS, TaskSpec, priority_levels
 from hfx.latency import Profile
 from hfx.policies import make_pd_policies, make_policy
@@ -57,9 +59,17 @@ def make_mapper(config: ClusterConfig, tasks: Sequence[TaskSpec]) -> PriorityMap
     return PriorityMapper([PriorityRange.around(s) for s in nominal], config.priority_window)
 
 
-def sim_engines(profile: Profile) -> EngineFactory:
-    """Engines whose SimExecutor waits out the profile's predicted step time."""
-    return lambda ecfg: EngineCore(ecfg, SimExecutor(profile.model))
+def sim_engines(profile: Profile, noise_cv: float = 0.0, seed: int = 0) -> EngineFactory:
+    """Engines whose SimExecutor waits out the profile's predicted step time, times a seeded
+    noise factor of coefficient of variation ``noise_cv`` (each engine its own stream, by
+    creation order)."""
+    made = itertools.count()
+
+    def make(ecfg: EngineConfig) -> EngineCore:
+        noise = StepNoise(noise_cv, (seed, next(made))) if noise_cv else None
+        return EngineCore(ecfg, SimExecutor(profile.model, noise))
+
+    return make
 
 
 def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,

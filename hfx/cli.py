@@ -99,6 +99,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from hfx.evaluation.capacity import capacity
+
+    config = model_from_args(SimConfig, args, args.config)
+    result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs)
+    for s in result["seeds"]:
+        probes = "  ".join(f"{p['qps']:.4g}:{p['attainment']:.3f}" for p in s["probes"])
+        print(f"seed {s['seed']}: {s['capacity']:.4g} QPS   (qps:attainment  {probes})")
+    print(f"{result['policy']} on {result['workload']}, {result['instances']} instances: "
+          f"capacity at {result['target']:.0%} attainment {result['capacity_mean']:.4g} ± "
+          f"{result['capacity_std']:.2g} QPS ({result['per_instance_mean']:.4g} per instance; "
+          f"{len(result['seeds'])} seeds, {result['duration']:g} s steady state after "
+          f"{result['warmup']:g} s warm-up)")
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from hfx.engine.planners import PLANNERS
     from hfx.evaluation.workloads import TIERED, WORKLOADS
@@ -224,6 +242,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="parallel processes (default: one per core)")
     add_model_args(sweep, SimConfig, exclude=("policy", "qps"))
     sweep.set_defaults(func=cmd_sweep)
+
+    cap = sub.add_parser("capacity", help="the highest sustained QPS at a target attainment",
+                         description="Bisect over steady-state runs (--duration, default 300 s "
+                         "after a 60 s --warmup) for the highest QPS whose attainment meets "
+                         "--target, per seed; print each seed's and the mean ± std. --qps is "
+                         "where the search starts.")
+    cap.add_argument("--config", help="YAML file of options (flags override it)")
+    cap.add_argument("--json", metavar="PATH", help="write the result here")
+    cap.add_argument("--target", type=float, default=0.9,
+                     help="attainment the rate must keep (default: 0.9)")
+    cap.add_argument("--seeds", type=int, default=3, help="workload seeds, from --seed on "
+                     "(default: 3)")
+    cap.add_argument("--tolerance", type=float, default=0.02,
+                     help="stop when the bracket is this close, relative (default: 0.02)")
+    cap.add_argument("--jobs", type=int, default=None,
+                     help="parallel processes (default: one per core, at most one per seed)")
+    add_model_args(cap, SimConfig)
+    cap.set_defaults(func=cmd_capacity)
 
     prof = sub.add_parser("profile", help="measure the real engine and fit a step-time profile",
                           description="Time prefill and decode steps of the real executor on "

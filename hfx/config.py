@@ -19,6 +19,11 @@ from hfx.engine.planners import PLANNERS
 from hfx.evaluation.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.policies import PD_POLICIES, POLICIES
 
+DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain (issue 17)
+# The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
+# (bench/step_noise.py, docs/results/step_noise.json).
+DEFAULT_STEP_NOISE = 0.1
+
 
 class Section(BaseModel):
     """One section of the configuration. Commands compose the sections they need, so each
@@ -175,6 +180,14 @@ class WorkloadSection(Section):
     seed: int = Field(0, ge=0, description="random seed of the workload")
     requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
                                    description="requests drawn per task (seed 000 §7.3: 300)")
+    duration: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "a steady-state run: Poisson arrivals at --qps for this many seconds, instead of "
+        "--requests-per-task per task (which then drain, flattering every policy)"))
+    warmup: float = Field(0.0, ge=0, allow_inf_nan=False, description=(
+        "seconds at the start whose arrivals are left out of the metrics (with --duration)"))
+    drain: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        "seconds after the arrivals end to let requests finish; any still unfinished then count"
+        " as missed (backlog_at_end); default: 60 with --duration, else until all end"))
 
     @field_validator("workload")
     @classmethod
@@ -184,6 +197,27 @@ class WorkloadSection(Section):
             raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)}, "
                              f"ramp, {', '.join(TIERED)}, or give a trace file (.jsonl, .csv)")
         return v
+
+    @model_validator(mode="after")
+    def _steady_state(self) -> WorkloadSection:
+        if self.duration is None:
+            if self.warmup:
+                raise ValueError("--warmup needs --duration (a steady-state run)")
+            return self
+        if self.workload == "ramp" or self.workload.endswith((".jsonl", ".csv")):
+            raise ValueError("--duration applies to task sets; a trace or the ramp sets its "
+                             "own arrivals")
+        if self.warmup >= self.duration:
+            raise ValueError(f"--warmup ({self.warmup:g} s) must be shorter than --duration "
+                             f"({self.duration:g} s)")
+        return self
+
+    @property
+    def drain_seconds(self) -> float | None:
+        """How long after the arrivals end the run goes on; None: until every request ends."""
+        if self.drain is not None:
+            return self.drain
+        return DEFAULT_DRAIN_SECONDS if self.duration is not None else None
 
 
 class SimConfig(WorkloadSection, ClusterConfig):
@@ -195,6 +229,11 @@ class SimConfig(WorkloadSection, ClusterConfig):
                           "(ascend-910b, the seeds' NPU; h200)")
     profile: str | None = Field(None, description="step-time profile JSON; overrides "
                                 "--model/--hardware")
+    step_noise: float = Field(DEFAULT_STEP_NOISE, ge=0, allow_inf_nan=False, description=(
+        "coefficient of variation of each simulated step's time around the profile's "
+        "prediction (seeded by --seed); the policies still predict with the profile, so they "
+        "are no oracle. 0: exact step times (measured on the real engine: bench/"
+        "step_noise.py)"))
 
 
 class ModelConfig(Section):

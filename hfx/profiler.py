@@ -58,19 +58,25 @@ class Grid:
                    (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024), 2048, 5)
 
 
-async def _timed(executor: TorchExecutor, out: SchedulerOutput, repeats: int) -> float:
-    """Seconds of one step as the serving path runs it: ``await executor.execute`` inside a
-    running loop, including the hand-off to the model thread and back (sampling ends with
-    ``tolist()``, which waits for a GPU)."""
-    await executor.execute(out)  # warm-up: allocator, kernel selection
+async def step_times(executor: TorchExecutor, out: SchedulerOutput, repeats: int,
+                     min_seconds: float = 0.0) -> list[float]:
+    """Seconds of each of at least ``repeats`` runs of one step (and ``min_seconds`` in all),
+    as the serving path runs it: ``await executor.execute`` inside a running loop, including
+    the hand-off to the model thread and back (sampling ends with ``tolist()``, which waits for
+    a GPU); after one warm-up run (allocator, kernel selection)."""
+    await executor.execute(out)
     times: list[float] = []
-    # At least ``repeats`` runs and MIN_SECONDS in all: a 2 ms CPU step needs dozens of runs
-    # before the mean settles on a virtual machine.
-    while len(times) < repeats or sum(times) < MIN_SECONDS:
+    while len(times) < repeats or sum(times) < min_seconds:
         start = time.perf_counter()
         await executor.execute(out)
         times.append(time.perf_counter() - start)
-    return statistics.fmean(times)
+    return times
+
+
+async def _timed(executor: TorchExecutor, out: SchedulerOutput, repeats: int) -> float:
+    # At least ``repeats`` runs and MIN_SECONDS in all: a 2 ms CPU step needs dozens of runs
+    # before the mean settles on a virtual machine.
+    return statistics.fmean(await step_times(executor, out, repeats, MIN_SECONDS))
 
 
 def _prompt(gen: np.random.Generator, n: int, vocab: int) -> list[int]:
@@ -100,18 +106,7 @@ async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, 
     decode: list[tuple[int, int, float]] = []
     bar = tqdm(total=len(points), desc="profile", unit="pt", leave=False, disable=not progress)
     for kind, b, n in points:
-        kv = BlockManager(capacity_tokens // bs, bs)
-        out = SchedulerOutput()
-        for i in range(b):
-            if kind == "p":
-                s = Sequence(f"p{i}", n, 1, prompt_token_ids=_prompt(gen, n, vocab))
-                kv.allocate(s, n + 1)
-                out.schedule(s, n)
-            else:  # context n: n tokens cached, one to compute
-                s = Sequence(f"d{i}", n, 8, prompt_token_ids=_prompt(gen, n, vocab),
-                             output_token_ids=[1], num_computed_tokens=n)
-                kv.allocate(s, n + 2)
-                out.schedule(s, 1)
+        out = grid_step(kind, b, n, BlockManager(capacity_tokens // bs, bs), gen, vocab)
         t = await _timed(executor, out, repeats)
         if kind == "p":
             prefill.append(([n] * b, t))
@@ -120,6 +115,24 @@ async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, 
         bar.update()
     bar.close()
     return prefill, decode
+
+
+def grid_step(kind: str, b: int, n: int, kv: BlockManager, gen: np.random.Generator,
+              vocab: int) -> SchedulerOutput:
+    """One grid point's step: ``b`` prompts of ``n`` tokens to prefill (``kind`` "p"), or ``b``
+    sequences of context ``n`` to decode one token each ("d"), their KV allocated in ``kv``."""
+    out = SchedulerOutput()
+    for i in range(b):
+        if kind == "p":
+            s = Sequence(f"p{i}", n, 1, prompt_token_ids=_prompt(gen, n, vocab))
+            kv.allocate(s, n + 1)
+            out.schedule(s, n)
+        else:  # context n: n tokens cached, one to compute
+            s = Sequence(f"d{i}", n, 8, prompt_token_ids=_prompt(gen, n, vocab),
+                         output_token_ids=[1], num_computed_tokens=n)
+            kv.allocate(s, n + 2)
+            out.schedule(s, 1)
+    return out
 
 
 def _split(samples: list) -> tuple[list, list]:

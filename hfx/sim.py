@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 
 from tqdm import tqdm
 
-from hfx.assembly import build_cluster
+from hfx.assembly import build_cluster, sim_engines
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.placement import EngineFactory
@@ -25,7 +25,7 @@ from hfx.engine import Role
 from hfx.evaluation.metrics import distribution, summarize
 from hfx.evaluation.workloads import load_workload, priority_levels, with_priorities, workload_tasks
 from hfx.latency import Profile, load_profile
-from hfx.request import Outcome, Request
+from hfx.request import Outcome, Request, RequestRecord
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -40,7 +40,8 @@ STALL_SECONDS = 600.0  # plus the arrival span: far beyond any workload's drain 
 
 def load_requests(config: SimConfig) -> list[Request]:
     """The config's workload; with priorities, tasks carry a priority instead of an SLO."""
-    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task)
+    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task,
+                             config.duration)
     if config.priorities and not config.workload.endswith((".jsonl", ".csv")):
         of_task, _ = priority_levels(workload_tasks(config.workload), config.priorities)
         requests = with_priorities(requests, of_task)
@@ -51,14 +52,17 @@ def sim_cluster(config: SimConfig, profile: Profile,
                 make_engine: EngineFactory | None = None) -> ControlPlane:
     """``hfx.assembly.build_cluster`` for a simulated run: priorities map onto the workload's
     tasks, and the workload's seed drives the provisioner."""
+    make_engine = make_engine or sim_engines(profile, config.step_noise, config.seed)
     return build_cluster(config, profile, make_engine, tasks=workload_tasks(config.workload),
                          seed=config.seed)
 
 
-async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None
-                ) -> float:
+async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None,
+                until: float | None = None) -> float:
     """Start ``control``, submit ``requests`` at their arrival times, wait until every one has
-    an outcome, stop; returns the time the last one finished. ``progress`` labels a bar.
+    an outcome — or, with ``until``, no later than that (requests still pending then stay
+    pending: a steady-state run's backlog) — stop; returns the time it stopped. ``progress``
+    labels a bar.
 
     Arrival times count from the start of the run: on the virtual loop that is time 0; on the
     ordinary loop (a real engine) they are shifted to the loop's clock, and so is the result;
@@ -88,11 +92,14 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
     try:
         # A stalled engine would otherwise keep the Monitor ticking forever on a virtual clock.
         limit = STALL_SECONDS + (requests[-1].arrival if requests else 0.0)
+        if until is not None:
+            limit = max(0.0, until - (loop.time() - t0))
         await asyncio.wait_for(control.wait_idle(), timeout=limit)
     except asyncio.TimeoutError:
-        stuck = sum(r.outcome is Outcome.PENDING for r in control.records.values())
-        raise RuntimeError(f"{stuck} requests still unfinished {limit:g} s after the last "
-                           "arrival: the cluster stalled") from None
+        if until is None:
+            stuck = sum(r.outcome is Outcome.PENDING for r in control.records.values())
+            raise RuntimeError(f"{stuck} requests still unfinished {limit:g} s after the last "
+                               "arrival: the cluster stalled") from None
     end = loop.time() - t0
     if ticker is not None:
         ticker.cancel()
@@ -108,7 +115,11 @@ async def run_cluster(config: SimConfig, requests: list[Request], profile: Profi
     (its records hold the outcome) and the time the last request finished."""
     control = sim_cluster(config, profile, make_engine)
     label = f"{config.policy}@{config.qps:g}qps" if progress else None
-    return control, await drive(control, requests, label)
+    drain = config.drain_seconds
+    until = None
+    if drain is not None:
+        until = (config.duration or (requests[-1].arrival if requests else 0.0)) + drain
+    return control, await drive(control, requests, label, until)
 
 
 @contextmanager
@@ -147,6 +158,23 @@ def pd_summary(control: ControlPlane) -> dict:
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
 
 
+def steady_state_summary(config: SimConfig, records: list[RequestRecord],
+                         measured: list[RequestRecord], end: float) -> dict:
+    """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
+    when it stopped), ``max_wait`` (the longest any measured request went without a first
+    token: until its first token, its end, or the stop), and the window scored."""
+    def wait(r: RequestRecord) -> float:
+        until = r.first_token_time
+        if until is None:
+            until = r.finish_time if r.finish_time is not None else end
+        return until - r.request.arrival
+
+    return {"window": [config.warmup, config.duration] if config.duration else None,
+            "drain": config.drain_seconds,
+            "backlog_at_end": sum(r.outcome is Outcome.PENDING for r in records),
+            "max_wait": max(map(wait, measured), default=0.0)}
+
+
 def simulate(config: SimConfig, progress: bool = False) -> dict:
     """Run one simulated configuration; the result object of DESIGN.md "Contracts"."""
     wall0 = time.perf_counter()
@@ -156,6 +184,9 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
     spans = instance_spans(control)
     records = list(control.records.values())
+    # A steady-state run scores the arrivals after the warm-up; a request still pending when
+    # the run stops is a miss (issue 17).
+    measured = [r for r in records if r.request.arrival >= config.warmup]
     result = {
         "policy": config.policy,
         "workload": config.workload,
@@ -165,7 +196,8 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         "instances": len(control.fleet.active_since) if control.scaler is None
         else len(control.instances) + len(control.retired),
         "profile": profile.name,
-        **summarize(records, spans),
+        **summarize(measured, spans),
+        **steady_state_summary(config, records, measured, end),
         "sim_seconds": end,
         "engine_steps": sum(inst.engine.num_steps for inst in
                             [*control.instances.values(), *control.retired.values()]),

@@ -9,6 +9,8 @@ same method and returns the sampled token ids.
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 from typing import Protocol
 
 from hfx.engine.planners.base import SchedulerOutput
@@ -25,10 +27,32 @@ class Executor(Protocol):
         ...
 
 
+class StepNoise:
+    """Multiplicative step-time noise: each step takes the model's time × a log-normal factor of
+    mean 1 and coefficient of variation ``cv``, seeded. Without it the dispatcher, predicting
+    with the same model, would be an oracle (issue 17); the cv is the real engine's measured
+    spread between repeats of one step (bench/step_noise.py, docs/performance.md)."""
+
+    def __init__(self, cv: float, seed: int | tuple[int, ...]) -> None:
+        if not 0 <= cv < math.inf:
+            raise ValueError(f"step-time noise cv must be finite and >= 0, got {cv}")
+        self.cv = cv
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+        self._mu = -self._sigma ** 2 / 2  # a factor of mean exactly 1
+        self._rng = random.Random(repr(seed))  # str seeds hash stably across processes
+
+    def factor(self) -> float:
+        return self._rng.lognormvariate(self._mu, self._sigma) if self.cv else 1.0
+
+
 class SimExecutor:
-    def __init__(self, model: StepTimeModel) -> None:
+    def __init__(self, model: StepTimeModel, noise: StepNoise | None = None) -> None:
         self.model = model
+        self.noise = noise
 
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
-        await asyncio.sleep(self.model.step_time(out.shape))
+        t = self.model.step_time(out.shape)
+        if self.noise is not None and t > 0:
+            t *= self.noise.factor()
+        await asyncio.sleep(t)
         return None

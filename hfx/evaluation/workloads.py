@@ -80,9 +80,24 @@ def lognormal_lengths(rng: np.random.Generator, mean: float, std: float, n: int)
     return np.clip(np.rint(x), 1, MAX_LEN).astype(np.int64)
 
 
+def poisson_until(rng: np.random.Generator, rate: float, duration: float) -> np.ndarray:
+    """Arrival times of a Poisson process of ``rate`` on [0, ``duration``)."""
+    times: list[np.ndarray] = []
+    start = 0.0
+    while True:  # draw in blocks: the count is only known in expectation
+        block = start + np.cumsum(rng.exponential(1.0 / rate, max(16, int(rate * duration))))
+        times.append(block[block < duration])
+        if block[-1] >= duration:
+            return np.concatenate(times)
+        start = float(block[-1])
+
+
 def generate(workload: str, qps: float, seed: int,
-             requests_per_task: int = DEFAULT_REQUESTS_PER_TASK) -> list[Request]:
-    """The named task set at ``qps`` requests/s in total, sorted by arrival."""
+             requests_per_task: int = DEFAULT_REQUESTS_PER_TASK,
+             duration: float | None = None) -> list[Request]:
+    """The named task set at ``qps`` requests/s in total, sorted by arrival: ``requests_per_task``
+    each (the seeds' finite runs), or with ``duration``, Poisson arrivals for that many seconds
+    (a steady-state run)."""
     try:
         tasks = WORKLOADS[workload]
     except KeyError:
@@ -93,6 +108,9 @@ def generate(workload: str, qps: float, seed: int,
     if requests_per_task < 1:
         raise ValueError(f"requests_per_task must be >= 1, got {requests_per_task}")
     rate = qps / len(tasks)
+    if duration is not None:
+        return _task_stream(tasks, [seed, 3], lambda order, task, rng: poisson_until(
+            rng, rate, duration))
     return _task_stream(tasks, [seed], lambda order, task, rng: np.cumsum(
         rng.exponential(1.0 / rate, requests_per_task)))
 
@@ -184,12 +202,18 @@ TTFTS = (0.3, 0.5, 1.0)
 TIERED = {"tiered-512-512": (512, 512), "tiered-4096-1024": (4096, 1024)}
 
 
-def tiered(workload: str, qps: float, seed: int, requests: int) -> list[Request]:
-    """Poisson arrivals at ``qps``; each request's TPOT tier, TTFT and uniform lengths drawn
-    independently (input uniform on [1, 2·mean], output likewise). Tasks are the tiers."""
+def tiered(workload: str, qps: float, seed: int, requests: int,
+           duration: float | None = None) -> list[Request]:
+    """Poisson arrivals at ``qps`` (``requests`` of them, or for ``duration`` seconds); each
+    request's TPOT tier, TTFT and uniform lengths drawn independently (input uniform on
+    [1, 2·mean], output likewise). Tasks are the tiers."""
     mean_in, mean_out = TIERED[workload]
     rng = np.random.default_rng([seed, zlib.crc32(workload.encode())])
-    arrivals = np.cumsum(rng.exponential(1.0 / qps, requests))
+    if duration is not None:
+        arrivals = poisson_until(rng, qps, duration)
+        requests = len(arrivals)
+    else:
+        arrivals = np.cumsum(rng.exponential(1.0 / qps, requests))
     tiers = rng.choice(len(TIERS), requests, p=[share for _, share in TIERS])
     ttfts = rng.choice(TTFTS, requests)
     ins = rng.integers(1, 2 * mean_in, requests, endpoint=True)
@@ -298,15 +322,18 @@ def load_trace(path: str | Path) -> list[Request]:
 
 
 def load_workload(workload: str, qps: float, seed: int,
-                  requests_per_task: int = DEFAULT_REQUESTS_PER_TASK) -> list[Request]:
-    """A named task set, the priority ramp, or a trace file (.jsonl, .csv)."""
-    if workload.endswith((".jsonl", ".csv")):
-        return load_trace(workload)
-    if workload == "ramp":
-        return ramp(qps, seed)
+                  requests_per_task: int = DEFAULT_REQUESTS_PER_TASK,
+                  duration: float | None = None) -> list[Request]:
+    """A named task set, the priority ramp, or a trace file (.jsonl, .csv); a task set with
+    ``duration`` is a steady-state stream of that many seconds."""
+    if workload.endswith((".jsonl", ".csv")) or workload == "ramp":
+        if duration is not None:
+            raise ValueError(f"{workload}: a trace or the ramp sets its own arrivals; "
+                             "--duration applies to task sets")
+        return load_trace(workload) if workload != "ramp" else ramp(qps, seed)
     if workload in TIERED:
-        return tiered(workload, qps, seed, 4 * requests_per_task)
-    return generate(workload, qps, seed, requests_per_task)
+        return tiered(workload, qps, seed, 4 * requests_per_task, duration)
+    return generate(workload, qps, seed, requests_per_task, duration)
 
 
 def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:

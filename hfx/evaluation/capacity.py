@@ -1,0 +1,115 @@
+"""Capacity as users mean it (issue 17): the highest QPS a fleet sustains at a target attainment.
+
+Each probe is a steady-state run (``--duration`` of Poisson arrivals, ``--warmup`` left out,
+a bounded drain whose leftovers count as missed), so a rate the fleet cannot keep up with shows
+as a growing backlog, not as a queue that drains after the trace ends. Per seed, the rate is
+bracketed (doubling or halving from ``--qps``) and then bisected until the bracket is within
+``tolerance`` (relative); the capacity is the bracket's low end, the highest rate measured to
+meet the target. Seeds run in parallel processes; the result gives each seed's capacity, its
+probes, and the mean and spread.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+
+from hfx.config import SimConfig
+from hfx.sim import simulate
+
+DEFAULT_DURATION = 300.0  # seconds of arrivals per probe, when the config gives none
+DEFAULT_WARMUP = 60.0
+MAX_DOUBLINGS = 12  # 4096× the first guess: far past any fleet we simulate
+
+Probe = Callable[[SimConfig], dict]
+
+
+def steady(config: SimConfig) -> SimConfig:
+    """``config`` as a steady-state run: the defaults above unless it sets its own."""
+    if config.duration is not None:
+        return config
+    return config.model_copy(update={"duration": DEFAULT_DURATION, "warmup": DEFAULT_WARMUP})
+
+
+def _probe_row(r: dict) -> dict:
+    return {"qps": r["qps"], "attainment": r["attainment"], "shed": r["shed"],
+            "backlog_at_end": r["backlog_at_end"], "max_wait": r["max_wait"],
+            "requests": r["requests"]}
+
+
+def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.02,
+                  probe: Probe = simulate) -> dict:
+    """The highest rate meeting ``target`` attainment for ``config``'s seed, by bracketing then
+    bisection; with every probe run."""
+    if not 0 < target <= 1:
+        raise ValueError(f"target attainment must be in (0, 1], got {target}")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    probes: list[dict] = []
+
+    def meets(qps: float) -> bool:
+        r = probe(config.model_copy(update={"qps": qps}))
+        probes.append(_probe_row(r))
+        return r["attainment"] >= target
+
+    q = config.qps
+    lo: float | None
+    hi: float | None
+    if meets(q):
+        lo, hi = q, None
+        for _ in range(MAX_DOUBLINGS):
+            q *= 2
+            if not meets(q):
+                hi = q
+                break
+            lo = q
+        if hi is None:
+            raise ValueError(f"attainment stays above {target} up to {lo:g} QPS: give a "
+                             "higher --qps to start from")
+    else:
+        lo, hi = None, q
+        for _ in range(MAX_DOUBLINGS):
+            q /= 2
+            if meets(q):
+                lo = q
+                break
+            hi = q
+        if lo is None:
+            return {"seed": config.seed, "capacity": 0.0, "probes": probes}
+    while (hi - lo) / lo > tolerance:
+        mid = (lo + hi) / 2
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"seed": config.seed, "capacity": lo, "probes": probes}
+
+
+def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: float = 0.02,
+             jobs: int | None = None) -> dict:
+    """``seed_capacity`` for seeds ``config.seed`` … ``config.seed + seeds − 1`` (in parallel),
+    and their mean and spread, in requests/s for the whole fleet and per instance."""
+    config = steady(config)
+    configs = [config.model_copy(update={"seed": config.seed + i}) for i in range(seeds)]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, seeds))
+    if jobs == 1:
+        per_seed = [seed_capacity(c, target, tolerance) for c in configs]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            per_seed = list(pool.map(seed_capacity, configs, [target] * seeds,
+                                     [tolerance] * seeds))
+    values = [s["capacity"] for s in per_seed]
+    instances = config.max_instances or config.initial_instances
+    return {
+        "policy": config.policy, "workload": config.workload, "mode": config.mode,
+        "instances": instances, "target": target, "tolerance": tolerance,
+        "duration": config.duration, "warmup": config.warmup, "drain": config.drain_seconds,
+        "capacity_mean": statistics.fmean(values),
+        "capacity_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "capacity_min": min(values), "capacity_max": max(values),
+        "per_instance_mean": statistics.fmean(values) / instances,
+        "seeds": per_seed,
+        "config": config.model_dump(),
+    }

@@ -1,0 +1,122 @@
+"""Steady-state runs, capacity by bisection, and step-time noise (issue 17)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from pydantic import ValidationError
+
+from hfx.config import SimConfig
+from hfx.engine.executor import StepNoise
+from hfx.evaluation.capacity import capacity, seed_capacity
+from hfx.evaluation.workloads import generate, load_workload
+from hfx.sim import simulate
+
+
+def test_a_duration_gives_poisson_arrivals_for_that_long_per_task():
+    reqs = generate("four-task", qps=40, seed=0, duration=100)
+    assert all(0 <= r.arrival < 100 for r in reqs)
+    assert abs(len(reqs) - 4000) < 4 * 4000 ** 0.5  # Poisson: within 4 sigma
+    per_task = [sum(r.task == t for r in reqs) for t in {r.task for r in reqs}]
+    assert len(per_task) == 4 and min(per_task) > 900
+    assert [r.arrival for r in reqs] == sorted(r.arrival for r in reqs)
+    assert generate("four-task", 40, 0, duration=100) == reqs  # seeded
+    assert len(load_workload("tiered-512-512", 20, 0, duration=50)) in range(850, 1150)
+
+
+def test_an_overloaded_steady_run_stops_on_time_and_counts_its_backlog():
+    cfg = SimConfig(policy="rr", workload="two-task", qps=400, instances=1, duration=30,
+                    warmup=10, drain=5, step_noise=0)
+    r = simulate(cfg)
+    assert r["sim_seconds"] == pytest.approx(35.0)  # the arrivals, then the bounded drain
+    assert r["window"] == [10, 30] and r["drain"] == 5
+    measured = [x for x in generate("two-task", 400, 0, duration=30) if x.arrival >= 10]
+    assert r["requests"] == len(measured)
+    assert r["backlog_at_end"] > 1000  # one instance cannot keep up with 400 QPS
+    assert r["finished"] + r["rejected"] + r["shed"] + r["failed"] < r["requests"]
+    assert r["max_wait"] >= 5.0  # a request that arrived at the end still waits at the stop
+    assert r["attainment"] < 0.5
+
+
+def test_a_light_steady_run_drains_and_misses_nothing_by_the_bound():
+    r = simulate(SimConfig(policy="hfx", qps=4, duration=60, warmup=10))
+    assert r["backlog_at_end"] == 0 and r["drain"] == 60
+    assert r["sim_seconds"] < 60 + 60  # it ended when the last request did
+    assert r["attainment"] > 0.95 and r["max_wait"] < 2.0
+
+
+def test_a_finite_run_keeps_the_seeds_shape():
+    r = simulate(SimConfig(policy="rr", qps=20, requests_per_task=20))
+    assert r["window"] is None and r["drain"] is None and r["backlog_at_end"] == 0
+    assert r["requests"] == 80
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"warmup": 10}, "--warmup needs --duration"),
+    ({"duration": 10, "warmup": 10}, "must be shorter"),
+    ({"duration": 10, "workload": "ramp"}, "sets its own arrivals"),
+    ({"duration": float("inf")}, "finite number"),
+])
+def test_steady_state_settings_are_checked(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        SimConfig(**fields)
+
+
+def fake_probe(knee: float):
+    """A fleet that meets the target up to ``knee`` QPS and not beyond."""
+    seen: list[float] = []
+
+    def probe(config: SimConfig) -> dict:
+        seen.append(config.qps)
+        return {"qps": config.qps, "attainment": 1.0 if config.qps <= knee else 0.5,
+                "shed": 0, "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    return probe, seen
+
+
+def test_capacity_brackets_by_doubling_then_bisects_to_the_tolerance():
+    probe, seen = fake_probe(37.0)
+    r = seed_capacity(SimConfig(qps=10, duration=60), 0.9, 0.02, probe)
+    assert seen == [10, 20, 40, 30, 35, 37.5, 36.25, 36.875]
+    assert r["capacity"] == 36.875 and [p["qps"] for p in r["probes"]] == seen
+    probe, seen = fake_probe(37.0)
+    r = seed_capacity(SimConfig(qps=100, duration=60), 0.9, 0.1, probe)
+    assert seen == [100, 50, 25, 37.5, 31.25, 34.375]  # halving to a bracket first
+    assert r["capacity"] == 34.375
+
+
+def test_capacity_of_a_real_fleet_over_seeds():
+    cfg = SimConfig(policy="rr", workload="two-task", instances=1, qps=20, duration=30,
+                    warmup=5, drain=5)
+    r = capacity(cfg, seeds=2, tolerance=0.1, jobs=1)
+    caps = [s["capacity"] for s in r["seeds"]]
+    assert [s["seed"] for s in r["seeds"]] == [0, 1]
+    assert r["capacity_mean"] == pytest.approx(statistics.fmean(caps))
+    assert 5 < min(caps) <= max(caps) < 200
+    for s in r["seeds"]:  # the capacity met the target, and a rate ≤ 10% above it did not
+        ok = [p for p in s["probes"] if p["attainment"] >= 0.9]
+        bad = [p for p in s["probes"] if p["attainment"] < 0.9]
+        assert max(p["qps"] for p in ok) == s["capacity"]
+        assert min(p["qps"] for p in bad) <= s["capacity"] * 1.1
+
+
+def test_step_noise_has_mean_one_the_asked_spread_and_a_seed():
+    noise = StepNoise(0.1, (0, 1))
+    draws = [noise.factor() for _ in range(20000)]
+    assert statistics.fmean(draws) == pytest.approx(1.0, abs=0.005)
+    assert statistics.stdev(draws) == pytest.approx(0.1, abs=0.005)
+    again = StepNoise(0.1, (0, 1))
+    assert [again.factor() for _ in range(3)] == draws[:3]
+    assert StepNoise(0.1, (0, 2)).factor() != draws[0]
+    assert StepNoise(0.0, 0).factor() == 1.0
+
+
+def test_noisy_runs_are_seeded_and_the_policy_still_predicts_with_the_profile():
+    base = dict(policy="hfx", qps=120, requests_per_task=40)
+    exact = simulate(SimConfig(**base, step_noise=0))
+    a = simulate(SimConfig(**base, step_noise=0.1))
+    b = simulate(SimConfig(**base, step_noise=0.1))
+    other = simulate(SimConfig(**base, step_noise=0.1, seed=1))
+    assert a["e2e"] == b["e2e"]  # the same seed, the same run
+    assert a["e2e"] != exact["e2e"] and a["e2e"] != other["e2e"]
