@@ -1,0 +1,155 @@
+"""guidellm, unmodified, against ``hfx serve --executor sim`` (issue 16).
+
+guidellm builds its prompts with a Hugging Face tokenizer, which it would fetch from the hub by
+the served model's name; with no network here, this script writes a local one that matches the
+server's byte tokenizer id for id (GPT-2's byte-level alphabet, no merges: one token per UTF-8
+byte, 256 = end of text) and hands it over with ``--tokenizer``. It starts the server, runs
+guidellm's ``run`` command (constant rate, synthetic text), keeps guidellm's own JSON report
+and writes the headline figures beside the server's own count of what it served.
+
+guidellm lives in its own environment (its dependencies are not ours):
+
+    python3 -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm==0.8.1
+    python bench/guidellm_run.py --guidellm /tmp/gl/bin/guidellm \\
+        --json docs/results/guidellm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from soak import free_port, scrape
+
+from hfx.evaluation import write_json
+
+EOS = "<|endoftext|>"
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, in byte order, so that id == byte value."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def write_byte_tokenizer(folder: Path, max_len: int) -> None:
+    """A tokenizer.json (+ config) that ``AutoTokenizer.from_pretrained`` loads and that
+    encodes text exactly as hfx's ``ByteTokenizer`` does."""
+    vocab = {c: b for b, c in byte_level_alphabet().items()} | {EOS: 256}
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": 256, "content": EOS, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": False},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS,
+         "model_max_length": max_len}))
+
+
+def headline(report: dict) -> dict:
+    b = report["benchmarks"][0]
+    m = b["metrics"]
+
+    def stat(name: str) -> dict:
+        s = m[name]["successful"]
+        return {"mean": s["mean"], "p50": s["median"], "p99": s["percentiles"]["p99"]}
+
+    totals = m["request_totals"]
+    return {"requests": totals, "duration_s": b["duration"],
+            "requests_per_s": m["requests_per_second"]["successful"]["mean"],
+            "ttft_ms": stat("time_to_first_token_ms"), "itl_ms": stat("inter_token_latency_ms"),
+            "output_tokens_per_s": m["output_tokens_per_second"]["successful"]["mean"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--guidellm", default="guidellm", help="the guidellm executable")
+    ap.add_argument("--rate", type=float, default=4.0, help="requests/s (constant profile)")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--json", default=None, help="write the headline figures here; guidellm's "
+                    "full report goes beside it (*.guidellm.json)")
+    args = ap.parse_args()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_cmd = [sys.executable, "-m", "hfx.cli", "serve", "--executor", "sim",
+                  "--instances", str(args.instances), "--port", str(port)]
+    work = Path(tempfile.mkdtemp(prefix="hfx-guidellm-"))
+    write_byte_tokenizer(work / "tokenizer", 4096)
+    report_path = work / "report.json"
+    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+        cmd = [args.guidellm, "run",
+               "--backend", f"kind=openai_http,target={url}",
+               "--tokenizer", f"kind=huggingface_auto,model={work / 'tokenizer'}",
+               "--data", f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},"
+                         f"output_tokens={args.output_tokens}",
+               "--profile", f"kind=constant,rate={args.rate:g}",
+               "--constraint", f"kind=max_duration,seconds={args.seconds:g}",
+               "--output", f"kind=json,path={report_path}", "--disable-progress"]
+        print("$", shlex.join(cmd), flush=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        print(done.stdout[-6000:])
+        if done.returncode != 0:
+            print(done.stderr[-4000:], file=sys.stderr)
+            return done.returncode
+        served = {dict(labels)["outcome"]: int(v) for (name, labels), v in scrape(url).items()
+                  if name == "hfx_requests_total"}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    report = json.loads(report_path.read_text())
+    result = {"command": "python bench/guidellm_run.py " + shlex.join(sys.argv[1:]),
+              "guidellm_command": shlex.join(cmd).replace(str(work), "$WORK"),
+              "server_command": shlex.join(server_cmd[2:]).replace(str(port), "$PORT"),
+              "guidellm": headline(report), "server_outcomes": served}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        write_json(args.json, result)
+        Path(args.json).with_suffix(".guidellm.json").write_text(
+            json.dumps(report["benchmarks"][0]["metrics"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
