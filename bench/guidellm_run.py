@@ -22,11 +22,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-from soak import free_port, scrape
+from live_server import hfx_serve, scrape
 
 from hfx.evaluation import write_json
 
@@ -100,25 +98,12 @@ def main() -> int:
                     "full report goes beside it (*.guidellm.json)")
     args = ap.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server_cmd = [sys.executable, "-m", "hfx.cli", "serve", "--executor", "sim",
-                  "--instances", str(args.instances), "--port", str(port)]
+    serve_args = ["--executor", "sim", "--instances", str(args.instances)]
     work = Path(tempfile.mkdtemp(prefix="hfx-guidellm-"))
     write_byte_tokenizer(work / "tokenizer", 4096)
     report_path = work / "report.json"
-    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
+    with hfx_serve(*serve_args) as live:
+        url = live.url
         cmd = [args.guidellm, "run",
                "--backend", f"kind=openai_http,target={url}",
                "--tokenizer", f"kind=huggingface_auto,model={work / 'tokenizer'}",
@@ -135,13 +120,11 @@ def main() -> int:
             return done.returncode
         served = {dict(labels)["outcome"]: int(v) for (name, labels), v in scrape(url).items()
                   if name == "hfx_requests_total"}
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     report = json.loads(report_path.read_text())
     result = {"command": "python bench/guidellm_run.py " + shlex.join(sys.argv[1:]),
-              "guidellm_command": shlex.join(cmd).replace(str(work), "$WORK"),
-              "server_command": shlex.join(server_cmd[2:]).replace(str(port), "$PORT"),
+              "guidellm_command": shlex.join(cmd).replace(str(work), "$WORK").replace(
+                  url, "http://127.0.0.1:$PORT"),
+              "server_command": "hfx serve " + shlex.join(serve_args),
               "guidellm": headline(report), "server_outcomes": served}
     print(json.dumps(result, indent=2))
     if args.json:

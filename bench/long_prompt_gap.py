@@ -15,12 +15,11 @@ import argparse
 import asyncio
 import itertools
 import json
-import subprocess
 import sys
 import time
 
 import httpx
-from soak import free_port
+from live_server import hfx_serve
 
 from hfx.evaluation import write_json
 
@@ -66,28 +65,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "hfx.cli", "serve", "--executor", "sim", "--instances", "2",
-           "--port", str(port), "--max-body-bytes", str(16 << 20)]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
-        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    with hfx_serve("--executor", "sim", "--instances", "2", "--max-body-bytes",
+                   str(16 << 20)) as live:
         result = {"command": "python bench/long_prompt_gap.py " + " ".join(sys.argv[1:]),
-                  **asyncio.run(run(url, model))}
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+                  **asyncio.run(run(live.url, live.model))}
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)

@@ -26,17 +26,13 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from live_server import hfx_serve, scrape
 
 from hfx.evaluation import write_json
 
@@ -49,23 +45,11 @@ MIX = {"valid": 0.62, "invalid": 0.14, "drop_stream": 0.08, "client_timeout": 0.
        "oversized": 0.05, "too_long": 0.05}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def make_call(kind: str, rng: random.Random, model: str) -> tuple[dict | bytes, bool, float]:
@@ -153,26 +137,11 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "hfx.cli", "serve", "--executor", "sim", "--instances",
-           str(args.instances), "--profile", args.profile, "--port", str(port),
-           "--max-body-bytes", str(MAX_BODY),
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-queued", "256", "--max-wait", "5"]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
-        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    serve_args = ["--executor", "sim", "--instances", str(args.instances), "--profile",
+                  args.profile, "--max-body-bytes", str(MAX_BODY), "--max-model-len",
+                  str(MAX_MODEL_LEN), "--max-queued", "256", "--max-wait", "5"]
+    with hfx_serve(*serve_args) as live:
+        server, url, model = live.process, live.url, live.model
         rss: list[tuple[float, float]] = [(0.0, rss_mb(server.pid))]
         t0 = time.monotonic()
         tally = asyncio.run(traffic(url, model, args.phase_seconds, args.seed, rss,
@@ -195,12 +164,6 @@ def main() -> int:
                 outcomes[dict(labels)["outcome"]] += int(v)
         rss.append((time.monotonic() - t0, rss_mb(server.pid)))
         alive = server.poll() is None
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
     by_kind: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for (kind, status), n in sorted(tally.items()):
         by_kind[kind][status] = n
@@ -208,7 +171,7 @@ def main() -> int:
                   if status.isdigit() and int(status) >= 500 and int(status) not in (503,))
     report = {
         "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
-        "server": " ".join(cmd[2:]),
+        "server": "hfx serve " + " ".join(serve_args),
         "rates_rps": list(RATES), "phase_seconds": args.phase_seconds,
         "wall_seconds": round(wall, 1), "requests": sum(tally.values()),
         "client_answers": by_kind,

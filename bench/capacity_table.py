@@ -1,0 +1,94 @@
+"""Sustained capacity of every policy on each workload (issue 17): one table per workload.
+
+Each (workload, policy, seed) is one ``hfx.evaluation.capacity.seed_capacity`` search —
+bracketing then bisection over steady-state runs (300 s of Poisson arrivals after a 60 s
+warm-up, a 60 s drain whose leftovers are misses, step-time noise on) — for the highest QPS at
+90% attainment; the searches run in a process pool. Reported per workload and policy: the mean
+and standard deviation over seeds, in requests/s for the 2-instance fleet.
+
+    python bench/capacity_table.py --json docs/results/capacity.json
+    python bench/capacity_table.py --workloads wikisql --policies hfx,rr --seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from hfx.config import SimConfig
+from hfx.evaluation import write_json
+from hfx.evaluation.capacity import seed_capacity, steady
+
+# Where each search starts (requests/s for 2 instances): near the knee, to save probes.
+START = {"four-task": 100.0, "two-task": 100.0, "wikisql": 8.0, "tiered-512-512": 20.0,
+         "tiered-4096-1024": 4.0}
+POLICIES = ("hfx", "slos-serve", "polyserve", "sa", "scorpio", "aladdin", "least-loaded", "rr")
+# A series: a label and the config fields it sets.
+VARIANTS = {"hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"}}
+
+
+def series_fields(name: str) -> dict:
+    return VARIANTS.get(name, {"policy": name})
+
+
+def one(workload: str, name: str, seed: int, tolerance: float) -> tuple[str, str, dict]:
+    config = steady(SimConfig(workload=workload, qps=START.get(workload, 20.0), seed=seed,
+                              **series_fields(name)))
+    t0 = time.perf_counter()
+    result = seed_capacity(config, 0.9, tolerance)
+    result["wall_seconds"] = time.perf_counter() - t0
+    return workload, name, result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="four-task,two-task,wikisql,tiered-512-512")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"policies, or variants ({', '.join(VARIANTS)})")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    workloads = args.workloads.split(",")
+    names = args.policies.split(",")
+    tasks = [(w, n, s) for w in workloads for n in names for s in range(args.seeds)]
+    found: dict[tuple[str, str], list[dict]] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, w, n, s, args.tolerance) for w, n, s in tasks]
+        for fut in as_completed(futures):
+            w, n, r = fut.result()
+            found.setdefault((w, n), []).append(r)
+            print(f"{w:16s} {n:18s} seed {r['seed']}: {r['capacity']:7.2f} QPS "
+                  f"({len(r['probes'])} probes, {r['wall_seconds']:.0f} s)", flush=True)
+    tables = {}
+    for w in workloads:
+        rows = {}
+        for n in names:
+            seeds = sorted(found[w, n], key=lambda r: r["seed"])
+            caps = [r["capacity"] for r in seeds]
+            rows[n] = {"mean": statistics.fmean(caps),
+                       "std": statistics.stdev(caps) if len(caps) > 1 else 0.0,
+                       "per_seed": caps, "seeds": seeds}
+        tables[w] = rows
+        print(f"\n{w}: capacity at 90% attainment, QPS (2 instances), mean ± std over "
+              f"{args.seeds} seeds")
+        for n, row in sorted(rows.items(), key=lambda x: -x[1]["mean"]):
+            print(f"  {n:18s} {row['mean']:7.2f} ± {row['std']:5.2f}   "
+                  f"{', '.join(f'{c:.1f}' for c in row['per_seed'])}")
+    base = steady(SimConfig())
+    report = {"command": "python bench/capacity_table.py " + " ".join(
+                  f"{k}={v}" for k, v in vars(args).items() if k != "json"),
+              "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,
+              "step_noise": base.step_noise, "target": 0.9, "tolerance": args.tolerance,
+              "tables": tables}
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
