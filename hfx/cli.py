@@ -86,7 +86,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = model_from_args(SimConfig, args, args.config, **fixed, qps=qps[0])
     for _, fields in series:
         model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
-    results = run_grid(base, series, qps, jobs=args.jobs)
+    results = run_grid(base, series, qps, jobs=args.jobs, seeds=args.seeds)
     print(table(results))
     if preset and preset.ratios:
         print(ratio_table(results, preset.ratios))
@@ -240,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--name", help="file name stem (default: sweep-<workload>)")
     sweep.add_argument("--jobs", type=int, default=None,
                        help="parallel processes (default: one per core)")
+    sweep.add_argument("--seeds", type=int, default=1,
+                       help="workload seeds per point, from --seed on; tables show the mean "
+                       "and attainment's std (default: 1)")
     add_model_args(sweep, SimConfig, exclude=("policy", "qps"))
     sweep.set_defaults(func=cmd_sweep)
 

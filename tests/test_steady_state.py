@@ -120,3 +120,19 @@ def test_noisy_runs_are_seeded_and_the_policy_still_predicts_with_the_profile():
     other = simulate(SimConfig(**base, step_noise=0.1, seed=1))
     assert a["e2e"] == b["e2e"]  # the same seed, the same run
     assert a["e2e"] != exact["e2e"] and a["e2e"] != other["e2e"]
+
+
+def test_a_sweep_over_seeds_reports_the_mean_and_spread():
+    from hfx.evaluation.sweep import aggregate, capacity_table, run_grid, table
+
+    results = run_grid(SimConfig(requests_per_task=100), [("rr", {"policy": "rr"})], [60, 400],
+                       jobs=1, progress=False, seeds=2)
+    assert [(r["qps"], r["seed"]) for r in results] == [(60, 0), (60, 1), (400, 0), (400, 1)]
+    rows = aggregate(results)
+    assert [(r["qps"], r["seeds"]) for r in rows] == [(60, 2), (400, 2)]
+    att = [r["attainment"] for r in results[2:]]
+    assert att[0] != att[1]  # the seeds differ
+    assert rows[1]["attainment"] == pytest.approx(statistics.fmean(att))
+    assert rows[1]["attainment_std"] == pytest.approx(statistics.stdev(att))
+    assert "± std" in table(results)
+    assert capacity_table(results).startswith("finite-trace knee")
