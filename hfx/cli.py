@@ -119,7 +119,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from hfx.engine.planners import PLANNERS
-    from hfx.evaluation.workloads import TIERED, WORKLOADS
+    from hfx.evaluation.workloads import BURSTY, TIERED, WORKLOADS
     from hfx.latency import shipped_profiles
     from hfx.policies import POLICIES
 
@@ -128,7 +128,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
                                   for w, ts in WORKLOADS.items()),
           "; ramp (the priority ramp, seed 000 §9.1); " + ", ".join(TIERED)
-          + " (PolyServe's setting, seed 003 §5.1); or a .jsonl/.csv trace")
+          + " (PolyServe's setting, seed 003 §5.1); " + ", ".join(BURSTY)
+          + " (four-task, 30 s at half the rate, 10 s at 2.5×); or a .jsonl/.csv trace")
     print("profiles: ", ", ".join(shipped_profiles()))
     from hfx.model.shapes import SHAPES
 

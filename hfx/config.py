@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hfx.engine.planners import PLANNERS
-from hfx.evaluation.workloads import DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
+from hfx.evaluation.workloads import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.policies import PD_POLICIES, POLICIES
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain (issue 17)
@@ -174,7 +174,8 @@ class WorkloadSection(Section):
     workload: str = Field("four-task", description=(
         f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
         f"per client), {', '.join(TIERED)} (PolyServe's setting, seed 003 §5.1; 4 × "
-        "requests-per-task requests), or a trace file (.jsonl/.csv)"))
+        f"requests-per-task requests), {', '.join(BURSTY)} (30 s at half the rate, 10 s at "
+        "2.5×), or a trace file (.jsonl/.csv)"))
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
                        "between the tasks (seed 000 §7.3); ignored for trace files")
     seed: int = Field(0, ge=0, description="random seed of the workload")
@@ -192,10 +193,11 @@ class WorkloadSection(Section):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str) -> str:
-        if v not in WORKLOADS and v not in ("ramp", *TIERED) and \
+        if v not in WORKLOADS and v not in ("ramp", *TIERED, *BURSTY) and \
                 not v.endswith((".jsonl", ".csv")):
             raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)}, "
-                             f"ramp, {', '.join(TIERED)}, or give a trace file (.jsonl, .csv)")
+                             f"ramp, {', '.join((*TIERED, *BURSTY))}, or give a trace file "
+                             "(.jsonl, .csv)")
         return v
 
     @model_validator(mode="after")

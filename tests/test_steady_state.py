@@ -136,3 +136,15 @@ def test_a_sweep_over_seeds_reports_the_mean_and_spread():
     assert rows[1]["attainment_std"] == pytest.approx(statistics.stdev(att))
     assert "± std" in table(results)
     assert capacity_table(results).startswith("finite-trace knee")
+
+
+def test_the_bursty_workload_cycles_half_and_two_and_a_half_times_the_mean_rate():
+    reqs = load_workload("bursty-four-task", 40, 0, duration=400)
+    assert all(r.arrival < 400 for r in reqs)
+    assert abs(len(reqs) - 40 * 400) < 4 * (40 * 400) ** 0.5  # the mean rate is --qps
+    in_burst = sum((r.arrival % 40) >= 30 for r in reqs)  # 10 of every 40 s at 2.5×
+    assert in_burst / len(reqs) == pytest.approx(25 / 40, abs=0.02)
+    assert {r.task for r in reqs} == {"medical_qa", "tldr_content_gen", "tldr_headline_gen",
+                                      "wikisql"}
+    finite = load_workload("bursty-four-task", 40, 0, 400)  # 1,600 requests: 1 cycle of 40 s
+    assert max(r.arrival for r in finite) < 40 and abs(len(finite) - 1600) < 160

@@ -195,6 +195,25 @@ def phases(workload: str, schedule: list[tuple[float, float]], seed: int) -> lis
     return _task_stream(tasks, [seed, 2], arrivals)
 
 
+# Bursts (ours, issue 17): a task set whose rate cycles 30 s at half the mean, then 10 s at 2.5×
+# (mean: the given QPS), Poisson within each phase.
+BURSTY = {"bursty-four-task": ("four-task", ((30.0, 0.5), (10.0, 2.5)))}
+
+
+def bursty(workload: str, qps: float, seed: int, duration: float) -> list[Request]:
+    """The cycle of ``BURSTY[workload]`` at mean rate ``qps`` for ``duration`` seconds."""
+    base, cycle = BURSTY[workload]
+    schedule: list[tuple[float, float]] = []
+    t = 0.0
+    while t < duration:
+        for length, scale in cycle:
+            length = min(length, duration - t)
+            if length > 0:
+                schedule.append((length, qps * scale))
+                t += length
+    return phases(base, schedule, seed)
+
+
 # PolyServe's setting (seed 003 §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the
 # requests, TTFT drawn from {300, 500, 1000} ms, lengths uniform with the given means.
 TIERS = ((0.02, 0.1), (0.03, 0.2), (0.05, 0.3), (0.1, 0.4))
@@ -333,6 +352,11 @@ def load_workload(workload: str, qps: float, seed: int,
         return load_trace(workload) if workload != "ramp" else ramp(qps, seed)
     if workload in TIERED:
         return tiered(workload, qps, seed, 4 * requests_per_task, duration)
+    if workload in BURSTY:  # finite: whole cycles, as many as the task set's requests take
+        base, cycle = BURSTY[workload]
+        period = sum(length for length, _ in cycle)
+        span = requests_per_task * len(WORKLOADS[base]) / qps
+        return bursty(workload, qps, seed, duration or period * max(1, round(span / period)))
     return generate(workload, qps, seed, requests_per_task, duration)
 
 
@@ -340,4 +364,6 @@ def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:
     """The Table 1 tasks a workload draws from (all six for a trace file)."""
     if workload == "ramp":
         return WORKLOADS["four-task"]
+    if workload in BURSTY:
+        return WORKLOADS[BURSTY[workload][0]]
     return WORKLOADS.get(workload, tuple(TASKS.values()))
