@@ -64,30 +64,30 @@ def main() -> int:
             found.setdefault((w, n), []).append(r)
             print(f"{w:16s} {n:18s} seed {r['seed']}: {r['capacity']:7.2f} QPS "
                   f"({len(r['probes'])} probes, {r['wall_seconds']:.0f} s)", flush=True)
-    tables = {}
-    for w in workloads:
-        rows = {}
-        for n in names:
-            seeds = sorted(found[w, n], key=lambda r: r["seed"])
-            caps = [r["capacity"] for r in seeds]
-            rows[n] = {"mean": statistics.fmean(caps),
-                       "std": statistics.stdev(caps) if len(caps) > 1 else 0.0,
-                       "per_seed": caps, "seeds": seeds}
-        tables[w] = rows
-        print(f"\n{w}: capacity at 90% attainment, QPS (2 instances), mean ± std over "
-              f"{args.seeds} seeds")
+            if args.json:  # after every search: a long run stopped early keeps what it found
+                write_json(args.json, report(args, found))
+    for w, rows in report(args, found)["tables"].items():
+        print(f"\n{w}: capacity at 90% attainment, QPS (2 instances), mean ± std over seeds")
         for n, row in sorted(rows.items(), key=lambda x: -x[1]["mean"]):
             print(f"  {n:18s} {row['mean']:7.2f} ± {row['std']:5.2f}   "
                   f"{', '.join(f'{c:.1f}' for c in row['per_seed'])}")
-    base = steady(SimConfig())
-    report = {"command": "python bench/capacity_table.py " + " ".join(
-                  f"{k}={v}" for k, v in vars(args).items() if k != "json"),
-              "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,
-              "step_noise": base.step_noise, "target": 0.9, "tolerance": args.tolerance,
-              "tables": tables}
-    if args.json:
-        write_json(args.json, report)
     return 0
+
+
+def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -> dict:
+    tables: dict[str, dict] = {}
+    for (w, n), runs in sorted(found.items()):
+        seeds = sorted(runs, key=lambda r: r["seed"])
+        caps = [r["capacity"] for r in seeds]
+        tables.setdefault(w, {})[n] = {
+            "mean": statistics.fmean(caps), "std": statistics.stdev(caps) if len(caps) > 1
+            else 0.0, "per_seed": caps, "seeds": seeds}
+    base = steady(SimConfig())
+    return {"command": "python bench/capacity_table.py " + " ".join(
+                f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+            "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,
+            "step_noise": base.step_noise, "target": 0.9, "tolerance": args.tolerance,
+            "tables": tables}
 
 
 if __name__ == "__main__":
