@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
-from hfx.evaluation.capacity import seed_capacity, steady
+from hfx.evaluation.capacity import over_seeds, seed_capacity, steady
 
 # Where each search starts (requests/s for 2 instances): near the knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "wikisql": 8.0, "tiered-512-512": 20.0,
@@ -77,11 +76,8 @@ def main() -> int:
 def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -> dict:
     tables: dict[str, dict] = {}
     for (w, n), runs in sorted(found.items()):
-        seeds = sorted(runs, key=lambda r: r["seed"])
-        caps = [r["capacity"] for r in seeds]
-        tables.setdefault(w, {})[n] = {
-            "mean": statistics.fmean(caps), "std": statistics.stdev(caps) if len(caps) > 1
-            else 0.0, "per_seed": caps, "seeds": seeds}
+        tables.setdefault(w, {})[n] = {**over_seeds(runs),
+                                       "seeds": sorted(runs, key=lambda r: r["seed"])}
     base = steady(SimConfig())
     return {"command": "python bench/capacity_table.py " + " ".join(
                 f"--{k} {v}" for k, v in vars(args).items() if k != "json"),

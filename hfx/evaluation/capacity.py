@@ -87,6 +87,13 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
     return {"seed": config.seed, "capacity": lo, "probes": probes}
 
 
+def over_seeds(per_seed: list[dict]) -> dict:
+    """Mean and standard deviation of ``seed_capacity`` results, and each in seed order."""
+    values = [r["capacity"] for r in sorted(per_seed, key=lambda r: r["seed"])]
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "per_seed": values}
+
+
 def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: float = 0.02,
              jobs: int | None = None) -> dict:
     """``seed_capacity`` for seeds ``config.seed`` … ``config.seed + seeds − 1`` (in parallel),
@@ -100,16 +107,15 @@ def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: 
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             per_seed = list(pool.map(seed_capacity, configs, [target] * seeds,
                                      [tolerance] * seeds))
-    values = [s["capacity"] for s in per_seed]
+    over = over_seeds(per_seed)
     instances = config.max_instances or config.initial_instances
     return {
         "policy": config.policy, "workload": config.workload, "mode": config.mode,
         "instances": instances, "target": target, "tolerance": tolerance,
         "duration": config.duration, "warmup": config.warmup, "drain": config.drain_seconds,
-        "capacity_mean": statistics.fmean(values),
-        "capacity_std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "capacity_min": min(values), "capacity_max": max(values),
-        "per_instance_mean": statistics.fmean(values) / instances,
+        "capacity_mean": over["mean"], "capacity_std": over["std"],
+        "capacity_min": min(over["per_seed"]), "capacity_max": max(over["per_seed"]),
+        "per_instance_mean": over["mean"] / instances,
         "seeds": per_seed,
         "config": config.model_dump(),
     }
