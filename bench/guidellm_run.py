@@ -27,48 +27,7 @@ from pathlib import Path
 from live_server import hfx_serve, scrape
 
 from hfx.evaluation import write_json
-
-EOS = "<|endoftext|>"
-
-
-def byte_level_alphabet() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte, in byte order, so that id == byte value."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-def write_byte_tokenizer(folder: Path, max_len: int) -> None:
-    """A tokenizer.json (+ config) that ``AutoTokenizer.from_pretrained`` loads and that
-    encodes text exactly as hfx's ``ByteTokenizer`` does."""
-    vocab = {c: b for b, c in byte_level_alphabet().items()} | {EOS: 256}
-    spec = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": 256, "content": EOS, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True}],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": False},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS,
-         "model_max_length": max_len}))
+from hfx.model.tokenizer import write_byte_tokenizer
 
 
 def headline(report: dict) -> dict:

@@ -169,6 +169,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    try:
+        from hfx.model.build import write_random_checkpoint
+    except ImportError as e:
+        raise ValueError(f"hfx checkpoint needs the torch extra ({e}): pip install "
+                         "torch==2.13.0 && pip install -e '.[torch]'") from None
+    path = write_random_checkpoint(args.shape, args.out, args.weight_seed, args.dtype)
+    print(f"wrote {args.shape} random weights and the byte tokenizer to {path}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     env_key = os.environ.get("HFX_API_KEY") or None  # as vLLM's VLLM_API_KEY
     config = model_from_args(ServeConfig, args, args.config)
@@ -187,8 +198,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--executor torch needs the torch extra ({e}): pip install "
                          "torch==2.13.0 && pip install -e '.[torch,serve]'; or --executor sim"
                          ) from None
+    engines = (f"{len(server.control.instances)} vLLM servers" if config.engine == "vllm"
+               else f"{config.executor} executor")
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
-          f"({config.executor} executor, {config.policy} policy)")
+          f"({engines}, {config.policy} policy)")
     serve(server, Access.of(config), config.host, config.port, config.shutdown_timeout)
     print("stopped")
     return 0
@@ -272,6 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--config", help="YAML file of options (flags override it)")
     add_model_args(prof, ProfileConfig)
     prof.set_defaults(func=cmd_profile)
+
+    ckpt = sub.add_parser("checkpoint", help="write a random-weight checkpoint (+ tokenizer)",
+                          description="Random weights of a model shape as a Hugging Face "
+                          "checkpoint directory with a byte-level tokenizer.json: a model "
+                          "vLLM can load (hfx serve --engine vllm --checkpoint DIR) where none "
+                          "can be downloaded.")
+    ckpt.add_argument("out", help="directory to write")
+    ckpt.add_argument("--shape", default="tiny", help="model shape (default: tiny)")
+    ckpt.add_argument("--weight-seed", type=int, default=0)
+    ckpt.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ckpt.set_defaults(func=cmd_checkpoint)
 
     serve = sub.add_parser("serve", help="serve OpenAI-compatible HTTP with per-request SLOs",
                            description="An OpenAI-compatible gateway (/v1/completions, "

@@ -303,7 +303,27 @@ class GatewaySection(Section):
                                     "signal exits at once")
 
 
-class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):
+class VLLMSection(Section):
+    """Real vLLM engines as the instances (issue 15): HFX dispatches, vLLM runs the batches."""
+
+    section: ClassVar[str] = "vllm"
+
+    engine: Literal["hfx", "vllm"] = Field("hfx", description="hfx: HFX's own engine core "
+                                           "(--executor); vllm: vLLM OpenAI servers, started "
+                                           "from --checkpoint or given by --backend")
+    backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
+                               "server to dispatch to (repeatable; started with "
+                               "--scheduling-policy priority); --instances beyond these are "
+                               "started from --checkpoint")
+    vllm_python: str | None = Field(None, description="Python interpreter with vLLM installed"
+                                    ", for the servers HFX starts; default: this one")
+    vllm_args: str = Field("", description="extra arguments for every vLLM server HFX starts, "
+                           "e.g. '--enforce-eager --dtype float32'")
+    vllm_startup_timeout: float = Field(600.0, gt=0, description="seconds a vLLM server may "
+                                        "take to start")
+
+
+class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
     """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances. The
     cluster sections are ``hfx sim``'s; the defaults below differ where serving needs it."""
 
@@ -329,7 +349,7 @@ class ServeConfig(ModelConfig, GatewaySection, ClusterConfig):
 
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
     WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection,
-    AdmissionSection, ModelConfig, GatewaySection)}
+    AdmissionSection, ModelConfig, GatewaySection, VLLMSection)}
 
 
 # ---- CLI generation --------------------------------------------------------------------------
@@ -384,6 +404,9 @@ def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
         if typing.get_origin(kind) is Literal:
             group.add_argument(flag, choices=typing.get_args(kind), default=argparse.SUPPRESS,
                                dest=name, help=help_text)
+        elif typing.get_origin(kind) is list:
+            group.add_argument(flag, action="append", default=argparse.SUPPRESS, dest=name,
+                               metavar="VALUE", help=f"{field.description} (repeatable)")
         elif typing.get_origin(kind) is dict:
             group.add_argument(flag, type=parse_params, default=argparse.SUPPRESS, dest=name,
                                metavar="K=V,...", help=help_text)

@@ -53,3 +53,20 @@ def build_model(shape: str | None = "tiny", checkpoint: str | Path | None = None
     if model.shape.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(f"shape {shape!r} has too small a vocabulary for the byte tokenizer")
     return LoadedModel(model, tokenizer, f"{shape}-random")
+
+
+def write_random_checkpoint(shape: str, out: str | Path, seed: int = 0,
+                            dtype: str = "float32") -> Path:
+    """Random weights of a named shape as a Hugging Face checkpoint directory, with the byte
+    tokenizer as tokenizer.json: what another engine (vLLM) loads when nothing can be
+    downloaded, reading and writing text exactly as HFX's gateway does."""
+    from hfx.model.tokenizer import write_byte_tokenizer
+    from hfx.model.weights import save_checkpoint
+
+    model_shape = get_shape(shape)
+    if model_shape.vocab_size < ByteTokenizer.vocab_size:
+        raise ValueError(f"shape {shape!r} has too small a vocabulary for the byte tokenizer")
+    model = random_model(model_shape, seed, resolve_dtype(dtype, "cpu"), "cpu")
+    path = save_checkpoint(model, out)
+    write_byte_tokenizer(path, model_shape.max_position_embeddings)
+    return path

@@ -6,6 +6,7 @@ end-of-text, so any random-weight model with a vocabulary of at least 257 can se
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol
 
@@ -53,3 +54,48 @@ def load_tokenizer(checkpoint: str | Path | None, eos_token_id: int | None = Non
         if path.is_file():
             return HFTokenizer(path, eos_token_id)
     return ByteTokenizer()
+
+
+EOS = "<|endoftext|>"
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, in byte order, so that id == byte value."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def write_byte_tokenizer(folder: Path, max_len: int) -> None:
+    """A tokenizer.json (+ config) that ``AutoTokenizer.from_pretrained`` loads and that
+    encodes text exactly as ``ByteTokenizer`` does: GPT-2's byte-level alphabet, no merges,
+    one token per UTF-8 byte, 256 = end of text. A random-weight checkpoint carries it, so
+    that tools which load a Hugging Face tokenizer (vLLM, guidellm) read text as HFX does."""
+    vocab = {c: b for b, c in byte_level_alphabet().items()} | {EOS: 256}
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": 256, "content": EOS, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": False},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS,
+         "model_max_length": max_len}))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +19,7 @@ from hfx.serving.server import ServeOptions, Server
 
 if TYPE_CHECKING:
     from hfx.cluster.placement import Placement
+    from hfx.cluster.vllm_process import VLLMPlacement
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
 PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
@@ -51,10 +54,30 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
                         num_gpus=1 if device.startswith("cuda") else 0)
 
 
+def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
+    from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement
+
+    launch = None
+    if config.checkpoint is not None:
+        device = config.device or "cpu"
+        block = config.block_size
+        if device == "cpu":  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
+            block = -(-block // 32) * 32
+        launch = VLLMLaunch(
+            python=config.vllm_python or sys.executable, model=config.checkpoint,
+            served_name=name, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
+            kv_capacity_tokens=config.kv_capacity_tokens, block_size=block, device=device,
+            extra_args=tuple(shlex.split(config.vllm_args)),
+            startup_timeout=config.vllm_startup_timeout, host="127.0.0.1")
+    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs)
+
+
 def build_server(config: ServeConfig) -> Server:
     tokenizer: Tokenizer = ByteTokenizer()
     eos: int | None = None
     max_len, vocab = config.max_model_len, 1 << 31
+    if config.engine == "vllm":
+        return _build_vllm(config)
     if config.executor == "torch":
         from hfx.model.build import default_device
         from hfx.model.shapes import get_shape
@@ -99,5 +122,56 @@ def build_server(config: ServeConfig) -> Server:
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,
+        eos_token_id=eos, priority_levels=config.priorities)
+    return Server(control, tokenizer, options, profile.model)
+
+
+def _build_vllm(config: ServeConfig) -> Server:
+    """HFX over vLLM servers (issue 15): the checkpoint gives the gateway its tokenizer and
+    limits (the servers load the weights themselves); the profile is the dispatcher's view of
+    their step times (--profile, else measured on the first server at start)."""
+    import json
+
+    if config.checkpoint is None:
+        raise ValueError("--engine vllm needs --checkpoint: the model directory the servers "
+                         "load, and where the gateway reads the tokenizer")
+    if config.mode == "pd":
+        raise ValueError("--engine vllm serves colocated instances (--mode colocated); P/D "
+                         "over vLLM KV connectors is not built yet")
+    hf = json.loads((Path(config.checkpoint) / "config.json").read_text())
+    eos = hf.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    tokenizer = load_tokenizer(config.checkpoint, eos)
+    max_len = min(config.max_model_len, int(hf.get("max_position_embeddings", 1 << 31)))
+    vocab = int(hf["vocab_size"])
+    name = config.served_model_name or Path(config.checkpoint).name
+    placement = _vllm_placement(config, name, max_len)
+    fleet = placement.prepare(list(range(config.instances)))
+    info = fleet[0].info
+    try:
+        if config.profile is not None:
+            profile = load_profile(config.profile)
+        else:
+            from hfx.vllm_profiler import VLLMGrid, profile_vllm
+
+            print("measuring a step-time profile of the vLLM servers (hfx profile --engine "
+                  "vllm; give --profile to skip) ...", flush=True)
+            profile = profile_vllm(fleet[0].url, VLLMGrid.quick(), info.kv_total_blocks
+                                   * info.block_size, info.block_size, config.checkpoint)
+        # The dispatcher plans with the servers' own KV size.
+        profile = replace(profile, kv_capacity_tokens=info.kv_total_blocks * info.block_size,
+                          block_size=info.block_size)
+        if not profile.meta.get("model"):
+            config = config.model_copy(update={"kv_bytes_per_token": 1})
+        control = build_cluster(config, profile, None, placement)
+    except BaseException:
+        for inst in fleet:
+            if inst.process is not None:
+                inst.process.kill()
+        raise
+    options = ServeOptions(
+        model_name=name, max_model_len=max_len,
+        default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
+        tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         eos_token_id=eos, priority_levels=config.priorities)
     return Server(control, tokenizer, options, profile.model)

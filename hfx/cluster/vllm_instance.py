@@ -1,0 +1,337 @@
+"""A vLLM OpenAI server as an instance (issue 15): the same Instance protocol, over HTTP.
+
+HFX keeps its queues, policies and token-level records; a request it dispatches here goes to the
+server's streaming ``/v1/completions`` with token-id prompts (HFX tokenized it once),
+``return_token_ids`` (each chunk carries the sampled ids, so the gateway, the records and a
+retry's continuation see exactly the tokens vLLM sampled), ``X-Request-Id``, and vLLM's
+``priority`` (the server runs ``--scheduling-policy priority``; lower runs first). Each chunk
+becomes a StepOutput on the control plane's sink, stamped with this loop's clock, so TTFT, TPOT,
+SLO accounting and metrics are the ones every other instance kind feeds.
+
+- **Abort**: the request's stream task is cancelled, which closes its connection; vLLM aborts a
+  request whose client went away (and frees its KV).
+- **Stats**: the control plane's own accounting here (requests sent, their tokens so far) plus
+  the server's ``/metrics``, scraped every ``scrape_interval`` seconds (docs/architecture.md
+  lists which field comes from where).
+- **Failure**: a server that stops answering (connection refused on a stream or
+  ``FAILED_SCRAPES`` scrapes in a row) fails the instance: every request it held is reported
+  aborted with the reason, and the control plane resumes them elsewhere from the tokens they
+  already have, as for any instance that died.
+- **P/D**: not through this class; the roles are colocated only (seed 000 §5.1 on vLLM needs a KV
+  connector, see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from hfx.cluster.instance import EventSink
+from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
+from hfx.request import Request
+
+if TYPE_CHECKING:
+    from hfx.cluster.vllm_process import VLLMServer
+
+log = logging.getLogger(__name__)
+
+SCRAPE_SECONDS = 0.5  # how stale the vLLM half of stats() may get
+FAILED_SCRAPES = 6  # this many unanswered scrapes in a row: the server is gone
+BEST_EFFORT_PRIORITY = 1 << 20  # below every SLO'd request in vLLM's priority order
+
+# vLLM's finish_reason → the terminal status it means here.
+_FINISHED = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH,
+             "abort": RequestStatus.FINISHED_ABORTED}
+
+
+def vllm_priority(request: Request, best_effort: bool) -> int:
+    """vLLM runs lower values first and may preempt higher ones for them. HFX orders running
+    requests by TPOT, tightest first (seed 000 §5.2's Q_R); the TPOT SLO in milliseconds is
+    that order. Best-effort requests go after every SLO'd one."""
+    if best_effort or request.slo is None:
+        return BEST_EFFORT_PRIORITY
+    return max(0, round(request.slo.tpot * 1e3))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a vLLM server says about itself: served model, limits, KV size."""
+
+    model: str
+    max_model_len: int
+    kv_total_blocks: int
+    block_size: int
+
+    def check(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len + max_tokens > self.max_model_len:
+            raise EngineError(f"{request_id}: {prompt_len} prompt + {max_tokens} output tokens "
+                              f"exceed the vLLM server's max_model_len {self.max_model_len}")
+        blocks = -(-(prompt_len + max_tokens) // self.block_size)
+        if self.kv_total_blocks and blocks > self.kv_total_blocks:
+            raise EngineError(f"{request_id}: needs more KV than the vLLM server's "
+                              f"{self.kv_total_blocks} blocks of {self.block_size}")
+
+
+@dataclass(slots=True)
+class _Sent:
+    request: Request
+    task: asyncio.Task[None]
+    tokens: int = 0
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The vLLM gauges and counters HFX reads from a Prometheus text page, summed over labels;
+    ``cache_config_info``'s labels (num_gpu_blocks, block_size) as values."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name, _, value = line.rpartition(" ")
+        metric, _, labels = name.partition("{")
+        if metric == "vllm:cache_config_info":
+            for item in labels.rstrip("}").split(","):
+                key, _, val = item.partition("=")
+                with contextlib.suppress(ValueError):
+                    out[f"cache_config_info.{key}"] = float(val.strip('"'))
+            continue
+        with contextlib.suppress(ValueError):
+            out[metric] = out.get(metric, 0.0) + float(value)
+    return out
+
+
+def server_info(url: str, timeout: float = 10.0) -> ServerInfo:
+    """Ask a running server for its model, max_model_len and KV cache size (blocking: once,
+    when the instance joins)."""
+    with httpx.Client(timeout=timeout) as client:
+        models = client.get(f"{url}/v1/models").raise_for_status().json()["data"]
+        metrics = parse_metrics(client.get(f"{url}/metrics").raise_for_status().text)
+    return ServerInfo(models[0]["id"], int(models[0].get("max_model_len") or 0),
+                      int(metrics.get("cache_config_info.num_gpu_blocks", 0)),
+                      int(metrics.get("cache_config_info.block_size", 16)))
+
+
+class VLLMInstance:
+    """The control plane's handle on one vLLM OpenAI server."""
+
+    def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
+                 process: VLLMServer | None = None,
+                 scrape_interval: float = SCRAPE_SECONDS) -> None:
+        self.id = instance_id
+        self.role = Role.COLOCATED
+        self.url = url.rstrip("/")
+        self.info = info
+        self.max_num_seqs = max_num_seqs
+        self.process = process  # None: a server someone else runs (--backend)
+        self.scrape_interval = scrape_interval
+        self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
+        self._client: httpx.AsyncClient | None = None  # made on the serving loop, at start
+        self._sent: dict[str, _Sent] = {}
+        self._sink: EventSink | None = None
+        self._scraper: asyncio.Task[None] | None = None
+        self._failed: str | None = None
+        self._busy_since: float | None = None
+        self._busy_time = 0.0
+        self._stats: InstanceStats | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self, sink: EventSink) -> None:
+        self._sink = sink
+        # No read timeout: a stream waits as long as vLLM queues the request.
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        self._stats = self._snapshot({})
+        self._scraper = asyncio.get_running_loop().create_task(
+            self._scrape_forever(), name=f"vllm-scrape-{self.id}")
+
+    async def stop(self) -> None:
+        tasks = [s.task for s in self._sent.values()]
+        if self._scraper is not None:
+            tasks.append(self._scraper)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._client is not None:
+            await self._client.aclose()
+        if self.process is not None:
+            await self.process.stop()
+
+    # ---- the Instance protocol --------------------------------------------------------------
+    def submit(self, request: Request, best_effort: bool = False) -> None:
+        if self._failed is not None:
+            raise EngineError(f"instance {self.id}: {self._failed}")
+        self.info.check(request.id, request.prompt_len, request.max_tokens)
+        if request.prompt_token_ids is None:
+            raise EngineError(f"{request.id}: a vLLM instance needs the prompt's token ids")
+        loop = asyncio.get_running_loop()
+        if not self._sent:
+            self._busy_since = loop.time()
+        task = loop.create_task(self._stream(request, best_effort), name=f"vllm-{request.id}")
+        self._sent[request.id] = _Sent(request, task)
+
+    def abort(self, request_id: str) -> None:
+        sent = self._sent.get(request_id)
+        if sent is not None:
+            sent.task.cancel()  # closes the connection: vLLM aborts it and frees its KV
+
+    def stats(self) -> InstanceStats:
+        assert self._stats is not None, "start() the instance first"
+        return self._stats
+
+    def migration_state(self, request_id: str) -> Sequence:
+        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+
+    def reserve_import(self, state: Sequence) -> bool:
+        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+
+    def export(self, request_id: str) -> object | None:
+        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+
+    def activate_import(self, request_id: str, kv: object | None = None) -> None:
+        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+
+    def set_role(self, role: Role) -> None:
+        if role is not Role.COLOCATED:
+            raise NotImplementedError("a vLLM instance serves colocated only")
+
+    # ---- one request ------------------------------------------------------------------------
+    def body(self, request: Request, best_effort: bool) -> dict[str, Any]:
+        sampling = request.sampling
+        body: dict[str, Any] = {
+            "model": self.info.model, "prompt": request.prompt_token_ids,
+            "max_tokens": request.max_tokens, "stream": True, "return_token_ids": True,
+            "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "priority": vllm_priority(request, best_effort),
+            # HFX decides where generation stops: the request's stop ids, or none at all.
+            "ignore_eos": not request.stop_token_ids,
+            "stop_token_ids": sorted(request.stop_token_ids),
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        return body
+
+    async def _stream(self, request: Request, best_effort: bool) -> None:
+        rid = request.id
+        status = RequestStatus.FINISHED_ABORTED
+        failure: str | None = None
+        assert self._client is not None, "start() the instance first"
+        try:
+            async with self._client.stream(
+                    "POST", f"{self.url}/v1/completions", json=self.body(request, best_effort),
+                    headers={"X-Request-Id": rid}) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:500]
+                    failure = f"vLLM answered {response.status_code}: {detail}"
+                    status = RequestStatus.FINISHED_FAILED
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    done = self._chunk(rid, json.loads(line[6:]))
+                    if done is not None:
+                        status = done
+            if status is RequestStatus.FINISHED_ABORTED and failure is None:
+                failure = "the vLLM stream ended without a finish reason"
+                status = RequestStatus.FINISHED_FAILED
+        except asyncio.CancelledError:
+            status = RequestStatus.FINISHED_ABORTED  # aborted here: the connection is closed
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            # The server is gone (or went mid-stream): the instance failed, not the request.
+            self._fail(f"instance {self.id} (vLLM at {self.url}) failed: "
+                       f"{type(e).__name__}: {e}")
+            return
+        except (ValueError, KeyError, httpx.HTTPError) as e:
+            status, failure = RequestStatus.FINISHED_FAILED, f"{type(e).__name__}: {e}"
+        finally:
+            if rid in self._sent and self._failed is None:
+                self._end(rid, status, failure)
+
+    def _chunk(self, rid: str, chunk: dict[str, Any]) -> RequestStatus | None:
+        """One SSE chunk: its tokens to the sink; the finish status if it ends the request."""
+        if "error" in chunk and not chunk.get("choices"):
+            raise ValueError(f"vLLM stream error: {chunk['error']}")
+        choice = chunk["choices"][0]
+        tokens: list[int] = choice.get("token_ids") or []
+        reason = choice.get("finish_reason")
+        if tokens:
+            assert self._sink is not None
+            self._sent[rid].tokens += len(tokens)
+            now = asyncio.get_running_loop().time()
+            self._sink(self.id, StepOutput(now, [rid] * len(tokens), list(tokens), []))
+        if reason is None:
+            return None
+        return _FINISHED.get(reason, RequestStatus.FINISHED_STOPPED)
+
+    def _end(self, rid: str, status: RequestStatus, failure: str | None) -> None:
+        assert self._sink is not None
+        self._sent.pop(rid)
+        now = asyncio.get_running_loop().time()
+        if not self._sent and self._busy_since is not None:
+            self._busy_time += now - self._busy_since
+            self._busy_since = None
+        self._sink(self.id, StepOutput(now, [], None, [(rid, status)], failure=failure))
+
+    def _fail(self, error: str) -> None:
+        """The server is gone: report every request held here as aborted, with the reason."""
+        if self._failed is not None or self._sink is None:
+            return
+        self._failed = error
+        held, self._sent = self._sent, {}
+        current = asyncio.current_task()
+        for sent in held.values():
+            if sent.task is not current:
+                sent.task.cancel()
+        now = asyncio.get_running_loop().time()
+        self._sink(self.id, StepOutput(now, [], None, [
+            (rid, RequestStatus.FINISHED_ABORTED) for rid in sorted(held)], error))
+
+    # ---- stats ------------------------------------------------------------------------------
+    async def scrape(self) -> dict[str, float]:
+        """/health (vLLM answers 500 once its engine died, while HTTP still works), then
+        /metrics."""
+        assert self._client is not None
+        (await self._client.get(f"{self.url}/health", timeout=5.0)).raise_for_status()
+        response = await self._client.get(f"{self.url}/metrics", timeout=5.0)
+        return parse_metrics(response.raise_for_status().text)
+
+    async def _scrape_forever(self) -> None:
+        misses = 0
+        while self._failed is None:
+            try:
+                self.engine_metrics = await self.scrape()
+                misses = 0
+            except (httpx.HTTPError, OSError) as e:
+                misses += 1
+                if misses >= FAILED_SCRAPES or (self.process is not None
+                                                 and not self.process.alive()):
+                    self._fail(f"instance {self.id} (vLLM at {self.url}) stopped answering: "
+                               f"{type(e).__name__}: {e}")
+                    return
+            self._stats = self._snapshot(self.engine_metrics)
+            await asyncio.sleep(self.scrape_interval)
+
+    def _snapshot(self, m: dict[str, float]) -> InstanceStats:
+        info = self.info
+        total = info.kv_total_blocks
+        now = asyncio.get_running_loop().time()
+        busy = self._busy_time + (now - self._busy_since if self._busy_since is not None else 0)
+        started = [s for s in self._sent.values() if s.tokens]
+        queued = [s for s in self._sent.values() if not s.tokens]
+        return InstanceStats(
+            instance_id=self.id, role=self.role, time=now,
+            num_waiting=int(m.get("vllm:num_requests_waiting", len(queued))),
+            num_running=int(m.get("vllm:num_requests_running", len(started))),
+            num_held=0,
+            kv_used_blocks=round(m.get("vllm:kv_cache_usage_perc", 0.0) * total),
+            kv_waiting_blocks=sum(-(-s.request.prompt_len // info.block_size) for s in queued),
+            kv_total_blocks=total, block_size=info.block_size,
+            decode_ctx=sum(s.request.prompt_len + s.tokens for s in started),
+            max_num_seqs=self.max_num_seqs, busy_time=busy,
+            num_steps=int(m.get("vllm:iteration_tokens_total_count", 0)),
+        )

@@ -1,0 +1,262 @@
+"""vLLM OpenAI servers as child processes of ``hfx serve --engine vllm`` (issue 15).
+
+In-process ``AsyncLLM`` still spawns its engine processes and saves no start-up, so HTTP to a
+server process is the integration surface: each instance is ``python -m
+vllm.entrypoints.openai.api_server`` on its own port, started with priority scheduling (HFX's
+urgency reaches vLLM's scheduler), the KV size HFX was given, and its own CPU cores or GPU.
+``VLLMPlacement`` starts the fleet (or attaches to servers someone else runs, ``--backend``) and
+the Scaler's new instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from hfx.cluster.provisioner import Plan
+from hfx.cluster.vllm_instance import VLLMInstance, server_info
+from hfx.engine import EngineConfig
+
+HEALTH_POLL_SECONDS = 0.5
+STOP_GRACE_SECONDS = 10.0
+LOG_TAIL_CHARS = 3000
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def cpu_binding(index: int, count: int, cores: list[int]) -> str:
+    """Instance ``index`` of ``count``: its share of the cores, as VLLM_CPU_OMP_THREADS_BIND
+    reads it ("0-3" or "5"); shared round-robin when there are fewer cores than instances
+    (vLLM's default binds every server to the same first cores)."""
+    cores = sorted(cores)
+    if count >= len(cores):
+        return str(cores[index % len(cores)])
+    per = len(cores) // count
+    mine = cores[index * per:(index + 1) * per]
+    return f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMLaunch:
+    """How HFX starts each vLLM server."""
+
+    python: str  # an interpreter with vLLM installed (vLLM may live in its own environment)
+    model: str  # a Hugging Face checkpoint directory
+    served_name: str
+    max_model_len: int
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    block_size: int
+    device: str = "cpu"
+    extra_args: tuple[str, ...] = ()
+    startup_timeout: float = 600.0
+    host: str = "127.0.0.1"
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfx-vllm-")))
+
+    def command(self, port: int) -> list[str]:
+        return [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--served-model-name", self.served_name,
+            "--host", self.host, "--port", str(port),
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--block-size", str(self.block_size),
+            "--num-gpu-blocks-override", str(max(1, self.kv_capacity_tokens // self.block_size)),
+            "--scheduling-policy", "priority",
+            "--disable-uvicorn-access-log",
+            *self.extra_args,
+        ]
+
+    def env(self, index: int, count: int) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.device == "cpu":
+            # The KV size is set in blocks above; vLLM on CPU also wants room for it (GiB).
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(index, count,
+                                                           sorted(os.sched_getaffinity(0)))
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = str(index)
+        return env
+
+
+class VLLMServer:
+    """One vLLM server process: start, wait until it serves, stop."""
+
+    def __init__(self, launch: VLLMLaunch, index: int, count: int) -> None:
+        self.launch = launch
+        self.index = index
+        self.port = free_port(launch.host)
+        self.url = f"http://{launch.host}:{self.port}"
+        self.log_path = launch.log_dir / f"vllm-{index}-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._count = count
+
+    def start(self) -> VLLMServer:
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                self.launch.command(self.port), env=self.launch.env(self.index, self._count),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        _RUNNING.add(self)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        return ""
+
+    def _not_started(self, why: str) -> RuntimeError:
+        return RuntimeError(f"vLLM server {self.index} on port {self.port} {why}; log "
+                            f"{self.log_path}:\n{self.log_tail()}")
+
+    async def wait_ready(self) -> None:
+        """Until /health answers 200; raises with the log's tail if the process exits or the
+        start-up timeout passes. The loop serves meanwhile."""
+        deadline = time.monotonic() + self.launch.startup_timeout
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                if not self.alive():
+                    raise self._not_started("exited during start-up")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/health")).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise self._not_started(f"not ready in {self.launch.startup_timeout:g} s")
+                await asyncio.sleep(HEALTH_POLL_SECONDS)
+
+    def wait_ready_blocking(self) -> None:
+        """``wait_ready`` for code not on a loop yet (the fleet at start)."""
+        deadline = time.monotonic() + self.launch.startup_timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if not self.alive():
+                    raise self._not_started("exited during start-up")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise self._not_started(f"not ready in {self.launch.startup_timeout:g} s")
+                time.sleep(HEALTH_POLL_SECONDS)
+
+    def kill(self) -> None:
+        """Stop the process group now (SIGTERM, then SIGKILL after the grace period)."""
+        _RUNNING.discard(self)
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    async def stop(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.kill)
+
+
+_RUNNING: set[VLLMServer] = set()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when HFX dies, even by SIGKILL, which no
+    atexit handler sees."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@atexit.register
+def _kill_children() -> None:
+    """No vLLM server outlives the HFX process that started it."""
+    for server in list(_RUNNING):
+        server.kill()
+
+
+class VLLMPlacement:
+    """Every instance a vLLM server: the ``backends`` given (servers someone else runs) first,
+    then servers started here from ``launch``."""
+
+    def __init__(self, launch: VLLMLaunch | None, backends: tuple[str, ...] = (),
+                 max_num_seqs: int = 256) -> None:
+        if launch is None and not backends:
+            raise ValueError("a vLLM fleet needs a checkpoint to start servers from, or "
+                             "--backend URLs of running ones")
+        self.launch = launch
+        self.backends = [b.rstrip("/") for b in backends]
+        self.max_num_seqs = launch.max_num_seqs if launch is not None else max_num_seqs
+        self._prepared: list[VLLMInstance] = []
+
+    def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[VLLMInstance]:
+        """The fleet at start: the one ``prepare`` made, else made now; blocks."""
+        ids = [iid for iid, _ in configs]
+        if [i.id for i in self._prepared] == ids:
+            return self._prepared
+        return self.prepare(ids)
+
+    def prepare(self, ids: list[int]) -> list[VLLMInstance]:
+        """Attach to the backends, start servers for the rest (in parallel); blocks. Called
+        before the cluster exists when the servers must be measured first (the profile)."""
+        attached = list(zip(ids, self.backends, strict=False))
+        to_start = ids[len(attached):]
+        if to_start and self.launch is None:
+            raise ValueError(f"{len(ids)} instances asked for and {len(self.backends)} "
+                             "--backend URLs given; give a checkpoint to start the rest")
+        launch = self.launch
+        servers = [VLLMServer(launch, iid, len(ids)).start()  # type: ignore[arg-type]
+                   for iid in to_start]
+        try:
+            for s in servers:
+                s.wait_ready_blocking()
+            fleet = [VLLMInstance(iid, url, server_info(url), self.max_num_seqs)
+                     for iid, url in attached]
+            fleet += [VLLMInstance(s.index, s.url, server_info(s.url), self.max_num_seqs, s)
+                      for s in servers]
+        except BaseException:  # all or nothing: no server left for a fleet that did not start
+            for s in servers:
+                s.kill()
+            raise
+        self._prepared = fleet
+        return fleet
+
+    async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> VLLMInstance:
+        """A new server for the Scaler: a cold start, the process loads the weights itself
+        (its measured time is in docs beside seed 000 Table 2)."""
+        if self.launch is None:
+            raise RuntimeError("cannot start a vLLM server without --checkpoint")
+        server = VLLMServer(self.launch, instance_id, max(2, instance_id + 1)).start()
+        loop = asyncio.get_running_loop()
+        try:
+            await server.wait_ready()
+            info = await loop.run_in_executor(None, server_info, server.url)
+        except BaseException:
+            await server.stop()
+            raise
+        return VLLMInstance(instance_id, server.url, info, self.max_num_seqs, server)

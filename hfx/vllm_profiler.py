@@ -1,0 +1,139 @@
+"""Fit the step-time model (seed 000 Eq. 1 and Eq. 2) from a running vLLM server (issue 15).
+
+vLLM's steps cannot be timed from outside, so each grid point is timed as a client sees it:
+
+- **prefill** of a batch of ``b`` prompts of ``n`` tokens: ``b`` requests with ``max_tokens=1``
+  sent together, from sending to the last first token (one engine step when the batch fits the
+  token budget, plus the HTTP round trip, which is what a dispatcher's TTFT prediction must
+  include anyway);
+- **decode** of ``b`` sequences at context ``n``: ``b`` requests sent together, each generating
+  ``DECODE_TOKENS``; the step time is the median gap between consecutive tokens of a request
+  once all ``b`` are decoding (gaps before the last first token share steps with prefills).
+
+Every prompt is fresh random token ids, so vLLM's prefix cache never shortens a prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from hfx.latency import Profile
+from hfx.profiler import fit_profile
+
+DECODE_TOKENS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMGrid:
+    prefill_batches: tuple[int, ...] = (1, 2, 4)
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+    max_prefill_tokens: int = 2048
+    repeats: int = 3
+
+    @classmethod
+    def quick(cls) -> VLLMGrid:
+        """About half a minute on a small CPU model: what ``hfx serve`` measures at start."""
+        return cls(decode_batches=(1, 4, 16, 32), lengths=(16, 64, 256, 1024))
+
+
+class _Client:
+    def __init__(self, client: httpx.AsyncClient, url: str, model: str, vocab: int,
+                 seed: int) -> None:
+        self.client, self.url, self.model, self.vocab = client, url, model, vocab
+        self.gen = np.random.default_rng(seed)
+
+    def prompt(self, n: int) -> list[int]:
+        # Ids from 1 on: a random model's ids are all valid; 0 is often padding.
+        return [int(x) for x in self.gen.integers(1, self.vocab, n)]
+
+    async def tokens(self, n: int, max_tokens: int) -> list[float]:
+        """Send one request; the arrival time of each token."""
+        body = {"model": self.model, "prompt": self.prompt(n), "max_tokens": max_tokens,
+                "stream": True, "return_token_ids": True, "ignore_eos": True,
+                "temperature": 0.0}
+        times: list[float] = []
+        async with self.client.stream("POST", f"{self.url}/v1/completions",
+                                      json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise RuntimeError(f"vLLM: {chunk['error']}")
+                    now = time.perf_counter()
+                    times.extend(now for _ in chunk["choices"][0].get("token_ids") or [])
+        return times
+
+    async def prefill(self, b: int, n: int) -> float:
+        start = time.perf_counter()
+        ends = await asyncio.gather(*(self.tokens(n, 1) for _ in range(b)))
+        return max(t[0] for t in ends) - start
+
+    async def decode(self, b: int, n: int) -> float:
+        runs = await asyncio.gather(*(self.tokens(n, DECODE_TOKENS) for _ in range(b)))
+        # Gaps after the last request's first token, when every sequence decodes.
+        all_in = max(t[0] for t in runs)
+        gaps = [b2 - a for t in runs for a, b2 in itertools.pairwise(t) if a >= all_in]
+        return statistics.median(gaps)
+
+
+async def measure(url: str, grid: VLLMGrid, capacity_tokens: int, seed: int = 0,
+                  progress: bool = False
+                  ) -> tuple[str, int, list[tuple[list[int], float]],
+                             list[tuple[int, int, float]]]:
+    """(served model, vocabulary, prefill samples, decode samples) from the server at ``url``."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+        model = (await http.get(f"{url}/v1/models")).raise_for_status().json()["data"][0]["id"]
+        # The vocabulary is not served; the byte range is safe for any real or random model.
+        client = _Client(http, url, model, 256, seed)
+        await client.tokens(16, 2)  # warm-up
+        prefill: list[tuple[list[int], float]] = []
+        decode: list[tuple[int, int, float]] = []
+        for n in grid.lengths:
+            for b in grid.prefill_batches:
+                if b * n <= grid.max_prefill_tokens:
+                    t = statistics.median([await client.prefill(b, n)
+                                           for _ in range(grid.repeats)])
+                    prefill.append(([n] * b, t))
+            for b in grid.decode_batches:
+                if b * (n + DECODE_TOKENS) > capacity_tokens // 2:  # never preempted
+                    continue
+                t = statistics.median([await client.decode(b, n) for _ in range(grid.repeats)])
+                # Mean context over the measured gaps: prompt plus about half the output.
+                decode.append((b, b * (n + DECODE_TOKENS // 2), t))
+            if progress:
+                print(f"  length {n}: {len(prefill)} prefill, {len(decode)} decode points",
+                      flush=True)
+    return model, 256, prefill, decode
+
+
+def profile_vllm(url: str, grid: VLLMGrid, capacity_tokens: int, block_size: int,
+                 checkpoint: str | None = None, seed: int = 0,
+                 progress: bool = False) -> Profile:
+    """Measure the vLLM server at ``url`` and fit; ``checkpoint``'s config.json, when given,
+    goes into the profile (P/D and the scaler read KV and weight sizes from it)."""
+    model, _, prefill, decode = asyncio.run(measure(url, grid, capacity_tokens, seed,
+                                                          progress))
+    meta: dict = {"device": "vllm", "engine": "vllm", "url": url,
+                  "grid": {"prefill_batches": list(grid.prefill_batches),
+                           "decode_batches": list(grid.decode_batches),
+                           "lengths": list(grid.lengths), "repeats": grid.repeats,
+                           "decode_tokens": DECODE_TOKENS}}
+    if checkpoint is not None:
+        hf = json.loads((Path(checkpoint) / "config.json").read_text())
+        meta["model"] = {"name": model, "layers": hf["num_hidden_layers"],
+                         "hidden": hf["hidden_size"], "heads": hf["num_attention_heads"],
+                         "kv_heads": hf.get("num_key_value_heads", hf["num_attention_heads"]),
+                         "intermediate": hf["intermediate_size"], "vocab": hf["vocab_size"],
+                         "tp": 1}
+    return fit_profile(f"{model}@vllm", prefill, decode, capacity_tokens, block_size, meta)

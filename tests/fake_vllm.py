@@ -1,0 +1,134 @@
+"""A stand-in for a vLLM OpenAI server, for the fast suite: the endpoints and fields HFX uses
+(/health, /v1/models, /metrics with vLLM's gauge names, streaming /v1/completions with
+``return_token_ids``), deterministic tokens, a fixed time per token, and a record of what it was
+sent. It answers what real vLLM 0.32 answers for these (checked by hand against it); the real
+thing is tests/test_vllm.py's tier."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+BLOCKS, BLOCK_SIZE, MAX_LEN = 512, 32, 2048
+
+
+def token(prompt: list[int], i: int) -> int:
+    """The i-th output token for a prompt: a function of the prompt alone, as greedy is."""
+    return (sum(prompt) + 7 * i) % 90 + 32  # printable ASCII: text is easy to compare
+
+
+@dataclass
+class FakeVLLM:
+    model: str = "fake"
+    seconds_per_token: float = 0.005
+    bodies: list[dict] = field(default_factory=list)
+    headers: list[dict] = field(default_factory=list)
+    running: set[str] = field(default_factory=set)
+    cancelled: list[str] = field(default_factory=list)
+    healthy: bool = True
+    dead: bool = False  # streams break off mid-response, as when the process is killed
+    fail_prompts_with: int | None = None  # a prompt starting with this id gets an error chunk
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return PlainTextResponse("", status_code=200 if self.healthy else 500)
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": self.model, "object": "model",
+                                                "max_model_len": MAX_LEN}]}
+
+        @app.get("/metrics")
+        async def metrics():
+            labels = f'engine="0",model_name="{self.model}"'
+            used = sum(1 for _ in self.running) * 2
+            return PlainTextResponse(
+                f"# HELP vllm:num_requests_running x\n"
+                f"vllm:num_requests_running{{{labels}}} {float(len(self.running))}\n"
+                f"vllm:num_requests_waiting{{{labels}}} 0.0\n"
+                f"vllm:kv_cache_usage_perc{{{labels}}} {used / BLOCKS}\n"
+                f"vllm:num_preemptions_total{{{labels}}} 0.0\n"
+                f'vllm:cache_config_info{{block_size="{BLOCK_SIZE}",engine="0",'
+                f'num_cpu_blocks="None",num_gpu_blocks="{BLOCKS}"}} 1.0\n')
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            self.bodies.append(body)
+            self.headers.append(dict(request.headers))
+            if body.get("priority", 0) and not isinstance(body["priority"], int):
+                return JSONResponse({"error": {"message": "bad priority"}}, status_code=400)
+            rid = request.headers.get("x-request-id", f"r{len(self.bodies)}")
+            prompt: list[int] = body["prompt"]
+            n = body["max_tokens"]
+
+            async def stream():
+                self.running.add(rid)
+                try:
+                    if self.fail_prompts_with is not None and prompt[0] == self.fail_prompts_with:
+                        err = {"error": {"message": "EngineCore encountered an issue",
+                                         "type": "InternalServerError", "code": 500}}
+                        yield f"data: {json.dumps(err)}\n\n"
+                        yield "data: [DONE]\n\n"
+                        return
+                    for i in range(n):
+                        await asyncio.sleep(self.seconds_per_token)
+                        if self.dead:
+                            raise ConnectionAbortedError("killed")  # uvicorn drops the socket
+                        tok = token(prompt, i)
+                        stop = tok in body.get("stop_token_ids", [])
+                        reason = "stop" if stop else ("length" if i == n - 1 else None)
+                        choice = {"index": 0, "text": "", "finish_reason": reason,
+                                  "token_ids": [tok]}
+                        yield f"data: {json.dumps({'id': rid, 'choices': [choice]})}\n\n"
+                        if reason is not None:
+                            break
+                    yield "data: [DONE]\n\n"
+                except asyncio.CancelledError:
+                    self.cancelled.append(rid)  # the client went away: vLLM aborts it
+                    raise
+                finally:
+                    self.running.discard(rid)
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+
+        return app
+
+
+class Served:
+    """A FakeVLLM on a free loopback port, from a thread; ``stop()`` takes it down (the server
+    'dies': connections drop, new ones are refused)."""
+
+    def __init__(self, fake: FakeVLLM) -> None:
+        self.fake = fake
+        self.uv = uvicorn.Server(uvicorn.Config(fake.app(), host="127.0.0.1", port=0,
+                                                log_level="warning"))
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uv.started:
+            assert time.monotonic() < deadline, "fake vLLM did not start"
+            time.sleep(0.01)
+        port = self.uv.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def die(self) -> None:
+        """As a killed vLLM: open streams break off, new connections are refused."""
+        self.fake.dead = True
+        self.fake.healthy = False
+        self.stop()
+
+    def stop(self) -> None:
+        self.uv.should_exit = True
+        self.uv.force_exit = True  # drop open streams, as a killed process does
+        self.thread.join(timeout=30)

@@ -1,0 +1,190 @@
+"""HFX over vLLM servers (issue 15), in the fast suite: VLLMInstance against a stand-in server
+(tests/fake_vllm.py) through the real gateway and control plane. What is sent (token ids,
+priority, request id), tokens back, abort on disconnect, a server that dies, an error chunk.
+The same against real vLLM is tests/test_vllm.py (marker ``vllm``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from fake_vllm import FakeVLLM, Served, token  # noqa: E402
+from live import Running  # noqa: E402
+
+from hfx.cluster.vllm_instance import (  # noqa: E402
+    BEST_EFFORT_PRIORITY,
+    parse_metrics,
+    vllm_priority,
+)
+from hfx.model.build import write_random_checkpoint  # noqa: E402
+from hfx.request import SLO, Request  # noqa: E402
+
+VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:cache_config_info{block_size="32",num_cpu_blocks="None",num_gpu_blocks="512"} 1.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 41.0
+"""
+
+
+def test_parse_metrics_reads_vllm_gauges_and_cache_labels():
+    m = parse_metrics(VLLM_PAGE)
+    assert m["vllm:num_requests_running"] == 3 and m["vllm:num_requests_waiting"] == 2
+    assert m["vllm:kv_cache_usage_perc"] == 0.25
+    assert m["cache_config_info.num_gpu_blocks"] == 512
+    assert m["cache_config_info.block_size"] == 32
+    assert "cache_config_info.num_cpu_blocks" not in m  # "None" is no number
+
+
+def test_priority_is_tpot_order_with_best_effort_last():
+    def req(tpot):
+        return Request("r", 0.0, 8, 4, slo=SLO(1.0, tpot))
+
+    assert vllm_priority(req(0.05), False) == 50
+    assert vllm_priority(req(0.05), False) < vllm_priority(req(0.2), False)
+    assert vllm_priority(req(0.05), True) == BEST_EFFORT_PRIORITY
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(write_random_checkpoint("tiny", tmp_path_factory.mktemp("ckpt")))
+
+
+def gateway(checkpoint, fakes, **kw) -> Running:
+    return Running(engine="vllm", checkpoint=checkpoint, backend=[f.url for f in fakes],
+                   instances=len(fakes), profile="tiny@cpu", max_model_len=2048, **kw)
+
+
+@pytest.fixture(scope="module")
+def fleet(checkpoint):
+    fakes = [Served(FakeVLLM()), Served(FakeVLLM())]
+    gw = gateway(checkpoint, fakes, policy="rr")
+    yield gw, fakes
+    gw.close()
+    for f in fakes:
+        f.stop()
+
+
+def new_bodies(fakes, before):
+    return [f.fake.bodies[n:] for f, n in zip(fakes, before, strict=True)]
+
+
+def test_a_request_reaches_vllm_as_token_ids_with_its_priority_and_id(fleet):
+    gw, fakes = fleet
+    before = [len(f.fake.bodies) for f in fakes]
+    r = gw.client.completions.create(model=gw.model, prompt="The cat", max_tokens=6,
+                                     extra_body={"slo": {"ttft_ms": 3000, "tpot_ms": 80},
+                                                 "ignore_eos": True})
+    (body,) = [b for sent in new_bodies(fakes, before) for b in sent]
+    prompt = list(b"The cat")  # tokenized once, by HFX's tokenizer (the byte one here)
+    assert body["prompt"] == prompt
+    assert body["priority"] == 80  # the TPOT SLO in ms: seed 000's Q_R order
+    assert body["return_token_ids"] and body["stream"] and body["ignore_eos"]
+    assert body["max_tokens"] == 6 and body["stop_token_ids"] == []
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    assert r.choices[0].text == bytes(token(prompt, i) for i in range(6)).decode()
+    headers = [h for f in fakes for h in f.fake.headers]
+    assert headers[-1]["x-request-id"].startswith("cmpl-")
+
+
+def test_the_eos_stops_at_vllm_unless_ignored(fleet):
+    gw, fakes = fleet
+    before = [len(f.fake.bodies) for f in fakes]
+    gw.client.completions.create(model=gw.model, prompt="Hi", max_tokens=3)
+    (body,) = [b for sent in new_bodies(fakes, before) for b in sent]
+    assert body["stop_token_ids"] == [256] and not body["ignore_eos"]
+
+
+def test_round_robin_spreads_over_both_servers(fleet):
+    gw, fakes = fleet
+    before = [len(f.fake.bodies) for f in fakes]
+    for _ in range(4):
+        gw.client.completions.create(model=gw.model, prompt="x", max_tokens=2)
+    assert [len(sent) for sent in new_bodies(fakes, before)] == [2, 2]
+
+
+def wait_for(cond, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_client_that_disconnects_aborts_the_request_at_vllm(fleet):
+    gw, fakes = fleet
+    body = {"model": gw.model, "prompt": "long", "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        assert sum(len(f.fake.running) for f in fakes) == 1
+    wait_for(lambda: sum(len(f.fake.running) for f in fakes) == 0)
+    assert sum(len(f.fake.cancelled) for f in fakes) == 1  # vLLM saw the connection close
+    wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1)
+
+
+def test_an_error_chunk_fails_that_request_alone(checkpoint):
+    fakes = [Served(FakeVLLM(fail_prompts_with=ord("!")))]
+    gw = gateway(checkpoint, fakes)
+    try:
+        bad = httpx.post(f"{gw.url}/v1/completions", timeout=30,
+                         json={"model": gw.model, "prompt": "!boom", "max_tokens": 4})
+        assert bad.status_code == 500
+        assert "EngineCore encountered an issue" in bad.json()["error"]["message"]
+        ok = gw.client.completions.create(model=gw.model, prompt="fine", max_tokens=4)
+        assert ok.usage.completion_tokens == 4
+        assert gw.server.control.num_instance_failures == 0
+    finally:
+        gw.close()
+        fakes[0].stop()
+
+
+def test_a_server_that_dies_fails_over_and_its_requests_resume(checkpoint):
+    fakes = [Served(FakeVLLM(seconds_per_token=0.01)), Served(FakeVLLM(seconds_per_token=0.01))]
+    gw = gateway(checkpoint, fakes, policy="rr")
+    try:
+        async def run():
+            client = httpx.AsyncClient(base_url=gw.url, timeout=60)
+
+            async def one(prompt):
+                r = await client.post("/v1/completions", json={
+                    "model": gw.model, "prompt": prompt, "max_tokens": 200,
+                    "ignore_eos": True})
+                return r.json()
+
+            tasks = [asyncio.create_task(one(p)) for p in ("first", "second")]
+            while not all(f.fake.running for f in fakes):  # one on each server
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(fakes[0].die)
+            out = await asyncio.gather(*tasks)
+            await client.aclose()
+            return out
+
+        results = asyncio.run(run())
+        assert [r["usage"]["completion_tokens"] for r in results] == [200, 200]
+        assert [r["choices"][0]["finish_reason"] for r in results] == ["length", "length"]
+        control = gw.server.control
+        assert control.num_instance_failures == 1 and control.num_resumed == 1
+        # The survivor got the continuation: the prompt plus the tokens already streamed.
+        resumed = fakes[1].fake.bodies[-1]
+        first = fakes[0].fake.bodies[0]["prompt"]
+        assert resumed["prompt"][:len(first)] == first and len(resumed["prompt"]) > len(first)
+        assert resumed["max_tokens"] == 200 - (len(resumed["prompt"]) - len(first))
+        # The text stayed whole: what the dead server streamed, then the survivor's.
+        head = resumed["prompt"][len(first):]
+        want = head + [token(resumed["prompt"], i) for i in range(resumed["max_tokens"])]
+        assert results[0]["choices"][0]["text"] == bytes(want).decode()
+        assert not gw.server.readiness()["ready"] or gw.server.readiness()["accepting"] == 1
+    finally:
+        gw.close()
+        fakes[1].stop()
