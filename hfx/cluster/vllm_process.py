@@ -164,25 +164,29 @@ class VLLMServer:
                 time.sleep(HEALTH_POLL_SECONDS)
 
     def kill(self) -> None:
-        """Stop the process group now (SIGTERM, then SIGKILL after the grace period)."""
+        """Stop the process group: SIGTERM, then SIGKILL to whatever is left after the grace
+        period. The group, not the pid: vLLM's engine processes outlive an API server that was
+        killed, and only the group still names them."""
         _RUNNING.discard(self)
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
     async def stop(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.kill)
 
 
 _RUNNING: set[VLLMServer] = set()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _die_with_parent() -> None:
@@ -209,7 +213,7 @@ class VLLMPlacement:
         if launch is None and not backends:
             raise ValueError("a vLLM fleet needs a checkpoint to start servers from, or "
                              "--backend URLs of running ones")
-        self.launch = launch
+        self.spec = launch
         self.backends = [b.rstrip("/") for b in backends]
         self.max_num_seqs = launch.max_num_seqs if launch is not None else max_num_seqs
         self._prepared: list[VLLMInstance] = []
@@ -226,11 +230,11 @@ class VLLMPlacement:
         before the cluster exists when the servers must be measured first (the profile)."""
         attached = list(zip(ids, self.backends, strict=False))
         to_start = ids[len(attached):]
-        if to_start and self.launch is None:
+        if to_start and self.spec is None:
             raise ValueError(f"{len(ids)} instances asked for and {len(self.backends)} "
                              "--backend URLs given; give a checkpoint to start the rest")
-        launch = self.launch
-        servers = [VLLMServer(launch, iid, len(ids)).start()  # type: ignore[arg-type]
+        spec = self.spec
+        servers = [VLLMServer(spec, iid, len(ids)).start()  # type: ignore[arg-type]
                    for iid in to_start]
         try:
             for s in servers:
@@ -249,9 +253,9 @@ class VLLMPlacement:
     async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> VLLMInstance:
         """A new server for the Scaler: a cold start, the process loads the weights itself
         (its measured time is in docs beside seed 000 Table 2)."""
-        if self.launch is None:
+        if self.spec is None:
             raise RuntimeError("cannot start a vLLM server without --checkpoint")
-        server = VLLMServer(self.launch, instance_id, max(2, instance_id + 1)).start()
+        server = VLLMServer(self.spec, instance_id, max(2, instance_id + 1)).start()
         loop = asyncio.get_running_loop()
         try:
             await server.wait_ready()

@@ -1,0 +1,206 @@
+"""HFX over real vLLM servers (issue 15): policies, simulator fidelity, gateway overhead,
+cold start.
+
+Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, started once
+(prefix caching off, so a policy run after another gets no cache hits from the same prompts):
+
+1. **cold start**: seconds from process start to ``/health`` of each server, as a scale-out
+   without a warm pool takes (seed 000 Table 2's "cold" column, on a model of 3.3M
+   parameters: what is left is vLLM's own start-up);
+2. **profile**: the step-time model fitted from the first server (hfx/vllm_profiler.py);
+3. **policies**: the four-task workload (seed 000 Table 1's lengths and SLOs, Poisson) at each
+   ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
+   clock; attainment and latencies, and the same requests simulated with the fitted profile
+   (vLLM's scheduler is chunked prefill, so the simulated engines use the ``chunked`` planner
+   with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times;
+4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
+   ``hfx serve --engine vllm --backend ...`` to the same servers, alternating, p50/p99.
+
+    python bench/vllm_bench.py --vllm-python /tmp/vllm/bin/python --json docs/results/vllm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+from fidelity import compare, stats
+from live_server import hfx_serve
+
+from hfx.assembly import build_cluster
+from hfx.clock import run
+from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, VLLMServer
+from hfx.config import SimConfig
+from hfx.evaluation import write_json
+from hfx.evaluation.metrics import summarize
+from hfx.evaluation.workloads import generate, workload_tasks
+from hfx.model.build import write_random_checkpoint
+from hfx.request import Request
+from hfx.sim import drive, run_cluster
+from hfx.vllm_profiler import VLLMGrid, profile_vllm
+
+KV_TOKENS, BLOCK, MAX_LEN, MAX_SEQS = 16384, 32, 2048, 64
+VLLM_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens on CPU at this max_model_len
+
+
+def with_prompts(requests: list[Request], seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [replace(r, prompt_token_ids=rng.integers(1, 256, r.prompt_len).tolist())
+            for r in requests]
+
+
+def cold_starts(launch: VLLMLaunch, n: int) -> tuple[list[VLLMServer], list[float]]:
+    """Start ``n`` servers one after another (each alone on the machine while it starts)."""
+    servers, seconds = [], []
+    for i in range(n):
+        t = time.perf_counter()
+        server = VLLMServer(launch, i, n).start()
+        server.wait_ready_blocking()
+        seconds.append(time.perf_counter() - t)
+        servers.append(server)
+        print(f"server {i} ready in {seconds[-1]:.1f} s at {server.url}", flush=True)
+    return servers, seconds
+
+
+def serve_policy(config: SimConfig, requests: list[Request], profile, urls: list[str]) -> dict:
+    placement = VLLMPlacement(None, tuple(urls), MAX_SEQS)
+    control = build_cluster(config, profile, placement=placement,
+                            tasks=workload_tasks(config.workload), seed=config.seed)
+    end = asyncio.run(drive(control, requests, f"{config.policy}@{config.qps:g}"))
+    records = list(control.records.values())
+    return {"summary": summarize(records, [(0.0, end)]), "stats": stats(records),
+            "seconds": end}
+
+
+def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
+    control, _ = run(run_cluster(config, requests, profile), virtual=True)
+    records = list(control.records.values())
+    return {"summary": summarize(records, [(0.0, 0.0)]), "stats": stats(records)}
+
+
+async def ttft(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]) -> float:
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True,
+            "temperature": 0}
+    t = time.perf_counter()
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                return time.perf_counter() - t
+    raise RuntimeError(f"no token from {url}")
+
+
+def overhead(urls: list[str], checkpoint: str, profile_path: str, n: int) -> dict:
+    args = ["--engine", "vllm", "--checkpoint", checkpoint, "--instances", str(len(urls)),
+            "--profile", profile_path, "--max-model-len", str(MAX_LEN), "--policy", "rr"]
+    for u in urls:
+        args += ["--backend", u]
+    with hfx_serve(*args, start_timeout=120) as live:
+        async def measure() -> dict:
+            direct, through = [], []
+            gen = np.random.default_rng(1)
+            async with httpx.AsyncClient(timeout=60) as client:
+                model = (await client.get(f"{urls[0]}/v1/models")).json()["data"][0]["id"]
+                for i in range(n + 5):
+                    prompt = gen.integers(1, 256, 64).tolist()
+                    a = await ttft(client, urls[i % len(urls)], model, prompt)
+                    b = await ttft(client, live.url, live.model, prompt[::-1])
+                    if i >= 5:  # warm-up
+                        direct.append(a)
+                        through.append(b)
+            return {"direct": direct, "through": through}
+
+        t = asyncio.run(measure())
+
+    def pct(xs: list[float], q: float) -> float:
+        return float(np.percentile(xs, q) * 1e3)
+
+    added = [b - a for a, b in zip(t["direct"], t["through"], strict=True)]
+    return {"requests": n, "prompt_tokens": 64,
+            "direct_ttft_ms": {"p50": pct(t["direct"], 50), "p99": pct(t["direct"], 99)},
+            "hfx_ttft_ms": {"p50": pct(t["through"], 50), "p99": pct(t["through"], 99)},
+            "added_ms": {"p50": pct(added, 50), "p99": pct(added, 99)},
+            "serve_args": " ".join(a if not a.startswith("http") else "URL" for a in args)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm-python", default=sys.executable)
+    ap.add_argument("--policies", default="hfx,rr")
+    ap.add_argument("--qps", type=float, nargs="+", default=[4.0, 8.0])
+    ap.add_argument("--requests-per-task", type=int, default=40)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--overhead-requests", type=int, default=100)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="hfx-vllm-bench-"))
+    checkpoint = str(write_random_checkpoint("mini", work / "mini"))
+    launch = VLLMLaunch(python=args.vllm_python, model=checkpoint, served_name="mini",
+                        max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS,
+                        kv_capacity_tokens=KV_TOKENS, block_size=BLOCK,
+                        extra_args=("--enforce-eager", "--dtype", "float32",
+                                    "--no-enable-prefix-caching",
+                                    "--max-num-batched-tokens", str(VLLM_TOKEN_BUDGET)))
+    servers, starts = cold_starts(launch, 2)
+    urls = [s.url for s in servers]
+    result: dict = {"command": "python bench/vllm_bench.py " + " ".join(sys.argv[1:]),
+                    "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+                    "model": "mini (3.3M parameters, random weights), float32, vLLM 0.32.0 CPU",
+                    "cold_start_s": starts, "runs": []}
+    try:
+        profile = profile_vllm(urls[0], VLLMGrid.quick(), KV_TOKENS, BLOCK, checkpoint,
+                               progress=True)
+        profile_path = str(work / "mini@vllm.json")
+        profile.save(profile_path)
+        result["profile"] = {"model": asdict(profile.model), "fit_mape": profile.fit_mape}
+        for trial in range(args.trials):
+            for qps in args.qps:
+                requests = with_prompts(generate("four-task", qps, trial, args.requests_per_task),
+                                        trial)
+                for policy in args.policies.split(","):
+                    config = SimConfig(policy=policy, qps=qps, instances=2, seed=trial,
+                                       max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS,
+                                       block_size=BLOCK, planner="chunked",
+                                       max_num_batched_tokens=VLLM_TOKEN_BUDGET,
+                                       step_noise=0.0)
+                    real = serve_policy(config, requests, profile, urls)
+                    sim = simulate(config, requests, profile)
+                    run_ = {"trial": trial, "qps": qps, "policy": policy,
+                            "requests": len(requests),
+                            "attainment": real["summary"]["attainment"],
+                            "sim_attainment": sim["summary"]["attainment"],
+                            "real": real["stats"], "sim": sim["stats"],
+                            "error": compare(real["stats"], sim["stats"])}
+                    result["runs"].append(run_)
+                    e = run_["error"]["all"]
+                    print(f"trial {trial} {policy}@{qps:g}: attainment real "
+                          f"{run_['attainment']:.3f} sim {run_['sim_attainment']:.3f}; mean err "
+                          f"ttft {e['ttft']['mean']:+.1%} tpot {e['tpot']['mean']:+.1%} "
+                          f"e2e {e['e2e']['mean']:+.1%}", flush=True)
+                    if args.json:
+                        write_json(args.json, result)
+        result["overhead"] = overhead(urls, checkpoint, profile_path, args.overhead_requests)
+        print(result["overhead"])
+    finally:
+        for s in servers:
+            s.kill()
+    if args.json:
+        write_json(args.json, result)
+    print("median |mean error| over runs: " + ", ".join(
+        f"{m} {statistics.median(abs(r['error']['all'][m]['mean']) for r in result['runs']):.1%}"
+        for m in ("ttft", "tpot", "e2e")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""HFX over real vLLM servers (issue 15): the ``vllm`` tier, which ``.ci/run`` runs after the
+README's suite (``pytest -m vllm``; the README's own run deselects it).
+
+Two vLLM CPU servers start once for the module from a random-weight ``mini`` checkpoint (the
+smallest shape vLLM's CPU attention takes) and serve behind the real gateway: SLO dispatch,
+greedy output against ``transformers`` on the same weights, abort on disconnect, and a killed
+server whose requests resume while the Scaler starts its replacement. vLLM lives where
+``HFX_VLLM_PYTHON`` points (its own environment: its pins are not ours), or in this one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+
+def vllm_python() -> str | None:
+    path = os.environ.get("HFX_VLLM_PYTHON")
+    if path:
+        return path if Path(path).exists() else None
+    return sys.executable if importlib.util.find_spec("vllm") else None
+
+
+PYTHON = vllm_python()
+if PYTHON is None:
+    pytest.skip("no vLLM: set HFX_VLLM_PYTHON to an interpreter that has it",
+                allow_module_level=True)
+
+from live import Running  # noqa: E402
+
+from hfx.cluster.vllm_instance import parse_metrics  # noqa: E402
+from hfx.model.build import write_random_checkpoint  # noqa: E402
+from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
+
+ARGS = "--enforce-eager --dtype float32"  # float32: greedy output comparable with torch's
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(write_random_checkpoint("mini", tmp_path_factory.mktemp("mini")))
+
+
+@pytest.fixture(scope="module")
+def gw(checkpoint):
+    # max_instances = instances: the Scaler only replaces what fails (min_instances = 2).
+    running = Running(engine="vllm", checkpoint=checkpoint, instances=2, max_instances=2,
+                      vllm_python=PYTHON, vllm_args=ARGS, kv_capacity_tokens=16384,
+                      max_model_len=2048, policy="hfx", max_wait=None)
+    yield running
+    running.close()
+
+
+def backends(gw) -> list:
+    return list(gw.server.control.instances.values())
+
+
+def vllm_metrics(url: str) -> dict[str, float]:
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def finished_at_vllm(gw) -> float:
+    return sum(vllm_metrics(b.url).get("vllm:request_success_total", 0) for b in backends(gw))
+
+
+def wait_for(cond, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_requests_with_slos_are_served_by_vllm(gw):
+    assert [type(b).__name__ for b in backends(gw)] == ["VLLMInstance"] * 2
+    before = finished_at_vllm(gw)
+    slos = [(1000, 50), (5000, 200), None, None]
+    for i, slo in enumerate(slos):
+        extra: dict = {"ignore_eos": True}
+        if slo is not None:
+            extra["slo"] = {"ttft_ms": slo[0], "tpot_ms": slo[1]}
+        elif i == 2:
+            extra["task"] = "sharegpt"
+        r = gw.client.completions.create(model=gw.model, prompt=f"request {i}", max_tokens=8,
+                                         extra_body=extra)
+        assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
+        applied = r.model_extra["slo"]
+        want = {0: (1000, 50, "body"), 1: (5000, 200, "body"), 2: (2000, 500, "task"),
+                3: (2000, 500, "default")}[i]
+        assert (applied["ttft_ms"], applied["tpot_ms"], applied["source"]) == want
+        assert r.model_extra["timing"]["ttft_ms"] > 0
+    assert finished_at_vllm(gw) - before == 4  # vLLM ran them, not HFX's own engine
+
+
+def test_greedy_output_equals_transformers_on_the_same_weights(gw, checkpoint):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint,
+                                                              torch_dtype=torch.float32)
+    tok = ByteTokenizer()
+    for prompt in ("The quick brown fox", "Once upon a time"):
+        ids = torch.tensor([tok.encode(prompt)])
+        want = model.generate(ids, max_new_tokens=16, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        r = gw.client.completions.create(model=gw.model, prompt=prompt, max_tokens=16,
+                                         temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].text == tok.decode(want)
+
+
+def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
+    body = {"model": gw.model, "prompt": "a long one", "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+
+    def running() -> float:
+        return sum(vllm_metrics(b.url).get("vllm:num_requests_running", 0)
+                   for b in backends(gw))
+
+    with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(5):
+            next(line for line in lines if line.startswith("data: "))
+        wait_for(lambda: running() == 1, 10, "vLLM to report the request running")
+    wait_for(lambda: running() == 0, 15, "vLLM to drop the aborted request")
+    wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record")
+
+
+def test_a_killed_vllm_server_resumes_its_requests_and_is_replaced(gw):
+    control = gw.server.control
+    results: list = [None, None]
+
+    def one(i: int) -> None:
+        results[i] = httpx.post(f"{gw.url}/v1/completions", timeout=300, json={
+            "model": gw.model, "prompt": f"survive {i}", "max_tokens": 400,
+            "ignore_eos": True}).json()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: sum(vllm_metrics(b.url).get("vllm:num_requests_running", 0)
+                         for b in backends(gw)) == 2, 30, "both requests running")
+    time.sleep(0.5)  # some tokens streamed: the resumed requests carry them over
+    # The server holding the most of them (the policy decides where they went).
+    held = {b.id: sum(r.instance == b.id for r in list(control.records.values()))
+            for b in backends(gw)}
+    victim = next(b for b in backends(gw) if held[b.id] == max(held.values()))
+    os.kill(victim.process.pid, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=300)
+    assert [r["usage"]["completion_tokens"] for r in results] == [400, 400]
+    assert control.num_instance_failures == 1 and control.num_resumed == held[victim.id]
+    # The Scaler starts a new vLLM server in its place (a cold start: the process loads
+    # the weights itself).
+    wait_for(lambda: len(control.instances) == 2
+             and all(control.accepting(i) for i in control.instances), 300, "a replacement")
+    assert victim.id not in control.instances
+    wait_for(lambda: not group_alive(victim.process.pid), 30, "the killed server's engine to go")
+    r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=4)
+    assert r.usage.completion_tokens == 4
