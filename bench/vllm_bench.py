@@ -136,7 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", default=sys.executable)
     ap.add_argument("--policies", default="hfx,rr")
-    ap.add_argument("--qps", type=float, nargs="+", default=[4.0, 8.0])
+    ap.add_argument("--qps", type=float, nargs="+", default=[3.0, 6.0])
     ap.add_argument("--requests-per-task", type=int, default=40)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--overhead-requests", type=int, default=100)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hfx.config import (
     ProfileConfig,
@@ -20,6 +22,9 @@ from hfx.config import (
     model_from_args,
 )
 from hfx.evaluation import write_json
+
+if TYPE_CHECKING:
+    from hfx.latency import Profile
 
 
 def _csv(kind: type) -> callable:
@@ -143,20 +148,61 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_profile(args: argparse.Namespace) -> int:
+def _profile_vllm(config: ProfileConfig) -> Profile:
+    """Fit the step-time model from a vLLM server: ``--backend``, else one started here."""
+    from hfx.cluster.vllm_instance import server_info
+    from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer, block_size_for
+    from hfx.vllm_profiler import VLLMGrid, profile_vllm
+
+    server = None
+    if config.backend:
+        url = config.backend[0]
+    elif config.checkpoint is not None:
+        device = config.device or "cpu"
+        launch = VLLMLaunch(
+            python=config.vllm_python or sys.executable, model=config.checkpoint,
+            served_name=Path(config.checkpoint).name, max_model_len=4096, max_num_seqs=256,
+            kv_capacity_tokens=config.kv_tokens,
+            block_size=block_size_for(config.block_size, device), device=device,
+            extra_args=tuple(shlex.split(config.vllm_args)),
+            startup_timeout=config.vllm_startup_timeout)
+        print("starting a vLLM server ...", flush=True)
+        server = VLLMServer(launch, 0, 1).start()
+        server.wait_ready_blocking()
+        url = server.url
+    else:
+        raise ValueError("--engine vllm needs --backend URL or --checkpoint DIR")
     try:
-        from hfx.model.build import build_model
-        from hfx.profiler import Grid, profile_model
-    except ImportError as e:
-        raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
-                         "with: pip install torch==2.13.0 && pip install -e '.[torch]'") from None
+        info = server_info(url)
+        grid = VLLMGrid.quick() if config.quick else VLLMGrid()
+        if config.repeats is not None:
+            grid = replace(grid, repeats=config.repeats)
+        return profile_vllm(url, grid, info.kv_total_blocks * info.block_size,
+                            info.block_size, config.checkpoint, progress=True)
+    finally:
+        if server is not None:
+            server.kill()
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
     config = model_from_args(ProfileConfig, args, args.config)
-    loaded = build_model(config.shape, config.checkpoint, config.dtype, config.device,
-                         config.weight_seed)
-    grid = Grid.quick() if config.quick else Grid.full()
-    if config.repeats is not None:
-        grid = replace(grid, repeats=config.repeats)
-    profile = profile_model(loaded, grid, config.kv_tokens, config.block_size, progress=True)
+    if config.engine == "vllm":
+        profile = _profile_vllm(config)
+    else:
+        try:
+            from hfx.model.build import build_model
+            from hfx.profiler import Grid, profile_model
+        except ImportError as e:
+            raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
+                             "with: pip install torch==2.13.0 && pip install -e '.[torch]'"
+                             ) from None
+        loaded = build_model(config.shape, config.checkpoint, config.dtype, config.device,
+                             config.weight_seed)
+        grid = Grid.quick() if config.quick else Grid.full()
+        if config.repeats is not None:
+            grid = replace(grid, repeats=config.repeats)
+        profile = profile_model(loaded, grid, config.kv_tokens, config.block_size,
+                                progress=True)
     Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(config.out)
     m = profile.model

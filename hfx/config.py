@@ -254,8 +254,33 @@ class ModelConfig(Section):
     weight_seed: int = Field(0, ge=0, description="seed of the random weights")
 
 
-class ProfileConfig(ModelConfig):
-    """``hfx profile``: measure the model on the seed's grid and fit the step-time model."""
+class VLLMSection(Section):
+    """Real vLLM engines as the instances (issue 15): HFX dispatches, vLLM runs the batches."""
+
+    section: ClassVar[str] = "vllm"
+
+    engine: Literal["hfx", "vllm"] = Field("hfx", description="hfx: HFX's own engine core "
+                                           "(--executor); vllm: vLLM OpenAI servers, started "
+                                           "from --checkpoint or given by --backend")
+    backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
+                               "server to dispatch to (repeatable; started with "
+                               "--scheduling-policy priority); --instances beyond these are "
+                               "started from --checkpoint")
+    vllm_python: str | None = Field(None, description="Python interpreter with vLLM installed"
+                                    ", for the servers HFX starts; default: this one")
+    vllm_args: str = Field("", description="extra arguments for every vLLM server HFX starts, "
+                           "e.g. '--enforce-eager --dtype float32'")
+    vllm_startup_timeout: float = Field(600.0, gt=0, description="seconds a vLLM server may "
+                                        "take to start")
+    vllm_kv_transfer_config: str | None = Field(None, description="pd mode: vLLM's "
+                                                "--kv-transfer-config JSON for every server; "
+                                                "default: ExampleConnector over a temporary "
+                                                "directory (one machine)")
+
+
+class ProfileConfig(ModelConfig, VLLMSection):
+    """``hfx profile``: measure the model on the seed's grid and fit the step-time model; with
+    ``--engine vllm``, a vLLM server (``--backend URL``, or one started from --checkpoint)."""
 
     block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
     kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
@@ -301,26 +326,6 @@ class GatewaySection(Section):
     shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
                                     "in-flight requests finish (new ones get 503); a second "
                                     "signal exits at once")
-
-
-class VLLMSection(Section):
-    """Real vLLM engines as the instances (issue 15): HFX dispatches, vLLM runs the batches."""
-
-    section: ClassVar[str] = "vllm"
-
-    engine: Literal["hfx", "vllm"] = Field("hfx", description="hfx: HFX's own engine core "
-                                           "(--executor); vllm: vLLM OpenAI servers, started "
-                                           "from --checkpoint or given by --backend")
-    backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
-                               "server to dispatch to (repeatable; started with "
-                               "--scheduling-policy priority); --instances beyond these are "
-                               "started from --checkpoint")
-    vllm_python: str | None = Field(None, description="Python interpreter with vLLM installed"
-                                    ", for the servers HFX starts; default: this one")
-    vllm_args: str = Field("", description="extra arguments for every vLLM server HFX starts, "
-                           "e.g. '--enforce-eager --dtype float32'")
-    vllm_startup_timeout: float = Field(600.0, gt=0, description="seconds a vLLM server may "
-                                        "take to start")
 
 
 class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):

@@ -7,8 +7,9 @@ vLLM's steps cannot be timed from outside, so each grid point is timed as a clie
   token budget, plus the HTTP round trip, which is what a dispatcher's TTFT prediction must
   include anyway);
 - **decode** of ``b`` sequences at context ``n``: ``b`` requests sent together, each generating
-  ``DECODE_TOKENS``; the step time is the median gap between consecutive tokens of a request
-  once all ``b`` are decoding (gaps before the last first token share steps with prefills).
+  ``DECODE_TOKENS``; the step time is, per request, the time its tokens took once all ``b``
+  were decoding over their number (before the last first token, steps share with prefills),
+  the median over the requests.
 
 Every prompt is fresh random token ids, so vLLM's prefix cache never shortens a prefill.
 """
@@ -16,7 +17,6 @@ Every prompt is fresh random token ids, so vLLM's prefix cache never shortens a 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import statistics
 import time
@@ -80,11 +80,32 @@ class _Client:
         return max(t[0] for t in ends) - start
 
     async def decode(self, b: int, n: int) -> float:
-        runs = await asyncio.gather(*(self.tokens(n, DECODE_TOKENS) for _ in range(b)))
-        # Gaps after the last request's first token, when every sequence decodes.
-        all_in = max(t[0] for t in runs)
-        gaps = [b2 - a for t in runs for a, b2 in itertools.pairwise(t) if a >= all_in]
-        return statistics.median(gaps)
+        return decode_step(await asyncio.gather(*(self.tokens(n, DECODE_TOKENS)
+                                                  for _ in range(b))))
+
+
+def decode_step(runs: list[list[float]]) -> float:
+    """One decode step of a batch from its requests' token arrival times. Once the last
+    request has its first token every sequence decodes (before, steps share with prefills):
+    the time from a request's first chunk after that over the tokens that came later, the
+    median over requests. A rate, not single gaps: the server puts several tokens in one chunk
+    when its HTTP side lags the engine; they arrive together, and a chunk's tokens were made
+    before it arrived, so those of the first chunk are not counted."""
+    all_in = max(t[0] for t in runs)
+    steps = _rates([x for x in t if x >= all_in] for t in runs)
+    if not steps:  # the batch never decoded all together: each request's own rate
+        steps = _rates(runs)
+    return statistics.median(steps)
+
+
+def _rates(runs) -> list[float]:
+    """Per request: time from its first chunk to its last over the tokens after the first."""
+    out = []
+    for t in runs:
+        after = [x for x in t if t and x > t[0]]
+        if after:
+            out.append((after[-1] - t[0]) / len(after))
+    return out
 
 
 async def measure(url: str, grid: VLLMGrid, capacity_tokens: int, seed: int = 0,

@@ -19,9 +19,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 BLOCKS, BLOCK_SIZE, MAX_LEN = 512, 32, 2048
 
 
-def token(prompt: list[int], i: int) -> int:
-    """The i-th output token for a prompt: a function of the prompt alone, as greedy is."""
-    return (sum(prompt) + 7 * i) % 90 + 32  # printable ASCII: text is easy to compare
+def next_token(seq: list[int]) -> int:
+    """The token after ``seq``: a function of the whole sequence, as greedy decoding is, so a
+    continuation (prompt + the tokens so far) goes on exactly as the whole request would."""
+    return (sum(seq) * 31 + len(seq)) % 90 + 32  # printable ASCII: text is easy to compare
+
+
+def generate(prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(seq))
+    return seq[len(prompt):]
 
 
 @dataclass
@@ -81,11 +89,13 @@ class FakeVLLM:
                         yield f"data: {json.dumps(err)}\n\n"
                         yield "data: [DONE]\n\n"
                         return
+                    seq = list(prompt)
                     for i in range(n):
                         await asyncio.sleep(self.seconds_per_token)
                         if self.dead:
                             raise ConnectionAbortedError("killed")  # uvicorn drops the socket
-                        tok = token(prompt, i)
+                        tok = next_token(seq)
+                        seq.append(tok)
                         stop = tok in body.get("stop_token_ids", [])
                         reason = "stop" if stop else ("length" if i == n - 1 else None)
                         choice = {"index": 0, "text": "", "finish_reason": reason,

@@ -10,13 +10,10 @@ server whose requests resume while the Scaler starts its replacement. vLLM lives
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,26 +24,14 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from vllm_tier import ARGS, PYTHON, skip_without_vllm, vllm_metrics, wait_for  # noqa: E402
 
-def vllm_python() -> str | None:
-    path = os.environ.get("HFX_VLLM_PYTHON")
-    if path:
-        return path if Path(path).exists() else None
-    return sys.executable if importlib.util.find_spec("vllm") else None
-
-
-PYTHON = vllm_python()
-if PYTHON is None:
-    pytest.skip("no vLLM: set HFX_VLLM_PYTHON to an interpreter that has it",
-                allow_module_level=True)
+skip_without_vllm()
 
 from live import Running  # noqa: E402
 
-from hfx.cluster.vllm_instance import parse_metrics  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
-
-ARGS = "--enforce-eager --dtype float32"  # float32: greedy output comparable with torch's
 
 
 @pytest.fixture(scope="module")
@@ -68,19 +53,8 @@ def backends(gw) -> list:
     return list(gw.server.control.instances.values())
 
 
-def vllm_metrics(url: str) -> dict[str, float]:
-    return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
-
-
 def finished_at_vllm(gw) -> float:
     return sum(vllm_metrics(b.url).get("vllm:request_success_total", 0) for b in backends(gw))
-
-
-def wait_for(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def group_alive(pgid: int) -> bool:

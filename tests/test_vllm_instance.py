@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from fake_vllm import FakeVLLM, Served, token  # noqa: E402
+from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
 from live import Running  # noqa: E402
 
 from hfx.cluster.vllm_instance import (  # noqa: E402
@@ -90,7 +90,7 @@ def test_a_request_reaches_vllm_as_token_ids_with_its_priority_and_id(fleet):
     assert body["return_token_ids"] and body["stream"] and body["ignore_eos"]
     assert body["max_tokens"] == 6 and body["stop_token_ids"] == []
     assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
-    assert r.choices[0].text == bytes(token(prompt, i) for i in range(6)).decode()
+    assert r.choices[0].text == bytes(generate(prompt, 6)).decode()
     headers = [h for f in fakes for h in f.fake.headers]
     assert headers[-1]["x-request-id"].startswith("cmpl-")
 
@@ -180,11 +180,49 @@ def test_a_server_that_dies_fails_over_and_its_requests_resume(checkpoint):
         first = fakes[0].fake.bodies[0]["prompt"]
         assert resumed["prompt"][:len(first)] == first and len(resumed["prompt"]) > len(first)
         assert resumed["max_tokens"] == 200 - (len(resumed["prompt"]) - len(first))
-        # The text stayed whole: what the dead server streamed, then the survivor's.
-        head = resumed["prompt"][len(first):]
-        want = head + [token(resumed["prompt"], i) for i in range(resumed["max_tokens"])]
-        assert results[0]["choices"][0]["text"] == bytes(want).decode()
+        # The text stayed whole, as if nothing had happened: what the dead server streamed,
+        # then the survivor's continuation.
+        assert results[0]["choices"][0]["text"] == bytes(generate(first, 200)).decode()
         assert not gw.server.readiness()["ready"] or gw.server.readiness()["accepting"] == 1
     finally:
         gw.close()
         fakes[1].stop()
+
+
+def test_pd_prefills_on_one_server_and_decodes_on_the_other(checkpoint):
+    prefill, decode = Served(FakeVLLM()), Served(FakeVLLM())
+    gw = gateway(checkpoint, [prefill, decode], mode="pd", prefill=1, decode=1)
+    try:
+        r = gw.client.completions.create(model=gw.model, prompt="Split me", max_tokens=12,
+                                         extra_body={"slo": {"ttft_ms": 3000, "tpot_ms": 90},
+                                                     "ignore_eos": True})
+        prompt = list(b"Split me")
+        want = generate(prompt, 12)
+        assert r.choices[0].text == bytes(want).decode()  # as colocated
+        (first,) = prefill.fake.bodies
+        assert first["prompt"] == prompt and first["max_tokens"] == 1
+        (rest,) = decode.fake.bodies
+        # The prompt and the first token (the KV connector loads the prompt's KV there).
+        assert rest["prompt"] == prompt + want[:1] and rest["max_tokens"] == 11
+        assert rest["priority"] == 90
+        assert gw.server.control.instances[0].stats().num_held == 0  # migrated, let go
+        # A one-token request ends on the prefill instance.
+        one = gw.client.completions.create(model=gw.model, prompt="One", max_tokens=1)
+        assert one.usage.completion_tokens == 1 and len(decode.fake.bodies) == 1
+    finally:
+        gw.close()
+        prefill.stop()
+        decode.stop()
+
+
+def test_decode_step_is_a_rate_that_coalesced_chunks_do_not_fool():
+    from hfx.vllm_profiler import decode_step
+
+    # Two requests decoding at 20 ms a step, whose tokens the server sends in threes (its HTTP
+    # side lags the engine); the second one's first token comes last, at 0.07 s.
+    a = [0.01, 0.07, 0.07, 0.07, 0.13, 0.13, 0.13, 0.19, 0.19, 0.19]
+    b = [0.07, 0.13, 0.13, 0.13, 0.19, 0.19, 0.19]
+    assert decode_step([a, b]) == pytest.approx(0.02)
+    # Single gaps would say 0 (two in three are 0); counting the first chunk, 15 ms.
+    # A request that ended before the last one started does not count, and does not break it.
+    assert decode_step([[0.0, 0.01, 0.02], [0.05, 0.07, 0.09]]) == pytest.approx(0.02)

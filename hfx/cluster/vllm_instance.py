@@ -17,8 +17,12 @@ SLO accounting and metrics are the ones every other instance kind feeds.
   ``FAILED_SCRAPES`` scrapes in a row) fails the instance: every request it held is reported
   aborted with the reason, and the control plane resumes them elsewhere from the tokens they
   already have, as for any instance that died.
-- **P/D**: not through this class; the roles are colocated only (seed 000 §5.1 on vLLM needs a KV
-  connector, see docs/architecture.md).
+- **P/D** (seed 000 §5.1) through vLLM's KV connectors, which every server is started with: a
+  prefill instance sends the prompt with ``max_tokens=1``; the connector saves the prompt's KV as
+  the prefill ends, and the first token comes back as PREFILLED (the request is held here for
+  the Migrator). A decode instance gets, when the migration completes, the prompt plus that
+  first token for the remaining tokens; its connector loads the prompt's KV instead of computing
+  it, and decoding streams from there. vLLM moves the KV; HFX decides where and when.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import httpx
 
 from hfx.cluster.instance import EventSink
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
-from hfx.request import Request
+from hfx.request import SLO, Request
 
 if TYPE_CHECKING:
     from hfx.cluster.vllm_process import VLLMServer
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 SCRAPE_SECONDS = 0.5  # how stale the vLLM half of stats() may get
 FAILED_SCRAPES = 6  # this many unanswered scrapes in a row: the server is gone
 BEST_EFFORT_PRIORITY = 1 << 20  # below every SLO'd request in vLLM's priority order
+UNBOUNDED_TTFT = 1e9  # a migrated request's decode has had its first token
 
 # vLLM's finish_reason → the terminal status it means here.
 _FINISHED = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH,
@@ -83,6 +88,7 @@ class _Sent:
     request: Request
     task: asyncio.Task[None]
     tokens: int = 0
+    best_effort: bool = False
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -120,10 +126,10 @@ class VLLMInstance:
     """The control plane's handle on one vLLM OpenAI server."""
 
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
-                 process: VLLMServer | None = None,
+                 process: VLLMServer | None = None, role: Role = Role.COLOCATED,
                  scrape_interval: float = SCRAPE_SECONDS) -> None:
         self.id = instance_id
-        self.role = Role.COLOCATED
+        self.role = role
         self.url = url.rstrip("/")
         self.info = info
         self.max_num_seqs = max_num_seqs
@@ -132,6 +138,9 @@ class VLLMInstance:
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
         self._client: httpx.AsyncClient | None = None  # made on the serving loop, at start
         self._sent: dict[str, _Sent] = {}
+        self._held: dict[str, Sequence] = {}  # prefill role: prefilled, KV saved, to migrate
+        self._incoming: dict[str, Sequence] = {}  # decode role: reserved, KV on its way
+        self._reserved = 0  # decode role: blocks reserved since the latest scrape
         self._sink: EventSink | None = None
         self._scraper: asyncio.Task[None] | None = None
         self._failed: str | None = None
@@ -169,43 +178,78 @@ class VLLMInstance:
         self.info.check(request.id, request.prompt_len, request.max_tokens)
         if request.prompt_token_ids is None:
             raise EngineError(f"{request.id}: a vLLM instance needs the prompt's token ids")
+        self._send(request, best_effort)
+
+    def _send(self, request: Request, best_effort: bool) -> None:
         loop = asyncio.get_running_loop()
         if not self._sent:
             self._busy_since = loop.time()
         task = loop.create_task(self._stream(request, best_effort), name=f"vllm-{request.id}")
-        self._sent[request.id] = _Sent(request, task)
+        self._sent[request.id] = _Sent(request, task, best_effort=best_effort)
 
     def abort(self, request_id: str) -> None:
         sent = self._sent.get(request_id)
         if sent is not None:
             sent.task.cancel()  # closes the connection: vLLM aborts it and frees its KV
+        elif self._held.pop(request_id, None) or self._incoming.pop(request_id, None):
+            self._report(request_id, RequestStatus.FINISHED_ABORTED)
 
     def stats(self) -> InstanceStats:
         assert self._stats is not None, "start() the instance first"
         return self._stats
 
+    # ---- P/D (seed 000 §5.1): the Migration drives these ------------------------------------
     def migration_state(self, request_id: str) -> Sequence:
-        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+        """Prefill role: the prefilled request's progress (prompt computed, first token)."""
+        return self._held[request_id]
 
     def reserve_import(self, state: Sequence) -> bool:
-        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+        """Decode role: room for the request's KV, by the latest scrape less what was reserved
+        since; False (wait for a finish) rather than let vLLM preempt."""
+        if self._failed is not None:
+            raise EngineError(f"instance {self.id}: {self._failed}")
+        self.info.check(state.request_id, state.prompt_len, state.max_tokens)
+        st = self.stats()
+        needed = -(-state.num_tokens // self.info.block_size)
+        if needed > st.kv_total_blocks - st.kv_used_blocks - self._reserved:
+            return False
+        self._reserved += needed
+        self._incoming[state.request_id] = state
+        return True
 
     def export(self, request_id: str) -> object | None:
-        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+        """Prefill role: the KV connector saved the KV as the prefill ended; let it go here."""
+        self._held.pop(request_id, None)
+        return None
 
     def activate_import(self, request_id: str, kv: object | None = None) -> None:
-        raise NotImplementedError("P/D migration between vLLM instances needs a KV connector")
+        """Decode role: decode the rest; the connector loads the prompt's KV."""
+        state = self._incoming.pop(request_id, None)
+        if state is None:
+            return  # aborted while its KV was on the way
+        ids = [*(state.prompt_token_ids or []), *state.output_token_ids]
+        self._send(Request(
+            id=request_id, arrival=0.0, prompt_len=len(ids),
+            max_tokens=state.max_tokens - len(state.output_token_ids),
+            slo=SLO(UNBOUNDED_TTFT, state.tpot) if state.tpot is not None else None,
+            prompt_token_ids=ids, sampling=state.sampling,
+            stop_token_ids=state.stop_token_ids), state.best_effort)
 
     def set_role(self, role: Role) -> None:
-        if role is not Role.COLOCATED:
-            raise NotImplementedError("a vLLM instance serves colocated only")
+        """Between prefill and decode when drained (seed 000 §6): every server is started
+        with the same KV connector, so either role is a matter of what HFX sends it."""
+        if self._sent or self._held or self._incoming:
+            raise RuntimeError(f"instance {self.id} still holds requests; drain it first")
+        self.role = role
 
     # ---- one request ------------------------------------------------------------------------
     def body(self, request: Request, best_effort: bool) -> dict[str, Any]:
         sampling = request.sampling
         body: dict[str, Any] = {
             "model": self.info.model, "prompt": request.prompt_token_ids,
-            "max_tokens": request.max_tokens, "stream": True, "return_token_ids": True,
+            # Prefill role: the prompt and the first token; a decode instance does the rest.
+            "max_tokens": 1 if self.role is Role.PREFILL else request.max_tokens,
+            "stream": True, "return_token_ids": True,
             "temperature": sampling.temperature, "top_p": sampling.top_p,
             "priority": vllm_priority(request, best_effort),
             # HFX decides where generation stops: the request's stop ids, or none at all.
@@ -266,7 +310,24 @@ class VLLMInstance:
             self._sink(self.id, StepOutput(now, [rid] * len(tokens), list(tokens), []))
         if reason is None:
             return None
+        sent = self._sent[rid]
+        if (self.role is Role.PREFILL and reason == "length"
+                and sent.request.max_tokens > sent.tokens):
+            self._held[rid] = self._prefilled(sent, tokens)
+            return RequestStatus.PREFILLED
         return _FINISHED.get(reason, RequestStatus.FINISHED_STOPPED)
+
+    @staticmethod
+    def _prefilled(sent: _Sent, tokens: list[int]) -> Sequence:
+        """A prefilled request as the Migrator and the decode instance see it."""
+        r = sent.request
+        return Sequence(
+            request_id=r.id, prompt_len=r.prompt_len, max_tokens=r.max_tokens,
+            prompt_token_ids=r.prompt_token_ids, stop_token_ids=r.stop_token_ids,
+            sampling=r.sampling, output_token_ids=list(tokens),
+            num_computed_tokens=r.prompt_len, tpot=r.slo.tpot if r.slo else None,
+            prefill_deadline=r.arrival + r.slo.ttft if r.slo else None,
+            best_effort=sent.best_effort)
 
     def _end(self, rid: str, status: RequestStatus, failure: str | None) -> None:
         assert self._sink is not None
@@ -277,16 +338,23 @@ class VLLMInstance:
             self._busy_since = None
         self._sink(self.id, StepOutput(now, [], None, [(rid, status)], failure=failure))
 
+    def _report(self, rid: str, status: RequestStatus) -> None:
+        assert self._sink is not None
+        now = asyncio.get_running_loop().time()
+        self._sink(self.id, StepOutput(now, [], None, [(rid, status)]))
+
     def _fail(self, error: str) -> None:
         """The server is gone: report every request held here as aborted, with the reason."""
         if self._failed is not None or self._sink is None:
             return
         self._failed = error
-        held, self._sent = self._sent, {}
+        sent, self._sent = self._sent, {}
         current = asyncio.current_task()
-        for sent in held.values():
-            if sent.task is not current:
-                sent.task.cancel()
+        for s in sent.values():
+            if s.task is not current:
+                s.task.cancel()
+        held = [*sent, *self._held, *self._incoming]
+        self._held, self._incoming = {}, {}
         now = asyncio.get_running_loop().time()
         self._sink(self.id, StepOutput(now, [], None, [
             (rid, RequestStatus.FINISHED_ABORTED) for rid in sorted(held)], error))
@@ -314,6 +382,7 @@ class VLLMInstance:
                                f"{type(e).__name__}: {e}")
                     return
             self._stats = self._snapshot(self.engine_metrics)
+            self._reserved = 0  # the scrape counts what was reserved before it
             await asyncio.sleep(self.scrape_interval)
 
     def _snapshot(self, m: dict[str, float]) -> InstanceStats:
@@ -327,7 +396,7 @@ class VLLMInstance:
             instance_id=self.id, role=self.role, time=now,
             num_waiting=int(m.get("vllm:num_requests_waiting", len(queued))),
             num_running=int(m.get("vllm:num_requests_running", len(started))),
-            num_held=0,
+            num_held=len(self._held),
             kv_used_blocks=round(m.get("vllm:kv_cache_usage_perc", 0.0) * total),
             kv_waiting_blocks=sum(-(-s.request.prompt_len // info.block_size) for s in queued),
             kv_total_blocks=total, block_size=info.block_size,

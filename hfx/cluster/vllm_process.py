@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -28,7 +29,7 @@ import httpx
 
 from hfx.cluster.provisioner import Plan
 from hfx.cluster.vllm_instance import VLLMInstance, server_info
-from hfx.engine import EngineConfig
+from hfx.engine import EngineConfig, Role
 
 HEALTH_POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
@@ -40,6 +41,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def block_size_for(block_size: int, device: str) -> int:
+    """vLLM's CPU attention takes blocks of a multiple of 32 tokens: round up there."""
+    return -(-block_size // 32) * 32 if device == "cpu" else block_size
+
+
+def example_connector(storage: str) -> str:
+    """vLLM's ExampleConnector over a shared directory: the prefill's KV saved as files that
+    the decode side loads (CPU and GPU alike, a filesystem both servers see; a debugging
+    connector whose files stay: NixlConnector or LMCache for production, by
+    --vllm-kv-transfer-config)."""
+    return json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"shared_storage_path": storage}})
 
 
 def cpu_binding(index: int, count: int, cores: list[int]) -> str:
@@ -56,7 +71,8 @@ def cpu_binding(index: int, count: int, cores: list[int]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class VLLMLaunch:
-    """How HFX starts each vLLM server."""
+    """How HFX starts each vLLM server. P/D needs a KV connector (``extra_args``'
+    ``--kv-transfer-config``, the same on every server: each may be either role)."""
 
     python: str  # an interpreter with vLLM installed (vLLM may live in its own environment)
     model: str  # a Hugging Face checkpoint directory
@@ -220,14 +236,17 @@ class VLLMPlacement:
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[VLLMInstance]:
         """The fleet at start: the one ``prepare`` made, else made now; blocks."""
-        ids = [iid for iid, _ in configs]
-        if [i.id for i in self._prepared] == ids:
+        members = [(iid, cfg.role) for iid, cfg in configs]
+        if [(i.id, i.role) for i in self._prepared] == members:
             return self._prepared
-        return self.prepare(ids)
+        return self.prepare(members)
 
-    def prepare(self, ids: list[int]) -> list[VLLMInstance]:
-        """Attach to the backends, start servers for the rest (in parallel); blocks. Called
-        before the cluster exists when the servers must be measured first (the profile)."""
+    def prepare(self, members: list[tuple[int, Role]]) -> list[VLLMInstance]:
+        """Attach to the backends, start servers for the rest (in parallel), each instance
+        in its role; blocks. Called before the cluster exists when the servers must be
+        measured first (the profile)."""
+        role = dict(members)
+        ids = [iid for iid, _ in members]
         attached = list(zip(ids, self.backends, strict=False))
         to_start = ids[len(attached):]
         if to_start and self.spec is None:
@@ -239,10 +258,10 @@ class VLLMPlacement:
         try:
             for s in servers:
                 s.wait_ready_blocking()
-            fleet = [VLLMInstance(iid, url, server_info(url), self.max_num_seqs)
-                     for iid, url in attached]
-            fleet += [VLLMInstance(s.index, s.url, server_info(s.url), self.max_num_seqs, s)
-                      for s in servers]
+            fleet = [VLLMInstance(iid, url, server_info(url), self.max_num_seqs,
+                                  role=role[iid]) for iid, url in attached]
+            fleet += [VLLMInstance(s.index, s.url, server_info(s.url), self.max_num_seqs, s,
+                                   role=role[s.index]) for s in servers]
         except BaseException:  # all or nothing: no server left for a fleet that did not start
             for s in servers:
                 s.kill()
@@ -263,4 +282,5 @@ class VLLMPlacement:
         except BaseException:
             await server.stop()
             raise
-        return VLLMInstance(instance_id, server.url, info, self.max_num_seqs, server)
+        return VLLMInstance(instance_id, server.url, info, self.max_num_seqs, server,
+                            role=config.role)

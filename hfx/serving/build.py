@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import shlex
+import shutil
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,20 +58,31 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
 
 
 def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
-    from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement
+    from hfx.cluster.vllm_process import (
+        VLLMLaunch,
+        VLLMPlacement,
+        block_size_for,
+        example_connector,
+    )
 
     launch = None
+    extra = shlex.split(config.vllm_args)
+    if config.mode == "pd":  # every server a KV producer and consumer (seed 000 §5.1)
+        connector = config.vllm_kv_transfer_config
+        if connector is None:
+            storage = tempfile.mkdtemp(prefix="hfx-kv-")
+            atexit.register(shutil.rmtree, storage, ignore_errors=True)  # the KV files left
+            connector = example_connector(storage)
+        extra += ["--kv-transfer-config", connector]
     if config.checkpoint is not None:
         device = config.device or "cpu"
-        block = config.block_size
-        if device == "cpu":  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
-            block = -(-block // 32) * 32
+        block = block_size_for(config.block_size, device)
         launch = VLLMLaunch(
             python=config.vllm_python or sys.executable, model=config.checkpoint,
             served_name=name, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
             kv_capacity_tokens=config.kv_capacity_tokens, block_size=block, device=device,
-            extra_args=tuple(shlex.split(config.vllm_args)),
-            startup_timeout=config.vllm_startup_timeout, host="127.0.0.1")
+            extra_args=tuple(extra), startup_timeout=config.vllm_startup_timeout,
+            host="127.0.0.1")
     return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs)
 
 
@@ -135,9 +149,6 @@ def _build_vllm(config: ServeConfig) -> Server:
     if config.checkpoint is None:
         raise ValueError("--engine vllm needs --checkpoint: the model directory the servers "
                          "load, and where the gateway reads the tokenizer")
-    if config.mode == "pd":
-        raise ValueError("--engine vllm serves colocated instances (--mode colocated); P/D "
-                         "over vLLM KV connectors is not built yet")
     hf = json.loads((Path(config.checkpoint) / "config.json").read_text())
     eos = hf.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
@@ -146,7 +157,11 @@ def _build_vllm(config: ServeConfig) -> Server:
     vocab = int(hf["vocab_size"])
     name = config.served_model_name or Path(config.checkpoint).name
     placement = _vllm_placement(config, name, max_len)
-    fleet = placement.prepare(list(range(config.instances)))
+    from hfx.engine import Role
+
+    roles = ([Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
+             if config.mode == "pd" else [Role.COLOCATED] * config.instances)
+    fleet = placement.prepare(list(enumerate(roles)))
     info = fleet[0].info
     try:
         if config.profile is not None:
