@@ -4,9 +4,10 @@ cold start.
 Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, started once
 (prefix caching off, so a policy run after another gets no cache hits from the same prompts):
 
-1. **cold start**: seconds from process start to ``/health`` of each server, as a scale-out
-   without a warm pool takes (seed 000 Table 2's "cold" column, on a model of 3.3M
-   parameters: what is left is vLLM's own start-up);
+1. **start and scale-out**: seconds from process start to ``/health`` of each server; and a
+   Scaler launch from the warm pool (a server already up) against a cold one (a process
+   start) — seed 000 Table 2's question, on a model of 3.3M parameters, so what is measured is
+   vLLM's own start-up, not weight loading;
 2. **profile**: the step-time model fitted from the first server (hfx/vllm_profiler.py);
 3. **policies**: the four-task workload (seed 000 Table 1's lengths and SLOs, Poisson) at each
    ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
@@ -39,8 +40,10 @@ from live_server import hfx_serve
 
 from hfx.assembly import build_cluster
 from hfx.clock import run
+from hfx.cluster.provisioner import Plan
 from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, VLLMServer
 from hfx.config import SimConfig
+from hfx.engine import EngineConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.metrics import summarize
 from hfx.evaluation.workloads import generate, workload_tasks
@@ -50,7 +53,7 @@ from hfx.sim import drive, run_cluster
 from hfx.vllm_profiler import VLLMGrid, profile_vllm
 
 KV_TOKENS, BLOCK, MAX_LEN, MAX_SEQS = 16384, 32, 2048, 64
-VLLM_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens on CPU at this max_model_len
+VLLM_TOKEN_BUDGET = 2048  # vLLM 0.32 OpenAI server default max_num_batched_tokens on CPU
 
 
 def with_prompts(requests: list[Request], seed: int) -> list[Request]:
@@ -70,6 +73,27 @@ def cold_starts(launch: VLLMLaunch, n: int) -> tuple[list[VLLMServer], list[floa
         servers.append(server)
         print(f"server {i} ready in {seconds[-1]:.1f} s at {server.url}", flush=True)
     return servers, seconds
+
+
+def scale_out(launch: VLLMLaunch) -> dict:
+    """Seconds for the Scaler's launch to hand over a serving instance: from the warm pool
+    (a server already up) and cold (the pool empty: a process start)."""
+    placement = VLLMPlacement(launch, (), MAX_SEQS, warm_pool=1)
+    placement.prepare([])
+    config = EngineConfig(num_kv_blocks=KV_TOKENS // BLOCK, block_size=BLOCK)
+    plan = Plan("disk", 0.0, True, False)
+
+    async def both() -> dict:
+        out = {}
+        for kind, iid in (("warm", 10), ("cold", 11)):
+            t = time.perf_counter()
+            instance = await placement.launch(iid, config, plan)
+            out[f"{kind}_s"] = time.perf_counter() - t
+            print(f"{kind} scale-out: {out[f'{kind}_s']:.2f} s", flush=True)
+            await instance.process.stop()
+        return out
+
+    return asyncio.run(both())
 
 
 def serve_policy(config: SimConfig, requests: list[Request], profile, urls: list[str]) -> dict:
@@ -158,6 +182,7 @@ def main() -> int:
                     "model": "mini (3.3M parameters, random weights), float32, vLLM 0.32.0 CPU",
                     "cold_start_s": starts, "runs": []}
     try:
+        result["scale_out"] = scale_out(launch)
         profile = profile_vllm(urls[0], VLLMGrid.quick(), KV_TOKENS, BLOCK, checkpoint,
                                progress=True)
         profile_path = str(work / "mini@vllm.json")

@@ -32,6 +32,16 @@ class Running:
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
         self.model = self.server.options.model_name
 
+    def call(self, fn, timeout: float = 30.0):
+        """``fn()`` on the server's event loop (where the control plane lives); its result."""
+        import asyncio
+
+        async def run():
+            return fn()
+
+        loop = self.uv.servers[0].get_loop()
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+
     def engines(self):
         return [inst.engine for inst in self.server.control.instances.values()]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -30,6 +29,7 @@ skip_without_vllm()
 
 from live import Running  # noqa: E402
 
+from hfx.engine import Role  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -41,8 +41,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gw(checkpoint):
-    # max_instances = instances: the Scaler only replaces what fails (min_instances = 2).
-    running = Running(engine="vllm", checkpoint=checkpoint, instances=2, max_instances=2,
+    # One warm server beside the two; the Scaler's indicators are off (ratios out of reach):
+    # it only replaces what fails, and scales out when asked.
+    running = Running(engine="vllm", checkpoint=checkpoint, instances=2, max_instances=3,
+                      warm_pool=1, scale_out_ratio=1e9, wait_threshold=1e9,
                       vllm_python=PYTHON, vllm_args=ARGS, kv_capacity_tokens=16384,
                       max_model_len=2048, policy="hfx", max_wait=None)
     yield running
@@ -118,21 +120,22 @@ def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
     wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record")
 
 
-def test_a_killed_vllm_server_resumes_its_requests_and_is_replaced(gw):
+def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw):
     control = gw.server.control
+    (warm,) = gw.server.placement.warm
     results: list = [None, None]
 
     def one(i: int) -> None:
         results[i] = httpx.post(f"{gw.url}/v1/completions", timeout=300, json={
-            "model": gw.model, "prompt": f"survive {i}", "max_tokens": 400,
+            "model": gw.model, "prompt": f"survive {i}", "max_tokens": 600,
             "ignore_eos": True}).json()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    wait_for(lambda: sum(vllm_metrics(b.url).get("vllm:num_requests_running", 0)
-                         for b in backends(gw)) == 2, 30, "both requests running")
-    time.sleep(0.5)  # some tokens streamed: the resumed requests carry them over
+    # Both streaming (the resumed ones carry their tokens over), by HFX's own records.
+    wait_for(lambda: sum(r.num_tokens >= 20 for r in list(control.records.values())) == 2,
+             60, "both requests streaming")
     # The server holding the most of them (the policy decides where they went).
     held = {b.id: sum(r.instance == b.id for r in list(control.records.values()))
             for b in backends(gw)}
@@ -140,13 +143,29 @@ def test_a_killed_vllm_server_resumes_its_requests_and_is_replaced(gw):
     os.kill(victim.process.pid, signal.SIGKILL)
     for t in threads:
         t.join(timeout=300)
-    assert [r["usage"]["completion_tokens"] for r in results] == [400, 400]
+    assert [r["usage"]["completion_tokens"] for r in results] == [600, 600]
     assert control.num_instance_failures == 1 and control.num_resumed == held[victim.id]
-    # The Scaler starts a new vLLM server in its place (a cold start: the process loads
-    # the weights itself).
+    # The Scaler replaces it with the warm server: already started, no process start.
     wait_for(lambda: len(control.instances) == 2
-             and all(control.accepting(i) for i in control.instances), 300, "a replacement")
+             and all(control.accepting(i) for i in control.instances), 60, "a replacement")
     assert victim.id not in control.instances
+    (new,) = [b for b in backends(gw) if b.id not in held]
+    assert new.process is warm and not gw.server.placement.warm
     wait_for(lambda: not group_alive(victim.process.pid), 30, "the killed server's engine to go")
     r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=4)
     assert r.usage.completion_tokens == 4
+
+
+def test_scale_out_with_no_warm_server_starts_one(gw):
+    control = gw.server.control
+    before = set(control.instances)
+    iid = gw.call(lambda: control.scaler.scale_out_now(Role.COLOCATED))
+    assert iid is not None and iid not in before
+    wait_for(lambda: iid in control.instances and control.accepting(iid), 300, "a cold start")
+    started = control.instances[iid]
+    assert type(started).__name__ == "VLLMInstance" and started.process.alive()
+    assert gw.call(lambda: control.scaler.scale_out_now(Role.COLOCATED)) is None  # at max
+    # Its server answers (HFX dispatching to any instance is what the tests above show).
+    r = httpx.post(f"{started.url}/v1/completions", timeout=60, json={
+        "model": started.info.model, "prompt": [1, 2, 3], "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

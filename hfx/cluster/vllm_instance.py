@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,8 @@ class VLLMInstance:
         self.info = info
         self.max_num_seqs = max_num_seqs
         self.process = process  # None: a server someone else runs (--backend)
+        # How a released instance's server is let go (the placement's warm pool may keep it).
+        self.on_stop: Callable[[VLLMServer], Awaitable[None]] | None = None
         self.scrape_interval = scrape_interval
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
         self._client: httpx.AsyncClient | None = None  # made on the serving loop, at start
@@ -169,7 +172,10 @@ class VLLMInstance:
         if self._client is not None:
             await self._client.aclose()
         if self.process is not None:
-            await self.process.stop()
+            if self.on_stop is not None and self._failed is None:
+                await self.on_stop(self.process)
+            else:
+                await self.process.stop()
 
     # ---- the Instance protocol --------------------------------------------------------------
     def submit(self, request: Request, best_effort: bool = False) -> None:

@@ -222,16 +222,28 @@ def _kill_children() -> None:
 
 class VLLMPlacement:
     """Every instance a vLLM server: the ``backends`` given (servers someone else runs) first,
-    then servers started here from ``launch``."""
+    then servers started here from ``launch``; and a warm pool for the Scaler.
+
+    The warm pool (seed 000 §6: runtimes up, no request on them) is ``warm_pool`` servers
+    started with the fleet and kept idle. A scale-out takes one, which is ready at once; a
+    released server goes back to the pool while it has room (its runtime stays up, as the
+    seed's device does), else it is stopped. Without a warm server a scale-out is a cold start:
+    the process starts and loads the weights itself. (vLLM's sleep mode, which would also give
+    an idle server's memory back, is GPU-only.)
+    """
 
     def __init__(self, launch: VLLMLaunch | None, backends: tuple[str, ...] = (),
-                 max_num_seqs: int = 256) -> None:
+                 max_num_seqs: int = 256, warm_pool: int = 0) -> None:
         if launch is None and not backends:
             raise ValueError("a vLLM fleet needs a checkpoint to start servers from, or "
                              "--backend URLs of running ones")
+        if warm_pool and launch is None:
+            raise ValueError("a warm pool of vLLM servers needs --checkpoint to start them")
         self.spec = launch
         self.backends = [b.rstrip("/") for b in backends]
         self.max_num_seqs = launch.max_num_seqs if launch is not None else max_num_seqs
+        self.warm_pool = warm_pool
+        self.warm: list[VLLMServer] = []  # started, healthy, serving nothing
         self._prepared: list[VLLMInstance] = []
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[VLLMInstance]:
@@ -242,9 +254,9 @@ class VLLMPlacement:
         return self.prepare(members)
 
     def prepare(self, members: list[tuple[int, Role]]) -> list[VLLMInstance]:
-        """Attach to the backends, start servers for the rest (in parallel), each instance
-        in its role; blocks. Called before the cluster exists when the servers must be
-        measured first (the profile)."""
+        """Attach to the backends, start servers for the rest and the warm pool (in
+        parallel), each instance in its role; blocks. Called before the cluster exists when
+        the servers must be measured first (the profile)."""
         role = dict(members)
         ids = [iid for iid, _ in members]
         attached = list(zip(ids, self.backends, strict=False))
@@ -253,34 +265,57 @@ class VLLMPlacement:
             raise ValueError(f"{len(ids)} instances asked for and {len(self.backends)} "
                              "--backend URLs given; give a checkpoint to start the rest")
         spec = self.spec
-        servers = [VLLMServer(spec, iid, len(ids)).start()  # type: ignore[arg-type]
-                   for iid in to_start]
+        count = len(to_start) + self.warm_pool
+        servers = [VLLMServer(spec, i, count).start()  # type: ignore[arg-type]
+                   for i in range(count)]
         try:
             for s in servers:
                 s.wait_ready_blocking()
-            fleet = [VLLMInstance(iid, url, server_info(url), self.max_num_seqs,
-                                  role=role[iid]) for iid, url in attached]
-            fleet += [VLLMInstance(s.index, s.url, server_info(s.url), self.max_num_seqs, s,
-                                   role=role[s.index]) for s in servers]
+            fleet = [self._instance(iid, url, None, role[iid]) for iid, url in attached]
+            fleet += [self._instance(iid, s.url, s, role[iid])
+                      for iid, s in zip(to_start, servers, strict=False)]
         except BaseException:  # all or nothing: no server left for a fleet that did not start
             for s in servers:
                 s.kill()
             raise
+        self.warm = servers[len(to_start):]
         self._prepared = fleet
         return fleet
 
+    def _instance(self, iid: int, url: str, server: VLLMServer | None,
+                  role: Role) -> VLLMInstance:
+        instance = VLLMInstance(iid, url, server_info(url), self.max_num_seqs, server,
+                                role=role)
+        if server is not None:
+            instance.on_stop = self._retire
+        return instance
+
     async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> VLLMInstance:
-        """A new server for the Scaler: a cold start, the process loads the weights itself
-        (its measured time is in docs beside seed 000 Table 2)."""
-        if self.spec is None:
-            raise RuntimeError("cannot start a vLLM server without --checkpoint")
-        server = VLLMServer(self.spec, instance_id, max(2, instance_id + 1)).start()
+        """A server for the Scaler: a warm one if the pool has one, else a cold start."""
         loop = asyncio.get_running_loop()
+        if self.warm:
+            server = self.warm.pop(0)
+        elif self.spec is None:
+            raise RuntimeError("cannot start a vLLM server without --checkpoint")
+        else:
+            server = VLLMServer(self.spec, instance_id, max(2, instance_id + 1)).start()
         try:
             await server.wait_ready()
-            info = await loop.run_in_executor(None, server_info, server.url)
+            return await loop.run_in_executor(None, self._instance, instance_id, server.url,
+                                              server, config.role)
         except BaseException:
             await server.stop()
             raise
-        return VLLMInstance(instance_id, server.url, info, self.max_num_seqs, server,
-                            role=config.role)
+
+    async def _retire(self, server: VLLMServer) -> None:
+        """A released instance's server: back to the warm pool while it has room."""
+        if server.alive() and len(self.warm) < self.warm_pool:
+            self.warm.append(server)
+        else:
+            await server.stop()
+
+    async def close(self) -> None:
+        """Stop the warm pool's servers (the fleet's stop with their instances)."""
+        warm, self.warm = self.warm, []
+        for server in warm:
+            await server.stop()

@@ -83,7 +83,12 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
             kv_capacity_tokens=config.kv_capacity_tokens, block_size=block, device=device,
             extra_args=tuple(extra), startup_timeout=config.vllm_startup_timeout,
             host="127.0.0.1")
-    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs)
+    warm = 0
+    if config.max_instances is not None and launch is not None:  # as the provisioner counts
+        initial = config.prefill + config.decode if config.mode == "pd" else config.instances
+        warm = (config.warm_pool if config.warm_pool is not None
+                else config.max_instances - initial)
+    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm)
 
 
 def build_server(config: ServeConfig) -> Server:
@@ -137,7 +142,9 @@ def build_server(config: ServeConfig) -> Server:
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,
         eos_token_id=eos, priority_levels=config.priorities)
-    return Server(control, tokenizer, options, profile.model)
+    server = Server(control, tokenizer, options, profile.model)
+    server.placement = placement
+    return server
 
 
 def _build_vllm(config: ServeConfig) -> Server:
@@ -183,10 +190,14 @@ def _build_vllm(config: ServeConfig) -> Server:
         for inst in fleet:
             if inst.process is not None:
                 inst.process.kill()
+        for warm in placement.warm:
+            warm.kill()
         raise
     options = ServeOptions(
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         eos_token_id=eos, priority_levels=config.priorities)
-    return Server(control, tokenizer, options, profile.model)
+    server = Server(control, tokenizer, options, profile.model)
+    server.placement = placement
+    return server

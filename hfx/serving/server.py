@@ -70,6 +70,9 @@ class Server:
         self.step_model = step_model
         self.metrics = Metrics(control)
         self.draining = False  # shutting down: in-flight requests finish, new ones get 503
+        # Where the instances run, when it holds more than they do (vLLM's warm pool): for
+        # operators and tests; its close() runs after the control plane stops.
+        self.placement: Any = None
         self._ids = itertools.count()
 
     async def start(self) -> None:
@@ -79,6 +82,9 @@ class Server:
 
     async def stop(self) -> None:
         await self.control.stop()
+        close = getattr(self.placement, "close", None)
+        if close is not None:
+            await close()
 
     def readiness(self) -> dict[str, Any]:
         """Whether requests can be served: instances accepting work, starting, and why not."""
