@@ -8,7 +8,8 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    Scaler launch from the warm pool (a server already up) against a cold one (a process
    start) — seed 000 Table 2's question, on a model of 3.3M parameters, so what is measured is
    vLLM's own start-up, not weight loading;
-2. **profile**: the step-time model fitted from the first server (hfx/vllm_profiler.py);
+2. **profile**: the step-time model fitted from both servers measured at once
+   (hfx/vllm_profiler.py), as ``hfx serve --engine vllm`` does at start;
 3. **policies**: the four-task workload (seed 000 Table 1's lengths and SLOs, Poisson) at each
    ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
    clock; attainment and latencies, and the same requests simulated with the fitted profile
@@ -183,7 +184,7 @@ def main() -> int:
                     "cold_start_s": starts, "runs": []}
     try:
         result["scale_out"] = scale_out(launch)
-        profile = profile_vllm(urls[0], VLLMGrid.quick(), KV_TOKENS, BLOCK, checkpoint,
+        profile = profile_vllm(urls, VLLMGrid.quick(), KV_TOKENS, BLOCK, checkpoint,
                                progress=True)
         profile_path = str(work / "mini@vllm.json")
         profile.save(profile_path)

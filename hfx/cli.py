@@ -156,7 +156,7 @@ def _profile_vllm(config: ProfileConfig) -> Profile:
 
     server = None
     if config.backend:
-        url = config.backend[0]
+        urls = list(config.backend)
     elif config.checkpoint is not None:
         device = config.device or "cpu"
         launch = VLLMLaunch(
@@ -169,15 +169,15 @@ def _profile_vllm(config: ProfileConfig) -> Profile:
         print("starting a vLLM server ...", flush=True)
         server = VLLMServer(launch, 0, 1).start()
         server.wait_ready_blocking()
-        url = server.url
+        urls = [server.url]
     else:
         raise ValueError("--engine vllm needs --backend URL or --checkpoint DIR")
     try:
-        info = server_info(url)
+        info = server_info(urls[0])
         grid = VLLMGrid.quick() if config.quick else VLLMGrid()
         if config.repeats is not None:
             grid = replace(grid, repeats=config.repeats)
-        return profile_vllm(url, grid, info.kv_total_blocks * info.block_size,
+        return profile_vllm(urls, grid, info.kv_total_blocks * info.block_size,
                             info.block_size, config.checkpoint, progress=True)
     finally:
         if server is not None:
@@ -326,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof = sub.add_parser("profile", help="measure the real engine and fit a step-time profile",
                           description="Time prefill and decode steps of the real executor on "
-                          "seed 000 Appendix A's grid, fit Eq. 1 and Eq. 2, write a profile "
-                          "JSON that hfx sim --profile accepts.")
+                          "seed 000 Appendix A's grid (or of a vLLM server: --engine vllm), "
+                          "fit Eq. 1 and Eq. 2, write a profile JSON that hfx sim --profile "
+                          "and hfx serve --profile accept.")
     prof.add_argument("--config", help="YAML file of options (flags override it)")
     add_model_args(prof, ProfileConfig)
     prof.set_defaults(func=cmd_profile)

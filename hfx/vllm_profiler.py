@@ -1,6 +1,8 @@
-"""Fit the step-time model (seed 000 Eq. 1 and Eq. 2) from a running vLLM server (issue 15).
+"""Fit the step-time model (seed 000 Eq. 1 and Eq. 2) from running vLLM servers (issue 15).
 
-vLLM's steps cannot be timed from outside, so each grid point is timed as a client sees it:
+vLLM's steps cannot be timed from outside, so each grid point is timed as a client sees it,
+on every server at once (servers on one host slow each other down, and serving keeps them all
+busy):
 
 - **prefill** of a batch of ``b`` prompts of ``n`` tokens: ``b`` requests with ``max_tokens=1``
   sent together, from sending to the last first token (one engine step when the batch fits the
@@ -108,44 +110,52 @@ def _rates(runs) -> list[float]:
     return out
 
 
-async def measure(url: str, grid: VLLMGrid, capacity_tokens: int, seed: int = 0,
+async def measure(urls: list[str], grid: VLLMGrid, capacity_tokens: int, seed: int = 0,
                   progress: bool = False
-                  ) -> tuple[str, int, list[tuple[list[int], float]],
-                             list[tuple[int, int, float]]]:
-    """(served model, vocabulary, prefill samples, decode samples) from the server at ``url``."""
+                  ) -> tuple[str, list[tuple[list[int], float]], list[tuple[int, int, float]]]:
+    """(served model, prefill samples, decode samples) from the servers at ``urls``, each grid
+    point on all of them at once: servers that share a host slow each other down (CPU cores,
+    memory bandwidth, their HTTP processes), and serving keeps them all busy, so the profile
+    is taken the same way. Every server's timing is a sample."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
-        model = (await http.get(f"{url}/v1/models")).raise_for_status().json()["data"][0]["id"]
+        model = (await http.get(f"{urls[0]}/v1/models")).raise_for_status().json()["data"][0]
         # The vocabulary is not served; the byte range is safe for any real or random model.
-        client = _Client(http, url, model, 256, seed)
-        await client.tokens(16, 2)  # warm-up
+        clients = [_Client(http, url, model["id"], 256, seed + i) for i, url in enumerate(urls)]
+        await asyncio.gather(*(c.tokens(16, 2) for c in clients))  # warm-up
+
+        async def timed(point) -> list[float]:
+            """The point's median over the repeats, per server."""
+            runs = [await asyncio.gather(*(point(c) for c in clients))
+                    for _ in range(grid.repeats)]
+            return [statistics.median(r[i] for r in runs) for i in range(len(clients))]
+
         prefill: list[tuple[list[int], float]] = []
         decode: list[tuple[int, int, float]] = []
         for n in grid.lengths:
             for b in grid.prefill_batches:
                 if b * n <= grid.max_prefill_tokens:
-                    t = statistics.median([await client.prefill(b, n)
-                                           for _ in range(grid.repeats)])
-                    prefill.append(([n] * b, t))
+                    for t in await timed(lambda c, b=b, n=n: c.prefill(b, n)):
+                        prefill.append(([n] * b, t))
             for b in grid.decode_batches:
                 if b * (n + DECODE_TOKENS) > capacity_tokens // 2:  # never preempted
                     continue
-                t = statistics.median([await client.decode(b, n) for _ in range(grid.repeats)])
-                # Mean context over the measured gaps: prompt plus about half the output.
-                decode.append((b, b * (n + DECODE_TOKENS // 2), t))
+                # Mean context over the measured steps: prompt plus about half the output.
+                for t in await timed(lambda c, b=b, n=n: c.decode(b, n)):
+                    decode.append((b, b * (n + DECODE_TOKENS // 2), t))
             if progress:
                 print(f"  length {n}: {len(prefill)} prefill, {len(decode)} decode points",
                       flush=True)
-    return model, 256, prefill, decode
+    return model["id"], prefill, decode
 
 
-def profile_vllm(url: str, grid: VLLMGrid, capacity_tokens: int, block_size: int,
+def profile_vllm(urls: list[str], grid: VLLMGrid, capacity_tokens: int, block_size: int,
                  checkpoint: str | None = None, seed: int = 0,
                  progress: bool = False) -> Profile:
-    """Measure the vLLM server at ``url`` and fit; ``checkpoint``'s config.json, when given,
-    goes into the profile (P/D and the scaler read KV and weight sizes from it)."""
-    model, _, prefill, decode = asyncio.run(measure(url, grid, capacity_tokens, seed,
-                                                          progress))
-    meta: dict = {"device": "vllm", "engine": "vllm", "url": url,
+    """Measure the vLLM servers at ``urls`` (all at once, see ``measure``) and fit;
+    ``checkpoint``'s config.json, when given, goes into the profile (P/D and the scaler read
+    KV and weight sizes from it)."""
+    model, prefill, decode = asyncio.run(measure(urls, grid, capacity_tokens, seed, progress))
+    meta: dict = {"device": "vllm", "engine": "vllm", "servers": len(urls),
                   "grid": {"prefill_batches": list(grid.prefill_batches),
                            "decode_batches": list(grid.decode_batches),
                            "lengths": list(grid.lengths), "repeats": grid.repeats,

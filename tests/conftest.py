@@ -50,3 +50,14 @@ def vloop():
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/golden/*.json from the current code")
+
+
+@pytest.fixture(scope="session")
+def mini_checkpoint(tmp_path_factory) -> str:
+    """Random weights of the ``mini`` shape (the smallest vLLM's CPU attention runs) with the
+    byte tokenizer, written once per session: what the vLLM tier's servers load."""
+    pytest.importorskip("torch")
+    from hfx.model.build import write_random_checkpoint
+
+    return str(write_random_checkpoint("mini", tmp_path_factory.mktemp("mini")))
+

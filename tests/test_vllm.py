@@ -30,20 +30,14 @@ skip_without_vllm()
 from live import Running  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402
-from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return str(write_random_checkpoint("mini", tmp_path_factory.mktemp("mini")))
-
-
-@pytest.fixture(scope="module")
-def gw(checkpoint):
+def gw(mini_checkpoint):
     # One warm server beside the two; the Scaler's indicators are off (ratios out of reach):
     # it only replaces what fails, and scales out when asked.
-    running = Running(engine="vllm", checkpoint=checkpoint, instances=2, max_instances=3,
+    running = Running(engine="vllm", checkpoint=mini_checkpoint, instances=2, max_instances=3,
                       warm_pool=1, scale_out_ratio=1e9, wait_threshold=1e9,
                       vllm_python=PYTHON, vllm_args=ARGS, kv_capacity_tokens=16384,
                       max_model_len=2048, policy="hfx", max_wait=None)
@@ -88,10 +82,10 @@ def test_requests_with_slos_are_served_by_vllm(gw):
     assert finished_at_vllm(gw) - before == 4  # vLLM ran them, not HFX's own engine
 
 
-def test_greedy_output_equals_transformers_on_the_same_weights(gw, checkpoint):
+def test_greedy_output_equals_transformers_on_the_same_weights(gw, mini_checkpoint):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint,
+    model = transformers.AutoModelForCausalLM.from_pretrained(mini_checkpoint,
                                                               torch_dtype=torch.float32)
     tok = ByteTokenizer()
     for prompt in ("The quick brown fox", "Once upon a time"):

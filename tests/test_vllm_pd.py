@@ -26,28 +26,22 @@ skip_without_vllm()
 from live import Running  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402
-from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return str(write_random_checkpoint("mini", tmp_path_factory.mktemp("mini")))
-
-
-@pytest.fixture(scope="module")
-def gw(checkpoint):
-    running = Running(engine="vllm", checkpoint=checkpoint, mode="pd", prefill=1, decode=1,
+def gw(mini_checkpoint):
+    running = Running(engine="vllm", checkpoint=mini_checkpoint, mode="pd", prefill=1, decode=1,
                       vllm_python=PYTHON, vllm_args=ARGS, kv_capacity_tokens=16384,
                       max_model_len=2048, policy="hfx", max_wait=None)
     yield running
     running.close()
 
 
-def test_pd_output_equals_transformers_and_the_kv_came_through_the_connector(gw, checkpoint):
+def test_pd_output_equals_transformers_and_the_kv_came_through_the_connector(gw, mini_checkpoint):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint,
+    model = transformers.AutoModelForCausalLM.from_pretrained(mini_checkpoint,
                                                               torch_dtype=torch.float32)
     instances = gw.server.control.instances.values()
     (decode,) = [i for i in instances if i.role is Role.DECODE]

@@ -176,9 +176,9 @@ def _build_vllm(config: ServeConfig) -> Server:
         else:
             from hfx.vllm_profiler import VLLMGrid, profile_vllm
 
-            print("measuring a step-time profile of the vLLM servers (hfx profile --engine "
-                  "vllm; give --profile to skip) ...", flush=True)
-            profile = profile_vllm(fleet[0].url, VLLMGrid.quick(), info.kv_total_blocks
+            print("measuring a step-time profile of the vLLM servers, all at once (hfx "
+                  "profile --engine vllm; give --profile to skip) ...", flush=True)
+            profile = profile_vllm([i.url for i in fleet], VLLMGrid.quick(), info.kv_total_blocks
                                    * info.block_size, info.block_size, config.checkpoint)
         # The dispatcher plans with the servers' own KV size.
         profile = replace(profile, kv_capacity_tokens=info.kv_total_blocks * info.block_size,
