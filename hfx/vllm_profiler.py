@@ -82,11 +82,12 @@ class _Client:
         return max(t[0] for t in ends) - start
 
     async def decode(self, b: int, n: int) -> float:
-        return decode_step(await asyncio.gather(*(self.tokens(n, DECODE_TOKENS)
-                                                  for _ in range(b))))
+        start = time.perf_counter()
+        runs = await asyncio.gather(*(self.tokens(n, DECODE_TOKENS) for _ in range(b)))
+        return decode_step(runs, start)
 
 
-def decode_step(runs: list[list[float]]) -> float:
+def decode_step(runs: list[list[float]], sent: float | None = None) -> float:
     """One decode step of a batch from its requests' token arrival times. Once the last
     request has its first token every sequence decodes (before, steps share with prefills):
     the time from a request's first chunk after that over the tokens that came later, the
@@ -97,6 +98,12 @@ def decode_step(runs: list[list[float]]) -> float:
     steps = _rates([x for x in t if x >= all_in] for t in runs)
     if not steps:  # the batch never decoded all together: each request's own rate
         steps = _rates(runs)
+    if not steps and sent is not None:
+        # Every request's tokens came in one chunk (the server's HTTP side could not keep up):
+        # the steps are not observable, only an upper bound, from sending to the last token.
+        steps = [(t[-1] - sent) / len(t) for t in runs if t]
+    if not steps:
+        raise RuntimeError("no decode step observable: every token came in one chunk")
     return statistics.median(steps)
 
 

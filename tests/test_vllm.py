@@ -127,23 +127,27 @@ def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    # Both streaming (the resumed ones carry their tokens over), by HFX's own records.
-    wait_for(lambda: sum(r.num_tokens >= 20 for r in list(control.records.values())) == 2,
-             60, "both requests streaming")
-    # The server holding the most of them (the policy decides where they went).
-    held = {b.id: sum(r.instance == b.id for r in list(control.records.values()))
-            for b in backends(gw)}
-    victim = next(b for b in backends(gw) if held[b.id] == max(held.values()))
+    # A server streaming a request (a resumed request carries its tokens over); the policy
+    # decides whether the other runs beside it or waits.
+    def streaming() -> list:
+        return [b for b in backends(gw) if any(n >= 20 for n in b.in_flight().values())]
+
+    wait_for(lambda: streaming(), 60, "a request streaming",
+             lambda: [(b.id, b.in_flight()) for b in backends(gw)])
+    victim = streaming()[0]
+    held = len(victim.in_flight())
+    others = {b.id for b in backends(gw)}
     os.kill(victim.process.pid, signal.SIGKILL)
     for t in threads:
         t.join(timeout=300)
     assert [r["usage"]["completion_tokens"] for r in results] == [600, 600]
-    assert control.num_instance_failures == 1 and control.num_resumed == held[victim.id]
+    assert control.num_instance_failures == 1
+    assert 1 <= held <= control.num_resumed <= 2
     # The Scaler replaces it with the warm server: already started, no process start.
     wait_for(lambda: len(control.instances) == 2
              and all(control.accepting(i) for i in control.instances), 60, "a replacement")
     assert victim.id not in control.instances
-    (new,) = [b for b in backends(gw) if b.id not in held]
+    (new,) = [b for b in backends(gw) if b.id not in others]
     assert new.process is warm and not gw.server.placement.warm
     wait_for(lambda: not group_alive(victim.process.pid), 30, "the killed server's engine to go")
     r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=4)

@@ -226,3 +226,5 @@ def test_decode_step_is_a_rate_that_coalesced_chunks_do_not_fool():
     # Single gaps would say 0 (two in three are 0); counting the first chunk, 15 ms.
     # A request that ended before the last one started does not count, and does not break it.
     assert decode_step([[0.0, 0.01, 0.02], [0.05, 0.07, 0.09]]) == pytest.approx(0.02)
+    # Every token in one chunk: only the bound from sending (at 0) is left.
+    assert decode_step([[0.3, 0.3, 0.3]], sent=0.0) == pytest.approx(0.1)

@@ -38,8 +38,11 @@ def vllm_metrics(url: str) -> dict[str, float]:
     return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
 
 
-def wait_for(cond, seconds: float, what: str) -> None:
+def wait_for(cond, seconds: float, what: str, state=None) -> None:
+    """Until ``cond()``; on time-out, fail with ``state()`` (what was seen instead)."""
     deadline = time.monotonic() + seconds
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() > deadline:
+            seen = f": {state()}" if state is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{seen}")
         time.sleep(0.1)

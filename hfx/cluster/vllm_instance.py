@@ -204,6 +204,10 @@ class VLLMInstance:
         assert self._stats is not None, "start() the instance first"
         return self._stats
 
+    def in_flight(self) -> dict[str, int]:
+        """Requests streaming from this server now: id → tokens so far (for operators)."""
+        return {rid: sent.tokens for rid, sent in list(self._sent.items())}
+
     # ---- P/D (seed 000 §5.1): the Migration drives these ------------------------------------
     def migration_state(self, request_id: str) -> Sequence:
         """Prefill role: the prefilled request's progress (prompt computed, first token)."""
