@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from hfx.cluster.vllm_instance import parse_metrics
 from hfx.latency import Profile
 from hfx.profiler import fit_profile
 
@@ -81,9 +82,23 @@ class _Client:
         ends = await asyncio.gather(*(self.tokens(n, 1) for _ in range(b)))
         return max(t[0] for t in ends) - start
 
+    async def itl(self) -> tuple[float, float]:
+        """vLLM's own inter-token latency histogram: (sum of seconds, count)."""
+        text = (await self.client.get(f"{self.url}/metrics")).raise_for_status().text
+        m = parse_metrics(text)
+        return (m.get("vllm:inter_token_latency_seconds_sum", 0.0),
+                m.get("vllm:inter_token_latency_seconds_count", 0.0))
+
     async def decode(self, b: int, n: int) -> float:
+        """The server's own mean inter-token latency over the batch's tokens where it reports
+        one (not fooled by an HTTP side that lags and sends tokens in bunches); else the
+        client's view (``decode_step``)."""
+        before = await self.itl()
         start = time.perf_counter()
         runs = await asyncio.gather(*(self.tokens(n, DECODE_TOKENS) for _ in range(b)))
+        after = await self.itl()
+        if after[1] > before[1]:
+            return (after[0] - before[0]) / (after[1] - before[1])
         return decode_step(runs, start)
 
 

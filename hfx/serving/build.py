@@ -150,8 +150,10 @@ def build_server(config: ServeConfig) -> Server:
 def _build_vllm(config: ServeConfig) -> Server:
     """HFX over vLLM servers (issue 15): the checkpoint gives the gateway its tokenizer and
     limits (the servers load the weights themselves); the profile is the dispatcher's view of
-    their step times (--profile, else measured on the first server at start)."""
+    their step times (--profile, else measured on all of them at start)."""
     import json
+
+    from hfx.engine import Role
 
     if config.checkpoint is None:
         raise ValueError("--engine vllm needs --checkpoint: the model directory the servers "
@@ -164,8 +166,6 @@ def _build_vllm(config: ServeConfig) -> Server:
     vocab = int(hf["vocab_size"])
     name = config.served_model_name or Path(config.checkpoint).name
     placement = _vllm_placement(config, name, max_len)
-    from hfx.engine import Role
-
     roles = ([Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
              if config.mode == "pd" else [Role.COLOCATED] * config.instances)
     fleet = placement.prepare(list(enumerate(roles)))
