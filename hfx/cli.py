@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -151,21 +150,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _profile_vllm(config: ProfileConfig) -> Profile:
     """Fit the step-time model from a vLLM server: ``--backend``, else one started here."""
     from hfx.cluster.vllm_instance import server_info
-    from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer, block_size_for
+    from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer
     from hfx.vllm_profiler import VLLMGrid, profile_vllm
 
     server = None
     if config.backend:
         urls = list(config.backend)
     elif config.checkpoint is not None:
-        device = config.device or "cpu"
-        launch = VLLMLaunch(
-            python=config.vllm_python or sys.executable, model=config.checkpoint,
-            served_name=Path(config.checkpoint).name, max_model_len=4096, max_num_seqs=256,
-            kv_capacity_tokens=config.kv_tokens,
-            block_size=block_size_for(config.block_size, device), device=device,
-            extra_args=tuple(shlex.split(config.vllm_args)),
-            startup_timeout=config.vllm_startup_timeout)
+        launch = VLLMLaunch.of(config, config.checkpoint, Path(config.checkpoint).name,
+                               max_model_len=4096, max_num_seqs=256,
+                               kv_capacity_tokens=config.kv_tokens,
+                               block_size=config.block_size, device=config.device)
         print("starting a vLLM server ...", flush=True)
         server = VLLMServer(launch, 0, 1).start()
         server.wait_ready_blocking()

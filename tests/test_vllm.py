@@ -18,15 +18,10 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-pytest.importorskip("torch")
-pytest.importorskip("fastapi")
-pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+from vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402  (skips without vLLM)
 
-from vllm_tier import ARGS, PYTHON, skip_without_vllm, vllm_metrics, wait_for  # noqa: E402
-
-skip_without_vllm()
-
+# isort: split
+import httpx  # noqa: E402
 from live import Running  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402

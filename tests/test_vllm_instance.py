@@ -30,9 +30,9 @@ VLLM_PAGE = """# HELP vllm:num_requests_running Number of requests in model exec
 vllm:num_requests_running{engine="0",model_name="m"} 3.0
 vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-vllm:cache_config_info{block_size="32",num_cpu_blocks="None",num_gpu_blocks="512"} 1.0
 vllm:iteration_tokens_total_count{engine="0",model_name="m"} 41.0
-"""
+""" + ('vllm:cache_config_info{block_size="32",num_cpu_blocks="None",'
+       'skip_layers="[1, 2]",num_gpu_blocks="512"} 1.0\n')  # a label value with a comma
 
 
 def test_parse_metrics_reads_vllm_gauges_and_cache_labels():

@@ -14,15 +14,9 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-pytest.importorskip("torch")
-pytest.importorskip("fastapi")
-pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+from vllm_tier import ARGS, PYTHON, vllm_metrics  # noqa: E402  (skips without vLLM)
 
-from vllm_tier import ARGS, PYTHON, skip_without_vllm, vllm_metrics  # noqa: E402
-
-skip_without_vllm()
-
+# isort: split
 from live import Running  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402

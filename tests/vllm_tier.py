@@ -1,4 +1,5 @@
-"""What the ``vllm`` tier's modules share: where vLLM is, how to read a server's metrics."""
+"""What the ``vllm`` tier's modules share: where vLLM is, how to read a server's metrics.
+Importing it skips the importing module when the serving extras or vLLM are missing."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from hfx.cluster.vllm_instance import parse_metrics
+for _extra in ("torch", "fastapi", "openai", "httpx"):
+    pytest.importorskip(_extra)
+
+import httpx  # noqa: E402
+
+from hfx.cluster.vllm_instance import parse_metrics  # noqa: E402
 
 ARGS = "--enforce-eager --dtype float32"  # float32: greedy output comparable with torch's
 
@@ -26,12 +31,9 @@ def vllm_python() -> str | None:
 
 
 PYTHON = vllm_python()
-
-
-def skip_without_vllm() -> None:
-    if PYTHON is None:
-        pytest.skip("no vLLM: set HFX_VLLM_PYTHON to an interpreter that has it",
-                    allow_module_level=True)
+if PYTHON is None:
+    pytest.skip("no vLLM: set HFX_VLLM_PYTHON to an interpreter that has it",
+                allow_module_level=True)
 
 
 def vllm_metrics(url: str) -> dict[str, float]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from hfx.cluster.instance import EventSink
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
@@ -93,22 +94,20 @@ class _Sent:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The vLLM gauges and counters HFX reads from a Prometheus text page, summed over labels;
-    ``cache_config_info``'s labels (num_gpu_blocks, block_size) as values."""
+    """The vLLM samples of a Prometheus text page (prometheus_client's parser: label values
+    may hold commas and quotes), summed over labels; ``cache_config_info``'s numeric labels
+    (num_gpu_blocks, block_size) as values."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name, _, value = line.rpartition(" ")
-        metric, _, labels = name.partition("{")
-        if metric == "vllm:cache_config_info":
-            for item in labels.rstrip("}").split(","):
-                key, _, val = item.partition("=")
-                with contextlib.suppress(ValueError):
-                    out[f"cache_config_info.{key}"] = float(val.strip('"'))
-            continue
-        with contextlib.suppress(ValueError):
-            out[metric] = out.get(metric, 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:"):
+                continue
+            if sample.name == "vllm:cache_config_info":
+                for key, val in sample.labels.items():
+                    with contextlib.suppress(ValueError):
+                        out[f"cache_config_info.{key}"] = float(val)
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
 
 

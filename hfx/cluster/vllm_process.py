@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,12 +25,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from hfx.cluster.provisioner import Plan
 from hfx.cluster.vllm_instance import VLLMInstance, server_info
 from hfx.engine import EngineConfig, Role
+
+if TYPE_CHECKING:
+    from hfx.config import VLLMSection
 
 HEALTH_POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
@@ -86,6 +91,21 @@ class VLLMLaunch:
     startup_timeout: float = 600.0
     host: str = "127.0.0.1"
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfx-vllm-")))
+
+    @classmethod
+    def of(cls, config: VLLMSection, model: str, served_name: str, max_model_len: int,
+           max_num_seqs: int, kv_capacity_tokens: int, block_size: int, device: str | None,
+           extra_args: tuple[str, ...] = ()) -> VLLMLaunch:
+        """The launch ``hfx serve`` and ``hfx profile`` make from their vLLM options:
+        ``--vllm-python`` (default: this interpreter), ``--vllm-args`` then ``extra_args``,
+        the block size vLLM's attention takes on ``device`` (default cpu)."""
+        device = device or "cpu"
+        return cls(python=config.vllm_python or sys.executable, model=model,
+                   served_name=served_name, max_model_len=max_model_len,
+                   max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity_tokens,
+                   block_size=block_size_for(block_size, device), device=device,
+                   extra_args=(*shlex.split(config.vllm_args), *extra_args),
+                   startup_timeout=config.vllm_startup_timeout)
 
     def command(self, port: int) -> list[str]:
         return [

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import shlex
 import shutil
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -58,15 +56,10 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
 
 
 def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
-    from hfx.cluster.vllm_process import (
-        VLLMLaunch,
-        VLLMPlacement,
-        block_size_for,
-        example_connector,
-    )
+    from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, example_connector
 
     launch = None
-    extra = shlex.split(config.vllm_args)
+    extra: list[str] = []
     if config.mode == "pd":  # every server a KV producer and consumer (seed 000 §5.1)
         connector = config.vllm_kv_transfer_config
         if connector is None:
@@ -75,14 +68,9 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
             connector = example_connector(storage)
         extra += ["--kv-transfer-config", connector]
     if config.checkpoint is not None:
-        device = config.device or "cpu"
-        block = block_size_for(config.block_size, device)
-        launch = VLLMLaunch(
-            python=config.vllm_python or sys.executable, model=config.checkpoint,
-            served_name=name, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
-            kv_capacity_tokens=config.kv_capacity_tokens, block_size=block, device=device,
-            extra_args=tuple(extra), startup_timeout=config.vllm_startup_timeout,
-            host="127.0.0.1")
+        launch = VLLMLaunch.of(config, config.checkpoint, name, max_len, config.max_num_seqs,
+                               config.kv_capacity_tokens, config.block_size, config.device,
+                               tuple(extra))
     warm = 0
     if config.max_instances is not None and launch is not None:  # as the provisioner counts
         initial = config.prefill + config.decode if config.mode == "pd" else config.instances
