@@ -123,9 +123,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from hfx.engine.planners import PLANNERS
-    from hfx.evaluation.workloads import BURSTY, TIERED, WORKLOADS
-    from hfx.latency import shipped_profiles
+    from hfx.evaluation.tasks import BURSTY, TIERED, WORKLOADS
     from hfx.policies import POLICIES
+    from hfx.profiles import shipped_profiles
 
     print("policies: ", ", ".join(POLICIES))
     print("planners: ", ", ".join(PLANNERS))

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hfx.engine.planners import PLANNERS
-from hfx.evaluation.workloads import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
+from hfx.evaluation.tasks import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.policies import PD_POLICIES, POLICIES
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain (issue 17)
@@ -30,7 +30,8 @@ class Section(BaseModel):
     setting has one definition, one default and one flag wherever it applies; a YAML file may
     give a section's settings flat or under its name (``scaler: {max_instances: 4}``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: schemas are built on first validation, not at CLI start (issue 18).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     section: ClassVar[str]
 
 

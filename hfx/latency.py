@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hfx.profiles import shipped_profiles
+
 
 @dataclass(slots=True)
 class BatchShape:
@@ -188,12 +190,6 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
-
-
-def shipped_profiles() -> list[str]:
-    """Names of the profiles shipped in hfx/profiles (``<model>@<hardware>``)."""
-    files = resources.files("hfx.profiles").iterdir()
-    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -12,8 +12,6 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from hfx.sampling import GREEDY, SamplingParams
 
 
@@ -142,6 +140,8 @@ class RequestRecord:
         """Seed 003 §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
         if self.outcome is not Outcome.FINISHED or self.target is None:
             return False
+        import numpy as np  # here, not at module import: the CLI imports this module
+
         times = np.frombuffer(self.token_times, dtype=np.float64)
         target = self.target
         deadlines = self.request.arrival + target.ttft + target.tpot * np.arange(len(times))

@@ -13,8 +13,8 @@ from hfx.latency import (
     fit_decode,
     fit_prefill,
     load_profile,
-    shipped_profiles,
 )
+from hfx.profiles import shipped_profiles
 
 MODEL = StepTimeModel(0.010, 5e-5, 2e-9, 0.020, 4e-8, 1e-4)
 

@@ -1,23 +1,39 @@
-"""One inference instance: engine core, KV block manager, batch planners, executors."""
+"""One inference instance: engine core, KV block manager, batch planners, executors.
 
-from hfx.engine.config import EngineConfig
-from hfx.engine.core import Admission, EngineCore, EngineError, StepFailed, StepOutput
-from hfx.engine.executor import Executor, SimExecutor
-from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role, Sequence
-from hfx.engine.stats import InstanceStats
+The names below load on first use (PEP 562), so importing a light submodule (the planner
+registry, the config) does not pull in the core and numpy.
+"""
 
-__all__ = [
-    "FINISH_REASON",
-    "Admission",
-    "EngineConfig",
-    "EngineCore",
-    "EngineError",
-    "Executor",
-    "InstanceStats",
-    "RequestStatus",
-    "Role",
-    "Sequence",
-    "SimExecutor",
-    "StepFailed",
-    "StepOutput",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EngineConfig": "hfx.engine.config",
+    "Admission": "hfx.engine.core",
+    "EngineCore": "hfx.engine.core",
+    "EngineError": "hfx.engine.core",
+    "StepFailed": "hfx.engine.core",
+    "StepOutput": "hfx.engine.core",
+    "Executor": "hfx.engine.executor",
+    "SimExecutor": "hfx.engine.executor",
+    "FINISH_REASON": "hfx.engine.sequence",
+    "RequestStatus": "hfx.engine.sequence",
+    "Role": "hfx.engine.sequence",
+    "Sequence": "hfx.engine.sequence",
+    "InstanceStats": "hfx.engine.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'hfx.engine' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,32 +1,36 @@
-"""Dispatch policies, chosen by name. This file is the one registration point."""
+"""Dispatch policies, chosen by name. This file is the one registration point.
+
+Entries are import paths, resolved on first use: listing or validating names (every CLI start)
+imports no policy.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hfx.policies.aladdin import Aladdin
-from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy
-from hfx.policies.hfx import HFXDispatcher
-from hfx.policies.hfx_pd import HFXMigrator, HFXPrefillDispatcher
-from hfx.policies.least_loaded import LeastLoaded
-from hfx.policies.polyserve import PolyServe
-from hfx.policies.round_robin import RoundRobin
-from hfx.policies.sa import SimulatedAnnealing
-from hfx.policies.scorpio import Scorpio
-from hfx.policies.slos_serve import SLOsServe
+from hfx.registry import Registry, load
 
-POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (HFXDispatcher, RoundRobin, LeastLoaded, Scorpio, Aladdin,
-                        SimulatedAnnealing, SLOsServe, PolyServe)
-}
+if TYPE_CHECKING:
+    from hfx.policies.base import Policy
+
+POLICIES: Registry[type[Policy]] = Registry("policy", {
+    "hfx": "hfx.policies.hfx:HFXDispatcher",
+    "rr": "hfx.policies.round_robin:RoundRobin",
+    "least-loaded": "hfx.policies.least_loaded:LeastLoaded",
+    "scorpio": "hfx.policies.scorpio:Scorpio",
+    "aladdin": "hfx.policies.aladdin:Aladdin",
+    "sa": "hfx.policies.sa:SimulatedAnnealing",
+    "slos-serve": "hfx.policies.slos_serve:SLOsServe",
+    "polyserve": "hfx.policies.polyserve:PolyServe",
+})
 
 
 # P/D mode: name → (P-stage dispatcher, D-stage migrator). Round robin and least-loaded run the
 # same rule in both stages (the seeds' RR-PD baseline, seed 000 §8.1.2).
-PD_POLICIES: dict[str, tuple[type[Policy], type[Policy]]] = {
-    "hfx": (HFXPrefillDispatcher, HFXMigrator),
-    "rr-pd": (RoundRobin, RoundRobin),
-    "least-loaded": (LeastLoaded, LeastLoaded),
+PD_POLICIES: dict[str, tuple[str, str]] = {
+    "hfx": ("hfx.policies.hfx_pd:HFXPrefillDispatcher", "hfx.policies.hfx_pd:HFXMigrator"),
+    "rr-pd": ("hfx.policies.round_robin:RoundRobin",) * 2,
+    "least-loaded": ("hfx.policies.least_loaded:LeastLoaded",) * 2,
 }
 
 
@@ -35,7 +39,7 @@ def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
     if name == "rr":
         name = "rr-pd"
     try:
-        dispatcher, migrator = PD_POLICIES[name]
+        dispatcher, migrator = (load(path) for path in PD_POLICIES[name])
     except KeyError:
         raise ValueError(f"unknown P/D policy {name!r}; choose one of "
                          f"{', '.join(PD_POLICIES)}") from None
@@ -46,24 +50,22 @@ def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    cls = POLICIES.get_or_raise(name)
     try:
         return cls(**params)
     except TypeError as e:
         raise ValueError(f"bad parameters for policy {name!r}: {e}") from None
 
 
-__all__ = [
-    "PD_POLICIES",
-    "POLICIES",
-    "ClusterView",
-    "Decision",
-    "Dispatch",
-    "InstanceView",
-    "Policy",
-    "make_pd_policies",
-    "make_policy",
-]
+_BASE = ("ClusterView", "Decision", "Dispatch", "InstanceView", "Policy")
+
+
+def __getattr__(name: str) -> Any:
+    # The base types, re-exported without importing them (and the engine) at package import.
+    if name in _BASE:
+        from hfx.policies import base
+        return getattr(base, name)
+    raise AttributeError(f"module 'hfx.policies' has no attribute {name!r}")
+
+
+__all__ = ["PD_POLICIES", "POLICIES", *_BASE, "make_pd_policies", "make_policy"]

@@ -1,32 +1,40 @@
-"""Batch planners, chosen by name from one registry."""
+"""Batch planners, chosen by name from one registry (import paths, resolved on first use)."""
 
 from __future__ import annotations
 
-from hfx.engine.config import EngineConfig
-from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
-from hfx.engine.planners.chunked import ChunkedPlanner
-from hfx.engine.planners.credit import CreditPlanner
-from hfx.engine.planners.prefill_first import PrefillFirstPlanner
-from hfx.engine.planners.slo_paced import SLOPacedPlanner
-from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
-from hfx.latency import StepTimeModel
+from typing import TYPE_CHECKING, Any
 
-PLANNERS: dict[str, type[BatchPlanner]] = {
-    p.name: p for p in (PrefillFirstPlanner, ChunkedPlanner, CreditPlanner, SLOPacedPlanner,
-                        TPOTChunkedPlanner)
-}
+from hfx.registry import Registry
+
+if TYPE_CHECKING:
+    from hfx.engine.config import EngineConfig
+    from hfx.engine.planners.base import BatchPlanner
+    from hfx.latency import StepTimeModel
+
+PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
+    "prefill-first": "hfx.engine.planners.prefill_first:PrefillFirstPlanner",
+    "chunked": "hfx.engine.planners.chunked:ChunkedPlanner",
+    "credit": "hfx.engine.planners.credit:CreditPlanner",
+    "slo-paced": "hfx.engine.planners.slo_paced:SLOPacedPlanner",
+    "tpot-chunked": "hfx.engine.planners.tpot_chunked:TPOTChunkedPlanner",
+})
 
 
 def make_planner(config: EngineConfig, model: StepTimeModel | None = None) -> BatchPlanner:
-    try:
-        cls = PLANNERS[config.planner]
-    except KeyError:
-        raise ValueError(
-            f"unknown planner {config.planner!r}; choose one of {', '.join(PLANNERS)}"
-        ) from None
+    cls = PLANNERS.get_or_raise(config.planner)
     if cls.needs_model and model is None:
         raise ValueError(f"planner {config.planner!r} needs the instance's step-time model")
     return cls(config, model)
 
 
-__all__ = ["PLANNERS", "BatchPlanner", "EngineState", "SchedulerOutput", "make_planner"]
+_BASE = ("BatchPlanner", "EngineState", "SchedulerOutput")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BASE:
+        from hfx.engine.planners import base
+        return getattr(base, name)
+    raise AttributeError(f"module 'hfx.engine.planners' has no attribute {name!r}")
+
+
+__all__ = ["PLANNERS", *_BASE, "make_planner"]

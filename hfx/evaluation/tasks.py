@@ -1,0 +1,64 @@
+"""The seeds' task tables: Table 1's tasks and task sets, PolyServe's tiers, our bursty cycle.
+
+Plain data with no numpy, so the CLI can list and validate workload names without loading the
+generators (hfx/evaluation/workloads.py draws requests from these tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hfx.request import SLO
+
+MAX_LEN = 16384  # clip for sampled lengths (tokens)
+DEFAULT_REQUESTS_PER_TASK = 300  # seed 000 §7.3
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    name: str
+    slo: SLO
+    input_mean: float
+    input_std: float
+    output_mean: float
+    output_std: float
+
+
+# Seed 000 Table 1.
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec("medical_qa", SLO(0.7, 0.5), 32.57, 10.32, 38.92, 16.83),
+        TaskSpec("tldr_content_gen", SLO(1.0, 0.7), 44.38, 6.58, 96.04, 35.03),
+        TaskSpec("tldr_headline_gen", SLO(2.0, 0.9), 121.82, 35.04, 13.59, 6.55),
+        TaskSpec("wikisql", SLO(20.0, 1.0), 643.22, 337.01, 27.82, 4.84),
+        TaskSpec("gsm8k", SLO(0.7, 0.2), 51.44, 15.78, 90.13, 26.73),
+        TaskSpec("sharegpt", SLO(2.0, 0.5), 259.19, 324.88, 207.79, 234.99),
+    )
+}
+
+
+def _with_slo(task: TaskSpec, slo: SLO) -> TaskSpec:
+    return TaskSpec(task.name, slo, task.input_mean, task.input_std, task.output_mean,
+                    task.output_std)
+
+
+WORKLOADS: dict[str, tuple[TaskSpec, ...]] = {
+    "four-task": tuple(TASKS[n] for n in
+                       ("medical_qa", "tldr_content_gen", "tldr_headline_gen", "wikisql")),
+    "two-task": (TASKS["gsm8k"], TASKS["sharegpt"]),
+    # Single-task evaluation (seed 000 §9.2): wikisql with TTFT 0.7 s and TPOT 0.5 s.
+    "wikisql": (_with_slo(TASKS["wikisql"], SLO(0.7, 0.5)),),
+}
+
+
+# Bursts (ours, issue 17): a task set whose rate cycles 30 s at half the mean, then 10 s at 2.5×
+# (mean: the given QPS), Poisson within each phase.
+BURSTY = {"bursty-four-task": ("four-task", ((30.0, 0.5), (10.0, 2.5)))}
+
+
+# PolyServe's setting (seed 003 §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the
+# requests, TTFT drawn from {300, 500, 1000} ms, lengths uniform with the given means.
+TIERS = ((0.02, 0.1), (0.03, 0.2), (0.05, 0.3), (0.1, 0.4))
+TTFTS = (0.3, 0.5, 1.0)
+TIERED = {"tiered-512-512": (512, 512), "tiered-4096-1024": (4096, 1024)}

@@ -1,0 +1,41 @@
+"""The plugin registries: every entry resolves to a class of that name, unknown names are a clear
+error, and the CLI starts without importing the engine, the policies or numpy (issue 18)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hfx.engine.planners import PLANNERS
+from hfx.policies import PD_POLICIES, POLICIES, make_pd_policies, make_policy
+from hfx.registry import Registry, load
+
+
+@pytest.mark.parametrize("registry", [POLICIES, PLANNERS], ids=["policies", "planners"])
+def test_every_entry_is_the_class_of_its_name(registry: Registry) -> None:
+    for name in registry:
+        assert registry[name].name == name
+
+
+def test_pd_stages_resolve() -> None:
+    for name, (dispatcher, migrator) in PD_POLICIES.items():
+        first, second = make_pd_policies(name)
+        assert type(first) is load(dispatcher) and type(second) is load(migrator)
+
+
+def test_unknown_names_list_the_choices() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'nope'; choose one of hfx, rr"):
+        make_policy("nope")
+    with pytest.raises(KeyError):
+        POLICIES["nope"]
+    assert "nope" not in POLICIES and "hfx" in POLICIES and len(POLICIES) == 8
+
+
+def test_cli_start_imports_no_engine_policy_or_numpy() -> None:
+    code = ("import sys, hfx.cli, hfx.config; "
+            "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith("
+            "('hfx.engine.core', 'hfx.policies.', 'hfx.engine.planners.', 'hfx.latency'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
