@@ -78,7 +78,7 @@ def bench_sa(n: int, repeat: int) -> dict:
     times = []
     for k in range(repeat):
         t0 = time.perf_counter()
-        plan = anneal(jobs, PROFILE.model, 16, random.Random(k))
+        plan = anneal(jobs, PROFILE.model, 16, k)
         times.append(time.perf_counter() - t0)
     _, met = evaluate(jobs, plan.order, plan.sizes, PROFILE.model)
     assert met < n, "the benchmark must time a full search, not the early exit"

@@ -16,7 +16,7 @@ from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, 
 from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
-from hfx.policies.scorpio import virtual_batch_size
+from hfx.policies.scorpio import TPOTMix, virtual_batch_size
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sim import simulate
 
@@ -233,7 +233,8 @@ def test_scorpio_predicted_tpot_on_a_hand_example():
     r = req("r", 0.0, 500, 1.0, 0.05)
     # n_real = 3; context 2000 + 500 + 3·100/2 = 2650, L_avg = 2650/3; the virtual batch size
     # with TPOTs 0.1, 0.2 and 0.05 is 0.5 + 0.25 + 1 = 1.75; ε·(α·n·L_avg + β·n + δ).
-    got = pol.predicted_tpot(sh, [0.1, 0.2], r, 100.0, alpha=1e-5, beta=2e-3, delta=0.03)
+    got = pol.predicted_tpot(sh, TPOTMix.of({0.1: 1, 0.2: 1}), r, 100.0, alpha=1e-5, beta=2e-3,
+                             delta=0.03)
     assert got == pytest.approx(1.5 * (1e-5 * 1.75 * 2650 / 3 + 2e-3 * 1.75 + 0.03))
 
 
@@ -290,11 +291,32 @@ def test_sa_search_improves_on_its_starting_solutions():
     jobs = [Job(rng.randint(200, 1500), rng.randint(10, 60), rng.random() * 0.4,
                 rng.choice([0.5, 0.7, 5.0]), 0.5) for _ in range(12)]
     start = max(objective(jobs, list(range(12)), [4, 4, 4], model), 0.0)
-    plan = anneal(jobs, model, 4, random.Random(0), t0=100, t_min=20, iterations=30)
+    plan = anneal(jobs, model, 4, 0, t0=100, t_min=20, iterations=30)
     assert sorted(plan.order) == list(range(12)) and sum(plan.sizes) == 12
     assert all(1 <= s <= 4 for s in plan.sizes)
     assert plan.score == pytest.approx(objective(jobs, plan.order, plan.sizes, model))
     assert plan.score > start
+
+
+def test_sa_search_compiled_equals_its_python_source():
+    """numba compiles the search; the plan must be the one its source computes as Python."""
+    from hfx.policies import sa_search
+
+    if not hasattr(sa_search._anneal, "py_func"):
+        pytest.skip("numba is not installed: the search runs as Python already")
+    model = StepTimeModel(0.01, 1e-4, 1e-8, 0.02, 1e-6, 1e-4)
+    rng = random.Random(5)
+    jobs = [Job(rng.randint(200, 1500), rng.randint(10, 60), rng.random() * 0.4,
+                rng.choice([0.5, 0.7]), rng.choice([0.05, 0.5])) for _ in range(14)]
+    arr, coef = sa_search._jobs_array(jobs), sa_search._coef(model)
+    order, sizes = sa_search._arrays(list(range(14)), [4, 4, 4, 2])
+    score = sa_search._evaluate(arr, order, sizes, 4, coef, 500.0, 3)[0]
+    args = (arr, coef, 500.0, 3, 4, 12345, 100.0, 20.0, 30, 0.9, order, sizes, 4, score)
+    compiled = sa_search._anneal(*args)
+    python = sa_search._anneal.py_func(*args)
+    assert compiled[0].tolist() == python[0].tolist()
+    assert compiled[1].tolist() == python[1].tolist()
+    assert compiled[2] == python[2] > score
 
 
 # ---- shared pieces and end to end ------------------------------------------------------------

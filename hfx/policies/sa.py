@@ -110,8 +110,8 @@ class SimulatedAnnealing(Policy):
                 head = pending[:self.window]
                 jobs = [Job(r.prompt_len, o, now - r.arrival, r.slo.ttft, r.slo.tpot)
                         for r, o in head]
-                self._plans[iid] = anneal(jobs, model, self.max_batch, self.rng, sh.decode_ctx,
-                                          sh.batch_size, **self.search)
+                self._plans[iid] = anneal(jobs, model, self.max_batch, self.rng.getrandbits(32),
+                                          sh.decode_ctx, sh.batch_size, **self.search)
             plan = self._plans[iid]
             size = min(plan.sizes[0], sh.free_slots())
             if size <= 0:

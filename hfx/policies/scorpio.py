@@ -19,6 +19,9 @@
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.output_length import OutputLengthPredictor
@@ -26,12 +29,41 @@ from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
 
 
+@dataclass(slots=True)
+class TPOTMix:
+    """A running set's TPOT targets as SCORPIO reads them: the tightest and Σ 1/TPOT. The virtual
+    batch size Σ TRP = tightest · Σ 1/TPOT with one more request is then O(1), not a pass over
+    the batch for every queued request (issue 18)."""
+
+    tightest: float = math.inf
+    inverse_sum: float = 0.0
+
+    @classmethod
+    def of(cls, counts: Mapping[float, int]) -> TPOTMix:
+        """From TPOT target → how many running requests have it."""
+        return cls(min(counts, default=math.inf), sum(n / t for t, n in counts.items()))
+
+    def tightest_with(self, tpot: float) -> float:
+        return min(self.tightest, tpot)
+
+    def virtual_batch_with(self, tpot: float) -> float:
+        """Σ TRP with TRP = tightest TPOT / own TPOT, one request of ``tpot`` joined."""
+        return self.tightest_with(tpot) * (self.inverse_sum + 1.0 / tpot)
+
+    def add(self, tpot: float) -> None:
+        self.tightest = min(self.tightest, tpot)
+        self.inverse_sum += 1.0 / tpot
+
+
 def virtual_batch_size(tpots: list[float]) -> float:
     """Σ TRP with TRP = tightest TPOT / own TPOT."""
     if not tpots:
         return 0.0
-    tightest = min(tpots)
-    return sum(tightest / t for t in tpots)
+    *rest, last = tpots
+    mix = TPOTMix()
+    for t in rest:
+        mix.add(t)
+    return mix.virtual_batch_with(last)
 
 
 class Scorpio(Policy):
@@ -43,7 +75,9 @@ class Scorpio(Policy):
             raise ValueError(f"the safety factor epsilon must be >= 1, got {epsilon}")
         self.epsilon = epsilon
         self.predictor = OutputLengthPredictor(output_length)
-        self._queues: dict[int, list[tuple[float, float, int, Request]]] = {}
+        # Per instance, a heap of (TTFT deadline, arrival, seq, predicted prefill, request): the
+        # prefill time is predicted once, at assignment, not on every walk of the queue.
+        self._queues: dict[int, list[tuple[float, float, int, float, Request]]] = {}
         self._pending: list[Request] = []  # arrived, not yet assigned to an instance
         self._next = 0
         self._seq = 0
@@ -62,21 +96,21 @@ class Scorpio(Policy):
                 return True
         for queue in self._queues.values():
             for i, item in enumerate(queue):
-                if item[3].id == request_id:
+                if item[4].id == request_id:
                     queue[i] = queue[-1]
                     queue.pop()
                     heapq.heapify(queue)
                     return True
         return False
 
-    def predicted_tpot(self, sh: ShadowInstance, tpots: list[float], req: Request,
+    def predicted_tpot(self, sh: ShadowInstance, mix: TPOTMix, req: Request,
                        out_len: float, alpha: float, beta: float, delta: float) -> float:
         """ε·ITL(n, L_avg) with req joined, over req's predicted life."""
         n_real = sh.batch_size + 1
         # Each running request's context grows by out_len/2 on average over req's life.
         ctx = sh.decode_ctx + req.prompt_len + n_real * out_len / 2
         l_avg = ctx / n_real
-        n = virtual_batch_size([*tpots, req.slo.tpot])
+        n = mix.virtual_batch_with(req.slo.tpot)
         return self.epsilon * (alpha * n * l_avg + beta * n + delta)
 
     def schedule(self, view: ClusterView) -> Decision:
@@ -93,7 +127,7 @@ class Scorpio(Policy):
             self._next += 1
             self._seq += 1
             heapq.heappush(self._queues[iid], (req.arrival + req.slo.ttft, req.arrival,
-                                                self._seq, req))
+                                                self._seq, model.prefill_one(req.prompt_len), req))
         self._pending.clear()
 
         alpha, beta, delta = model.decode_b, model.decode_c, model.decode_a
@@ -102,12 +136,11 @@ class Scorpio(Policy):
             queue, sh = self._queues[inst.id], self.shadow[inst.id]
             if not queue:
                 continue
-            tpots = sh.tpots()
+            mix = TPOTMix.of(sh.tpot_counts())
             # TTFT guard: cumulative predicted prefill in deadline order.
             kept, cum = [], 0.0
             for item in sorted(queue):
-                deadline, _, _, req = item
-                prefill = model.prefill_one(req.prompt_len)
+                deadline, _, _, prefill, req = item
                 if now + cum + prefill > deadline:
                     decision.reject.append(req)
                 else:
@@ -115,22 +148,20 @@ class Scorpio(Policy):
                     kept.append(item)
             # Admission by predicted TPOT.
             waiting = []
-            for item in kept:
-                req = item[3]
+            for k, item in enumerate(kept):
+                if sh.free_slots() <= 0:
+                    # No slot, and the instance is not idle: nothing more is admitted here.
+                    waiting.extend(kept[k:])
+                    break
+                req = item[4]
                 out_len = self.predictor.predict(req)
-                tightest = min([*tpots, req.slo.tpot])
-                fits = (sh.free_slots() > 0
-                        and req.prompt_len + out_len <= sh.free_kv_tokens())
-                if fits and self.predicted_tpot(sh, tpots, req, out_len, alpha, beta,
-                                                delta) <= tightest:
+                fits = req.prompt_len + out_len <= sh.free_kv_tokens()
+                if (fits and self.predicted_tpot(sh, mix, req, out_len, alpha, beta, delta)
+                        <= mix.tightest_with(req.slo.tpot)) or sh.idle:
+                    # (An idle instance admits it: there is no TPOT to protect.)
                     decision.dispatch.append(Dispatch(req, inst.id))
                     sh.add(req, out_len)
-                    tpots.append(req.slo.tpot)
-                elif sh.idle:
-                    # Nothing runs here: admit it, there is no TPOT to protect.
-                    decision.dispatch.append(Dispatch(req, inst.id))
-                    sh.add(req, out_len)
-                    tpots.append(req.slo.tpot)
+                    mix.add(req.slo.tpot)
                 else:
                     waiting.append(item)
             heapq.heapify(waiting)
@@ -142,7 +173,7 @@ class Scorpio(Policy):
 
     def on_instance_removed(self, instance_id: int) -> None:
         queue = self._queues.pop(instance_id, [])
-        self._pending.extend(item[3] for item in sorted(queue))
+        self._pending.extend(item[4] for item in sorted(queue))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self.shadow.finished(record, record.instance, self.predictor)

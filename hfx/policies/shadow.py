@@ -9,6 +9,7 @@ observations").
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hfx.engine.stats import InstanceStats
@@ -50,6 +51,10 @@ class ShadowInstance:
     def tpots(self) -> list[float]:
         """The TPOT targets of the in-flight requests (with repeats)."""
         return list(self._tpots.elements())
+
+    def tpot_counts(self) -> Mapping[float, int]:
+        """TPOT target → in-flight requests with it (a read-only view)."""
+        return self._tpots
 
     def min_tpot(self) -> float | None:
         return min(self._tpots) if self._tpots else None
