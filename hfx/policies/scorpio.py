@@ -82,6 +82,15 @@ class Scorpio(Policy):
         self._next = 0
         self._seq = 0
         self.shadow = Shadows()
+        # A decision walks only the queues that may decide differently than last time (issue
+        # 18): an instance is dirty after an assignment to it, a finish on it or a new Monitor
+        # snapshot of it; a clean one is skipped until its guard's next rejection time.
+        self._dirty: set[int] = set()
+        self._reject_at: dict[int, float] = {}
+        self._snapshot_at: dict[int, float] = {}
+        # Per-task output-length predictions, refreshed with each Monitor round rather than on
+        # every finish anywhere (which would dirty every instance).
+        self._out_len: dict[str, float] = {}
 
     def enqueue(self, request: Request, now: float) -> None:
         self._pending.append(request)
@@ -122,8 +131,13 @@ class Scorpio(Policy):
         for inst in targets:
             self._queues.setdefault(inst.id, [])
             self.shadow.sync(inst)
+            if self._snapshot_at.get(inst.id) != inst.stats.time:
+                self._snapshot_at[inst.id] = inst.stats.time
+                self._dirty.add(inst.id)
+                self._out_len.clear()
         for req in self._pending:  # round robin at arrival
             iid = targets[self._next % len(targets)].id
+            self._dirty.add(iid)
             self._next += 1
             self._seq += 1
             heapq.heappush(self._queues[iid], (req.arrival + req.slo.ttft, req.arrival,
@@ -131,11 +145,16 @@ class Scorpio(Policy):
         self._pending.clear()
 
         alpha, beta, delta = model.decode_b, model.decode_c, model.decode_a
-        busy = False
+        next_reject = math.inf
         for inst in targets:
             queue, sh = self._queues[inst.id], self.shadow[inst.id]
             if not queue:
                 continue
+            reject_at = self._reject_at.get(inst.id, -math.inf)
+            if inst.id not in self._dirty and now < reject_at:
+                next_reject = min(next_reject, reject_at)
+                continue  # the same queue, shadow and predictions: the same decision
+            self._dirty.discard(inst.id)
             mix = TPOTMix.of(sh.tpot_counts())
             # TTFT guard: cumulative predicted prefill in deadline order.
             kept, cum = [], 0.0
@@ -154,7 +173,7 @@ class Scorpio(Policy):
                     waiting.extend(kept[k:])
                     break
                 req = item[4]
-                out_len = self.predictor.predict(req)
+                out_len = self._predict(req)
                 fits = req.prompt_len + out_len <= sh.free_kv_tokens()
                 if (fits and self.predicted_tpot(sh, mix, req, out_len, alpha, beta, delta)
                         <= mix.tightest_with(req.slo.tpot)) or sh.idle:
@@ -164,16 +183,35 @@ class Scorpio(Policy):
                     mix.add(req.slo.tpot)
                 else:
                     waiting.append(item)
+            # The guard rejects a waiting request once now + Σ prefill up to it > its deadline.
+            cum, reject_at = 0.0, math.inf
+            for deadline, _, _, prefill, _ in waiting:
+                cum += prefill
+                if deadline - cum < reject_at:
+                    reject_at = deadline - cum
+            self._reject_at[inst.id] = reject_at
+            next_reject = min(next_reject, reject_at)
             heapq.heapify(waiting)
             self._queues[inst.id] = waiting
-            busy = busy or bool(waiting)
-        if busy:  # look again at the next iteration boundary
-            decision.wake_at = now + max(model.decode_a, 1e-3)
+        if next_reject < math.inf:  # at the next iteration boundary, or when the guard acts
+            decision.wake_at = max(now + max(model.decode_a, 1e-3), next_reject)
         return decision
 
+    def _predict(self, req: Request) -> float:
+        if self.predictor.mode == "oracle":
+            return self.predictor.predict(req)
+        out = self._out_len.get(req.task)
+        if out is None:
+            out = self._out_len[req.task] = self.predictor.predict(req)
+        return out
+
     def on_instance_removed(self, instance_id: int) -> None:
+        self._dirty.discard(instance_id)
+        self._reject_at.pop(instance_id, None)
         queue = self._queues.pop(instance_id, [])
         self._pending.extend(item[4] for item in sorted(queue))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self.shadow.finished(record, record.instance, self.predictor)
+        if record.instance is not None:
+            self._dirty.add(record.instance)
