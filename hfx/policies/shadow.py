@@ -48,10 +48,6 @@ class ShadowInstance:
     def idle(self) -> bool:
         return not self.inflight
 
-    def tpots(self) -> list[float]:
-        """The TPOT targets of the in-flight requests (with repeats)."""
-        return list(self._tpots.elements())
-
     def tpot_counts(self) -> Mapping[float, int]:
         """TPOT target → in-flight requests with it (a read-only view)."""
         return self._tpots
