@@ -90,7 +90,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = model_from_args(SimConfig, args, args.config, **fixed, qps=qps[0])
     for _, fields in series:
         model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
-    results = run_grid(base, series, qps, jobs=args.jobs, seeds=args.seeds)
+    results = run_grid(base, series, qps, jobs=args.jobs, seeds=args.seeds,
+                       ray_address=args.ray_address)
     print(table(results))
     if preset and preset.ratios:
         print(ratio_table(results, preset.ratios))
@@ -107,7 +108,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from hfx.evaluation.capacity import capacity
 
     config = model_from_args(SimConfig, args, args.config)
-    result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs)
+    result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs,
+                      args.ray_address)
     for s in result["seeds"]:
         probes = "  ".join(f"{p['qps']:.4g}:{p['attainment']:.3f}" for p in s["probes"])
         print(f"seed {s['seed']}: {s['capacity']:.4g} QPS   (qps:attainment  {probes})")
@@ -295,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--name", help="file name stem (default: sweep-<workload>)")
     sweep.add_argument("--jobs", type=int, default=None,
                        help="parallel processes (default: one per core)")
+    sweep.add_argument("--ray-address", metavar="ADDR", default=None,
+                       help="run the points on a Ray cluster instead of local processes: "
+                       "auto, ray://HOST:10001, or local (start one here); hfx must be "
+                       "installed on its nodes")
     sweep.add_argument("--seeds", type=int, default=1,
                        help="workload seeds per point, from --seed on; tables show the mean "
                        "and attainment's std (default: 1)")
@@ -316,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop when the bracket is this close, relative (default: 0.02)")
     cap.add_argument("--jobs", type=int, default=None,
                      help="parallel processes (default: one per core, at most one per seed)")
+    cap.add_argument("--ray-address", metavar="ADDR", default=None,
+                     help="run the seeds on a Ray cluster instead of local processes: auto, "
+                     "ray://HOST:10001, or local (start one here)")
     add_model_args(cap, SimConfig)
     cap.set_defaults(func=cmd_capacity)
 

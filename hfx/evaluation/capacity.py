@@ -11,12 +11,11 @@ probes, and the mean and spread.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 
 from hfx.config import SimConfig
+from hfx.evaluation.runner import run_all
 from hfx.sim import simulate
 
 DEFAULT_DURATION = 300.0  # seconds of arrivals per probe, when the config gives none
@@ -95,18 +94,14 @@ def over_seeds(per_seed: list[dict]) -> dict:
 
 
 def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: float = 0.02,
-             jobs: int | None = None) -> dict:
-    """``seed_capacity`` for seeds ``config.seed`` … ``config.seed + seeds − 1`` (in parallel),
-    and their mean and spread, in requests/s for the whole fleet and per instance."""
+             jobs: int | None = None, ray_address: str | None = None) -> dict:
+    """``seed_capacity`` for seeds ``config.seed`` … ``config.seed + seeds − 1`` (in parallel:
+    ``jobs`` processes, or the Ray cluster at ``ray_address``), and their mean and spread, in
+    requests/s for the whole fleet and per instance."""
     config = steady(config)
     configs = [config.model_copy(update={"seed": config.seed + i}) for i in range(seeds)]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, seeds))
-    if jobs == 1:
-        per_seed = [seed_capacity(c, target, tolerance) for c in configs]
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            per_seed = list(pool.map(seed_capacity, configs, [target] * seeds,
-                                     [tolerance] * seeds))
+    per_seed = run_all(seed_capacity, [(c, target, tolerance) for c in configs], jobs,
+                       ray_address, progress=False, desc="capacity")
     over = over_seeds(per_seed)
     instances = config.max_instances or config.initial_instances
     return {

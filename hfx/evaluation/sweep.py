@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt
-from tqdm import tqdm
 
 from hfx.config import SimConfig
+from hfx.evaluation.runner import run_all
 from hfx.sim import simulate
 
 
 def run_grid(base: SimConfig, series: Iterable[tuple[str, dict]], qps: Iterable[float],
-             jobs: int | None = None, progress: bool = True, seeds: int = 1) -> list[dict]:
+             jobs: int | None = None, progress: bool = True, seeds: int = 1,
+             ray_address: str | None = None) -> list[dict]:
     """Every (series, qps) pair on top of ``base``, for ``seeds`` workload seeds from
-    ``base.seed`` on; results ordered by series, then QPS, then seed.
+    ``base.seed`` on; results ordered by series, then QPS, then seed. Runs go to ``jobs``
+    processes, or to the Ray cluster at ``ray_address`` (hfx/evaluation/runner.py).
 
     A series is a label and the config fields it sets (``("hfx", {"policy": "hfx"})``); each
     result carries its label under ``series``.
@@ -30,24 +30,11 @@ def run_grid(base: SimConfig, series: Iterable[tuple[str, dict]], qps: Iterable[
     labelled = [(label, SimConfig(**{**base.model_dump(), **fields, "qps": q,
                                      "seed": base.seed + i}))
                 for label, fields in series for q in qps for i in range(seeds)]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(labelled)))
-    results: list[dict | None] = [None] * len(labelled)
-    bar = tqdm(total=len(labelled), desc="sweep", unit="run", disable=not progress or None)
-    if jobs == 1:
-        for i, (_, cfg) in enumerate(labelled):
-            results[i] = simulate(cfg)
-            bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(simulate, cfg): i for i, (_, cfg) in enumerate(labelled)}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                bar.update()
-    bar.close()
+    results = run_all(simulate, [(cfg,) for _, cfg in labelled], jobs, ray_address, progress,
+                      desc="sweep")
     for (label, _), r in zip(labelled, results, strict=True):
-        assert r is not None
         r["series"] = label
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
