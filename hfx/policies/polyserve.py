@@ -167,10 +167,11 @@ class PolyServe(Policy):
         for tier in tiers:
             queue, waiting = self._queues[tier], []
             misses = 0
-            for pos, item in enumerate(queue):
+            looked = 0
+            for item in queue:
                 if misses >= self.max_misses:  # later requests of the tier wait for next time
-                    waiting.extend(queue[pos:])
                     break
+                looked += 1
                 req = item[2]
                 lost = ttft_lost(req, self._model, now)
                 own = [i for i in targets if self.tier_of[i.id] == tier]
@@ -200,7 +201,9 @@ class PolyServe(Policy):
                 self._recent[inst.id].append((now, req.prompt_len))
                 if self.tier_of[inst.id] == req.slo.tpot:
                     self._own[inst.id] += 1
-            self._queues[tier] = waiting
+            # Only the head was looked at: replace it in place rather than copy the whole
+            # queue (a copy per call grows with the backlog, issue 18).
+            queue[:looked] = waiting
         if self.num_queued():  # requests wait for capacity: look again at the next iteration
             decision.wake_at = now + max(view.step_model.decode_a, 1e-3)
         return decision

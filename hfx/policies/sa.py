@@ -116,9 +116,12 @@ class SimulatedAnnealing(Policy):
             size = min(plan.sizes[0], sh.free_slots())
             if size <= 0:
                 continue  # the engine is full: a finished request will call us again
-            chosen = set(plan.order[:size])
-            batch = [pending[j] for j in plan.order[:size]]
-            self._pending[iid] = [x for j, x in enumerate(pending) if j not in chosen]
+            chosen = plan.order[:size]
+            batch = [pending[j] for j in chosen]
+            # The plan indexes the head (the first ``window``): delete there, in place, rather
+            # than copy a backlog that grows in overload (issue 18).
+            for j in sorted(chosen, reverse=True):
+                del pending[j]
             self._plans[iid] = None
             s_len = s_sq = 0
             for req, out_len in batch:
