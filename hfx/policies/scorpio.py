@@ -14,6 +14,9 @@
   (α, β, γ, δ) come from the dispatcher's step-time model, Eq. 2: α = b', β = c', γ = 0, δ = a'.
 - Running requests are batched by credits inside the engine (planner ``credit``).
 - Output length: the shared per-task mean (SCORPIO's classifier is not available here).
+- Speed (ours, issue 18): a decision re-walks only the queues that an event changed (an
+  assignment, a finish, a Monitor snapshot) or whose guard's next rejection is due, so the
+  per-task output means it reads are refreshed with each Monitor round, not on every finish.
 """
 
 from __future__ import annotations
