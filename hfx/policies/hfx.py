@@ -126,13 +126,16 @@ class HFXDispatcher(Policy):
         shadows = {inst.id: self._shadow_of(inst, view) for inst in targets}
         if not self.num_queued() or not targets:
             return decision
-        # Q_W: instances in maturity order; each mature one is served once per call.
-        for inst in sorted(targets, key=lambda i: (self.maturity[i.id], i.id)):
-            if self.maturity[inst.id] > now or not self.num_queued():
+        # Q_W: instances in maturity order; each mature one is served once per call. Only the
+        # mature ones are ordered (a call serves no other; sorting the fleet cost O(N log N)).
+        maturity = self.maturity
+        mature = [i.id for i in targets if maturity[i.id] <= now]
+        for iid in sorted(mature, key=lambda i: (maturity[i], i)):
+            if not self.num_queued():
                 break
-            self._serve(inst.id, shadows[inst.id], model, now, decision)
+            self._serve(iid, shadows[iid], model, now, decision)
         if self.num_queued():
-            decision.wake_at = min(self.maturity[i.id] for i in targets)
+            decision.wake_at = min(maturity[i.id] for i in targets)
             if decision.wake_at <= now:  # a mature instance could take nothing: next iteration
                 decision.wake_at = now + max(model.decode_a, 1e-3)
         return decision
