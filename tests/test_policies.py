@@ -16,7 +16,7 @@ from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, 
 from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
-from hfx.policies.scorpio import TPOTMix, virtual_batch_size
+from hfx.policies.scorpio import TPOTMix
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sim import simulate
 
@@ -233,14 +233,21 @@ def test_scorpio_predicted_tpot_on_a_hand_example():
     r = req("r", 0.0, 500, 1.0, 0.05)
     # n_real = 3; context 2000 + 500 + 3·100/2 = 2650, L_avg = 2650/3; the virtual batch size
     # with TPOTs 0.1, 0.2 and 0.05 is 0.5 + 0.25 + 1 = 1.75; ε·(α·n·L_avg + β·n + δ).
-    got = pol.predicted_tpot(sh, TPOTMix.of({0.1: 1, 0.2: 1}), r, 100.0, alpha=1e-5, beta=2e-3,
-                             delta=0.03)
+    got = pol.predicted_tpot(sh, TPOTMix(0.1, 1 / 0.1 + 1 / 0.2), r, 100.0, alpha=1e-5,
+                             beta=2e-3, delta=0.03)
     assert got == pytest.approx(1.5 * (1e-5 * 1.75 * 2650 / 3 + 2e-3 * 1.75 + 0.03))
 
 
 def test_virtual_batch_size_is_sum_of_trp():
-    assert virtual_batch_size([0.25, 0.5, 1.0]) == pytest.approx(1 + 0.5 + 0.25)
-    assert virtual_batch_size([]) == 0.0
+    assert TPOTMix().virtual_batch_with(1.0) == 1.0  # alone
+    running = TPOTMix()
+    for t in (0.25, 0.5):
+        running.add(t)
+    assert running.virtual_batch_with(1.0) == pytest.approx(1 + 0.5 + 0.25)
+    running = TPOTMix()
+    for t in (0.5, 1.0):
+        running.add(t)
+    assert running.virtual_batch_with(0.25) == pytest.approx(1 + 0.5 + 0.25)  # new tightest
 
 
 def test_credit_rule_decodes_in_proportion_to_tpot(vloop):

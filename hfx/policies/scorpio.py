@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
@@ -42,9 +41,9 @@ class TPOTMix:
     inverse_sum: float = 0.0
 
     @classmethod
-    def of(cls, counts: Mapping[float, int]) -> TPOTMix:
-        """From TPOT target → how many running requests have it."""
-        return cls(min(counts, default=math.inf), sum(n / t for t, n in counts.items()))
+    def of(cls, sh: ShadowInstance) -> TPOTMix:
+        """The in-flight requests of an instance's shadow."""
+        return cls(sh.min_tpot() or math.inf, sh.tpot_demand())
 
     def tightest_with(self, tpot: float) -> float:
         return min(self.tightest, tpot)
@@ -56,17 +55,6 @@ class TPOTMix:
     def add(self, tpot: float) -> None:
         self.tightest = min(self.tightest, tpot)
         self.inverse_sum += 1.0 / tpot
-
-
-def virtual_batch_size(tpots: list[float]) -> float:
-    """Σ TRP with TRP = tightest TPOT / own TPOT."""
-    if not tpots:
-        return 0.0
-    *rest, last = tpots
-    mix = TPOTMix()
-    for t in rest:
-        mix.add(t)
-    return mix.virtual_batch_with(last)
 
 
 class Scorpio(Policy):
@@ -158,7 +146,7 @@ class Scorpio(Policy):
                 next_reject = min(next_reject, reject_at)
                 continue  # the same queue, shadow and predictions: the same decision
             self._dirty.discard(inst.id)
-            mix = TPOTMix.of(sh.tpot_counts())
+            mix = TPOTMix.of(sh)
             # TTFT guard: cumulative predicted prefill in deadline order.
             kept, cum = [], 0.0
             for item in sorted(queue):

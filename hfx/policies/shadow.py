@@ -9,7 +9,6 @@ observations").
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hfx.engine.stats import InstanceStats
@@ -48,9 +47,9 @@ class ShadowInstance:
     def idle(self) -> bool:
         return not self.inflight
 
-    def tpot_counts(self) -> Mapping[float, int]:
-        """TPOT target → in-flight requests with it (a read-only view)."""
-        return self._tpots
+    def tpot_demand(self) -> float:
+        """Σ 1/TPOT over the in-flight requests: tokens per second their targets ask for."""
+        return sum(n / t for t, n in self._tpots.items())
 
     def min_tpot(self) -> float | None:
         return min(self._tpots) if self._tpots else None

@@ -121,9 +121,8 @@ class SLOsServe(ArrivalOrderPolicy):
             pending.append(x)
             left -= x.prompt
         forced = [Item(x.key, x.deadline, x.prompt, 0.0, 0.0, True) for x in pending]
-        counts = sh.tpot_counts()
-        demand0 = sum(n / t for t, n in counts.items())
-        t0 = SLOPacedPlanner.pace * min(min(counts, default=req.slo.tpot), req.slo.tpot)
+        demand0 = sh.tpot_demand()
+        t0 = SLOPacedPlanner.pace * min(sh.min_tpot() or req.slo.tpot, req.slo.tpot)
         ctx = sh.decode_ctx / sh.batch_size if sh.batch_size else float(req.prompt_len)
         return bool(admit([*forced, self._item(req)], now, model, t0, demand0,
                           sh.free_kv_tokens(), ctx))
