@@ -154,11 +154,26 @@ def _drop_batch(sizes: np.ndarray, nb: int, k: int) -> int:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _can_squeeze(sizes: np.ndarray, k: int, max_batch: int) -> bool:
+    """A request of batch ``k`` may join the previous batch."""
+    return k > 0 and sizes[k - 1] < max_batch
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _can_delay(sizes: np.ndarray, nb: int, k: int, max_batch: int) -> bool:
+    """A request of batch ``k`` may move to the next batch (or a new last one): not when it is
+    alone in the last batch (nowhere later to go), nor when the next batch is full."""
+    if sizes[k] == 1 and k == nb - 1:
+        return False
+    return not (k + 1 < nb and sizes[k + 1] >= max_batch)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _squeeze(order: np.ndarray, sizes: np.ndarray, nb: int, position: int,
              max_batch: int) -> tuple[bool, int]:
     """Move the request at ``position`` to the end of the previous batch, in place."""
     k, start = _batch_of(sizes, nb, position)
-    if k == 0 or sizes[k - 1] >= max_batch:
+    if not _can_squeeze(sizes, k, max_batch):
         return False, nb
     moved = order[position]
     for q in range(position, start, -1):  # the previous batch ends right before ``start``
@@ -177,9 +192,7 @@ def _delay(order: np.ndarray, sizes: np.ndarray, nb: int, position: int,
     """Move the request at ``position`` to the front of the next batch (a new one after the
     last), in place."""
     k, start = _batch_of(sizes, nb, position)
-    if sizes[k] == 1 and k == nb - 1:
-        return False, nb  # alone in the last batch: nowhere later to go
-    if k + 1 < nb and sizes[k + 1] >= max_batch:
+    if not _can_delay(sizes, nb, k, max_batch):
         return False, nb
     end = start + sizes[k]  # first position of the next batch
     moved = order[position]
@@ -217,21 +230,17 @@ def _anneal(jobs: np.ndarray, coef: np.ndarray, base_ctx: float, base_batch: int
             state = _next(state)
             move = state / _TWO32
             state = _next(state)
-            if move < 1 / 3 or move < 2 / 3:
+            if move < 2 / 3:
                 position = state % n
                 k, _start = _batch_of(cur_s, cur_nb, position)
-                if move < 1 / 3:
-                    if k == 0 or cur_s[k - 1] >= max_batch:
-                        continue  # squeeze impossible: nothing to copy or evaluate
-                    k0 = k - 1
-                else:
-                    if (cur_s[k] == 1 and k == cur_nb - 1) or (
-                            k + 1 < cur_nb and cur_s[k + 1] >= max_batch):
-                        continue  # delay impossible
-                    k0 = k
+                squeeze = move < 1 / 3
+                if not (_can_squeeze(cur_s, k, max_batch) if squeeze
+                        else _can_delay(cur_s, cur_nb, k, max_batch)):
+                    continue  # the move is impossible: nothing to copy or evaluate
+                k0 = k - 1 if squeeze else k  # the first batch the move changes
                 cand_o[:] = cur_o
                 cand_s[:] = cur_s
-                if move < 1 / 3:
+                if squeeze:
                     _, cand_nb = _squeeze(cand_o, cand_s, cur_nb, position, max_batch)
                 else:
                     _, cand_nb = _delay(cand_o, cand_s, cur_nb, position, max_batch)
