@@ -1,4 +1,4 @@
-"""A registry of named plugins that imports each one on first use.
+"""A registry of named plugins that imports each one on first use; lazy package exports.
 
 The CLI lists names and validates a configuration against them on every start; importing every
 policy and planner (and numpy with them) for that cost half a second (issue 18). A registry here
@@ -8,10 +8,27 @@ holds ``name → "module:Class"`` and resolves the class only when it is looked 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Any:
+    """A module ``__getattr__`` (PEP 562) for ``package``: ``name → module`` re-exports imported
+    on first access and then kept, so importing a light submodule does not pull in the rest."""
+
+    def __getattr__(name: str) -> Any:
+        try:
+            module = exports[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
 
 
 def load(path: str) -> object:

@@ -6,8 +6,7 @@ registry, the config) does not pull in the core and numpy.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hfx.registry import lazy_exports
 
 _EXPORTS = {
     "EngineConfig": "hfx.engine.config",
@@ -26,14 +25,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'hfx.engine' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hfx.registry import Registry, load
+from hfx.registry import Registry, lazy_exports, load
 
 if TYPE_CHECKING:
     from hfx.policies.base import Policy
@@ -58,14 +58,8 @@ def make_policy(name: str, **params: Any) -> Policy:
 
 
 _BASE = ("ClusterView", "Decision", "Dispatch", "InstanceView", "Policy")
-
-
-def __getattr__(name: str) -> Any:
-    # The base types, re-exported without importing them (and the engine) at package import.
-    if name in _BASE:
-        from hfx.policies import base
-        return getattr(base, name)
-    raise AttributeError(f"module 'hfx.policies' has no attribute {name!r}")
+# The base types, re-exported without importing them (and the engine) at package import.
+__getattr__ = lazy_exports(__name__, dict.fromkeys(_BASE, "hfx.policies.base"))
 
 
 __all__ = ["PD_POLICIES", "POLICIES", *_BASE, "make_pd_policies", "make_policy"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hfx.registry import Registry
+from hfx.registry import Registry, lazy_exports
 
 if TYPE_CHECKING:
     from hfx.engine.config import EngineConfig
@@ -28,13 +28,7 @@ def make_planner(config: EngineConfig, model: StepTimeModel | None = None) -> Ba
 
 
 _BASE = ("BatchPlanner", "EngineState", "SchedulerOutput")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _BASE:
-        from hfx.engine.planners import base
-        return getattr(base, name)
-    raise AttributeError(f"module 'hfx.engine.planners' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, dict.fromkeys(_BASE, "hfx.engine.planners.base"))
 
 
 __all__ = ["PLANNERS", *_BASE, "make_planner"]
