@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -93,19 +94,33 @@ def test_greedy_output_equals_transformers_on_the_same_weights(gw, mini_checkpoi
 
 
 def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
-    body = {"model": gw.model, "prompt": "a long one", "max_tokens": 1500, "stream": True,
-            "ignore_eos": True}
+    max_tokens = 2000
+    body = {"model": gw.model, "prompt": "a long one", "max_tokens": max_tokens,
+            "stream": True, "ignore_eos": True}
 
-    def running() -> float:
-        return sum(vllm_metrics(b.url).get("vllm:num_requests_running", 0)
-                   for b in backends(gw))
+    def total(name: str) -> float:
+        return sum(vllm_metrics(b.url).get(name, 0) for b in backends(gw))
 
+    def seen() -> list:
+        return [(b.id, b.in_flight(), {k: v for k, v in vllm_metrics(b.url).items()
+                                       if k.startswith("vllm:num_requests")
+                                       or k == "vllm:generation_tokens_total"})
+                for b in backends(gw)]
+
+    generated = "vllm:generation_tokens_total"
+    before = total(generated)
     with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         for _ in range(5):
             next(line for line in lines if line.startswith("data: "))
-        wait_for(lambda: running() == 1, 10, "vLLM to report the request running")
-    wait_for(lambda: running() == 0, 15, "vLLM to drop the aborted request")
+        # Counted by vLLM itself, not by the gateway that streamed them.
+        wait_for(lambda: total(generated) - before >= 5, 20, "vLLM to generate its tokens", seen)
+    wait_for(lambda: total("vllm:num_requests_running") == 0, 30,
+             "vLLM to drop the aborted request", seen)
+    # Dropped, not finished: no token comes after, and far fewer came than were asked for.
+    stopped = total(generated)
+    time.sleep(1.0)
+    assert total(generated) == stopped < before + max_tokens
     wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record")
 
 
