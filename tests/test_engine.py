@@ -105,7 +105,8 @@ def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
     seqs = [seq(f"r{i}", 8, 12) for i in range(6)]
     for s in seqs:
         engine.add_request(s)
-    peak = []
+    assert engine.state.waiting.blocks == 6 * 2
+    peak, requeued = [], []
 
     def check(e):
         used = e.kv.num_used_blocks
@@ -113,6 +114,10 @@ def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
         owned = sum(len(s.block_table) for s in e.state.running)
         assert owned == used  # no leaked or double-owned blocks
         peak.append(used)
+        # The queue's running total of the blocks it will need (what stats report), through
+        # admissions and preemptions back to the front.
+        assert e.state.waiting.blocks == sum(-(-s.num_tokens // 4) for s in e.state.waiting)
+        requeued.append(sum(s.num_preemptions > 0 for s in e.state.waiting))
 
     tokens, transitions = vloop.run_until_complete(drain(engine, check))
     assert {k: len(v) for k, v in tokens.items()} == {f"r{i}": 12 for i in range(6)}
@@ -124,7 +129,9 @@ def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
     if planner == "prefill-first":  # whole prompts: one recompute prefill per preemption
         assert sum(s.num_preemptions for s in seqs) == recomputes
     assert max(peak) == engine.kv.num_blocks
+    assert max(requeued) >= 1  # the total was checked with preempted sequences queued
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert engine.state.waiting.blocks == 0
 
 
 def test_recompute_keeps_generated_tokens(vloop):
@@ -155,6 +162,9 @@ def test_abort_frees_kv_and_reports_once(vloop):
 
     async def scenario():
         await engine.step()
+        engine.add_request(seq("c", 9, 2))  # 3 blocks of 4, waiting
+        assert engine.state.waiting.blocks == 3
+        assert engine.abort("c")
         assert engine.abort("a")
         assert not engine.abort("nope")
         return await drain(engine)
@@ -162,6 +172,8 @@ def test_abort_frees_kv_and_reports_once(vloop):
     tokens, transitions = vloop.run_until_complete(scenario())
     assert ("a", RequestStatus.FINISHED_ABORTED) in transitions
     assert [t for t in transitions if t[0] == "a"] == [("a", RequestStatus.FINISHED_ABORTED)]
+    assert ("c", RequestStatus.FINISHED_ABORTED) in transitions and "c" not in tokens
+    assert engine.state.waiting.blocks == 0
     assert len(tokens["b"]) == 2  # b's first token came in the first step
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
 

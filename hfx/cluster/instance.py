@@ -139,7 +139,7 @@ class LocalInstance:
             num_running=e.num_running,
             num_held=len(e.held),
             kv_used_blocks=e.kv.num_used_blocks,
-            kv_waiting_blocks=sum(e.kv.blocks_for(s.num_tokens) for s in e.state.waiting),
+            kv_waiting_blocks=e.state.waiting.blocks,
             kv_total_blocks=e.kv.num_blocks,
             block_size=e.kv.block_size,
             decode_ctx=sum(s.num_tokens for s in e.state.running),

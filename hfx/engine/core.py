@@ -8,7 +8,6 @@ from the running loop.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -17,6 +16,7 @@ from hfx.engine.config import EngineConfig
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
+from hfx.engine.waiting import WaitingQueue
 from hfx.latency import StepTimeModel
 
 
@@ -105,7 +105,8 @@ class EngineCore:
         # Planners that pace by time need the instance's step-time model; a SimExecutor has it.
         self.planner = make_planner(config, step_model or getattr(executor, "model", None))
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
-        self.state = EngineState(waiting=deque(), running=[], kv=self.kv)
+        self.state = EngineState(waiting=WaitingQueue(config.block_size), running=[],
+                                 kv=self.kv)
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
         self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way
         self._seqs: dict[str, Sequence] = {}

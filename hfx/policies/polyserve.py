@@ -52,18 +52,24 @@ class IterationTable:
 
     def __init__(self, model: StepTimeModel) -> None:
         self.times = [[model.decode_time(kv, b) for kv in self.KV] for b in self.BATCH]
+        # Batch sizes are integers: their cells, looked up rather than searched.
+        self._cells = [_locate(self.BATCH, b) for b in range(self.BATCH[-1] + 1)]
 
     def __call__(self, batch: int, kv: float) -> float:
-        def locate(grid: tuple, x: float) -> tuple[int, float]:
-            i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
-            return i, min(max((x - grid[i]) / (grid[i + 1] - grid[i]), 0.0), 1.0)
-
-        i, fb = locate(self.BATCH, batch)
-        j, fk = locate(self.KV, kv)
+        # Called several times per placement attempt (the hot path of a polyserve run).
+        cells = self._cells
+        i, fb = cells[batch] if 0 <= batch < len(cells) else _locate(self.BATCH, batch)
+        j, fk = _locate(self.KV, kv)
         t = self.times
         low = t[i][j] * (1 - fk) + t[i][j + 1] * fk
         high = t[i + 1][j] * (1 - fk) + t[i + 1][j + 1] * fk
         return low * (1 - fb) + high * fb
+
+
+def _locate(grid: tuple, x: float) -> tuple[int, float]:
+    """The grid cell holding ``x`` and where in it (0..1, clamped at the grid's ends)."""
+    i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
+    return i, min(max((x - grid[i]) / (grid[i + 1] - grid[i]), 0.0), 1.0)
 
 
 class PolyServe(Policy):
@@ -81,8 +87,10 @@ class PolyServe(Policy):
         self.tier_of: dict[int, float | None] = {}  # instance → TPOT tier, None = idle pool
         self._queues: dict[float, list[tuple[float, str, Request]]] = defaultdict(list)
         self._own: dict[int, int] = defaultdict(int)  # in-flight requests of its own tier
-        # Prompts dispatched since each instance's last Monitor snapshot: (time, tokens).
+        # Prompts dispatched since each instance's last Monitor snapshot: (time, tokens), and
+        # their sum; pruned when a new snapshot arrives, not on every call (issue 18).
         self._recent: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        self._recent_tokens: dict[int, int] = defaultdict(int)
         self._stats_time: dict[int, float] = {}
         self._waiting_tokens: dict[int, int] = {}
         self._table: IterationTable | None = None
@@ -107,7 +115,7 @@ class PolyServe(Policy):
     def queued_prefill(self, iid: int) -> int:
         """Prompt tokens not yet prefilled: waiting at the last snapshot, plus those sent since
         (prompts sent before the snapshot are dropped from the list in ``schedule``)."""
-        return self._waiting_tokens.get(iid, 0) + sum(n for _, n in self._recent[iid])
+        return self._waiting_tokens.get(iid, 0) + self._recent_tokens[iid]
 
     def fits(self, sh: ShadowInstance, tier: float, req: Request, now: float,
              ttft: bool = True) -> bool:
@@ -115,10 +123,12 @@ class PolyServe(Policy):
         is False — TTFT?"""
         model, table = self._model, self._table
         assert model is not None and table is not None
+        if req.slo.tpot < tier or sh.free_slots() <= 0:  # the cheap refusals first
+            return False
         out_len = self.predictor.predict(req)
         batch = sh.batch_size + 1
         kv_max = sh.decode_ctx + req.prompt_len + batch * out_len  # grown over its life
-        if table(batch, kv_max) > tier or sh.free_slots() <= 0:
+        if table(batch, kv_max) > tier:
             return False
         if req.prompt_len + out_len > sh.free_kv_tokens():
             return False
@@ -133,7 +143,7 @@ class PolyServe(Policy):
         step = table(batch, sh.decode_ctx)
         first_token = now + table(max(1, sh.batch_size), sh.decode_ctx) + chunks * step \
             + model.prefill_b * tokens
-        return (not ttft or first_token <= req.arrival + req.slo.ttft) and req.slo.tpot >= tier
+        return not ttft or first_token <= req.arrival + req.slo.ttft
 
     def _place(self, req: Request, candidates: list[InstanceView], now: float,
                lost: bool) -> InstanceView | None:
@@ -158,10 +168,8 @@ class PolyServe(Policy):
         for inst in targets:
             self.shadow.sync(inst)
             self.tier_of.setdefault(inst.id, None)
-            self._stats_time[inst.id] = inst.stats.time
-            self._waiting_tokens[inst.id] = inst.stats.kv_waiting_blocks * inst.stats.block_size
-            self._recent[inst.id] = [(t, n) for t, n in self._recent[inst.id]
-                                     if t >= inst.stats.time]
+            if self._stats_time.get(inst.id) != inst.stats.time:  # a new snapshot
+                self._new_snapshot(inst)
         self._scale_down(targets)
         tiers = sorted(t for t, q in self._queues.items() if q)
         for tier in tiers:
@@ -199,6 +207,7 @@ class PolyServe(Policy):
                 decision.dispatch.append(Dispatch(req, inst.id))
                 self.shadow[inst.id].add(req, self.predictor.predict(req))
                 self._recent[inst.id].append((now, req.prompt_len))
+                self._recent_tokens[inst.id] += req.prompt_len
                 if self.tier_of[inst.id] == req.slo.tpot:
                     self._own[inst.id] += 1
             # Only the head was looked at: replace it in place rather than copy the whole
@@ -207,6 +216,16 @@ class PolyServe(Policy):
         if self.num_queued():  # requests wait for capacity: look again at the next iteration
             decision.wake_at = now + max(view.step_model.decode_a, 1e-3)
         return decision
+
+    def _new_snapshot(self, inst: InstanceView) -> None:
+        """The snapshot counts the prompts sent before it as waiting (or run): drop them from
+        the recent list."""
+        stats = inst.stats
+        self._stats_time[inst.id] = stats.time
+        self._waiting_tokens[inst.id] = stats.kv_waiting_blocks * stats.block_size
+        recent = [(t, n) for t, n in self._recent[inst.id] if t >= stats.time]
+        self._recent[inst.id] = recent
+        self._recent_tokens[inst.id] = sum(n for _, n in recent)
 
     def _scale_down(self, targets: list[InstanceView]) -> None:
         for inst in targets:

@@ -9,13 +9,13 @@ goes back to the front of the waiting queue with the tokens it already generated
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.config import EngineConfig
 from hfx.engine.sequence import RequestStatus, Sequence
+from hfx.engine.waiting import WaitingQueue
 from hfx.latency import BatchShape, StepTimeModel
 
 
@@ -23,7 +23,7 @@ from hfx.latency import BatchShape, StepTimeModel
 class EngineState:
     """The queues a planner works on; owned by the engine core."""
 
-    waiting: deque[Sequence]
+    waiting: WaitingQueue
     running: list[Sequence]
     kv: BlockManager
     now: float = 0.0  # the loop's time when the step is planned (set by the engine core)
