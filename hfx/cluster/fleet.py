@@ -73,6 +73,12 @@ class Fleet:
             view = self.views.get(iid)
             if view is not None:  # an instance between roles has no view for a moment
                 view.stats = stats
+        self._changed()
+
+    def _changed(self) -> None:
+        """Tell every stage's view that snapshots, acceptance or membership moved."""
+        for stage in self.stages.values():
+            stage.view.changed()
 
     # ---- outstanding work ------------------------------------------------------------------
     def count(self, instance_id: int, request: Request, sign: int) -> None:
@@ -110,6 +116,7 @@ class Fleet:
         view = self.views[instance.id] = InstanceView(instance.id, instance.role, stats)
         stage = self.stages[instance.role]
         stage.view.instances.append(view)
+        stage.view.changed()
         if self.tl is not None:  # links to the other pool before it serves (seed 000 §6)
             (self.tl.add_prefill if instance.role is Role.PREFILL else self.tl.add_decode)(
                 instance.id)
@@ -120,6 +127,7 @@ class Fleet:
         """Take no new work on this instance; it leaves once it holds nothing."""
         view = self.views[instance_id]
         view.accepting = False
+        self._changed()
         self._draining.add(instance_id)
         stage = self.stages[view.role]
         stage.policy.on_instance_removed(instance_id)
@@ -136,6 +144,7 @@ class Fleet:
         view = self.views.pop(instance_id)
         stage = self.stages[view.role]
         stage.view.instances = [v for v in stage.view.instances if v.id != instance_id]
+        stage.view.changed()
         if self.tl is not None:
             self.tl.remove(instance_id)
         self.monitor.latest.pop(instance_id, None)

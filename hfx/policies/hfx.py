@@ -54,6 +54,7 @@ from hfx.policies.base import (
     Policy,
     ttft_lost,
 )
+from hfx.policies.maturity import MaturityQueue
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
@@ -96,7 +97,8 @@ class HFXDispatcher(Policy):
         self.queue = SLOQueue()  # Q_R
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
-        self.maturity: dict[int, float] = {}
+        self.maturity = MaturityQueue()  # Q_W
+        self._synced: tuple[ClusterView, int] | None = None  # the view version shadows follow
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -115,27 +117,34 @@ class HFXDispatcher(Policy):
         return False
 
     # ---- the dispatcher ---------------------------------------------------------------------
-    def _shadow_of(self, inst: InstanceView, view: ClusterView) -> ShadowInstance:
-        self.maturity.setdefault(inst.id, view.now)
-        return self.shadow.sync(inst)
+    def _sync(self, view: ClusterView, targets: list[InstanceView]) -> None:
+        """Shadows and Q_W follow the snapshots and the membership; both move only when the
+        view's version does (O(N) once per snapshot, not per call)."""
+        if self._synced is not None and self._synced[0] is view \
+                and self._synced[1] == view.version:
+            return
+        for inst in targets:
+            self.shadow.sync(inst)
+        self.maturity.members((i.id for i in targets), view.now)
+        self._synced = (view, view.version)
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
-        shadows = {inst.id: self._shadow_of(inst, view) for inst in targets}
+        self._sync(view, targets)
         if not self.num_queued() or not targets:
             return decision
-        # Q_W: instances in maturity order; each mature one is served once per call. Only the
-        # mature ones are ordered (a call serves no other; sorting the fleet cost O(N log N)).
-        maturity = self.maturity
-        mature = [i.id for i in targets if maturity[i.id] <= now]
-        for iid in sorted(mature, key=lambda i: (maturity[i], i)):
-            if not self.num_queued():
+        # Q_W: instances in maturity order; each mature one is served once per call.
+        served: set[int] = set()
+        while self.num_queued():
+            iid = self.maturity.pop_mature(now, served)
+            if iid is None:
                 break
-            self._serve(iid, shadows[iid], model, now, decision)
+            served.add(iid)
+            self._serve(iid, self.shadow[iid], model, now, decision)
         if self.num_queued():
-            decision.wake_at = min(maturity[i.id] for i in targets)
+            decision.wake_at = self.maturity.earliest()
             if decision.wake_at <= now:  # a mature instance could take nothing: next iteration
                 decision.wake_at = now + max(model.decode_a, 1e-3)
         return decision
@@ -206,7 +215,7 @@ class HFXDispatcher(Policy):
             elif self._best_effort and self._best_effort[0].prompt_len <= sh.free_kv_tokens():
                 admitted.append((self._best_effort.popleft(), True))
         if not admitted:
-            self.maturity[iid] = now + e_d if e_d > 0 else now
+            self.maturity.set(iid, now + e_d if e_d > 0 else now)
             return
 
         sum_len = sum_sq = 0
@@ -215,8 +224,8 @@ class HFXDispatcher(Policy):
             sh.add(req, self.kv_reserve(req))
             sum_len += req.prompt_len
             sum_sq += req.prompt_len ** 2
-        self.maturity[iid] = self.next_maturity(now, model.prefill_time(sum_len, sum_sq), sh,
-                                                model)
+        self.maturity.set(iid, self.next_maturity(now, model.prefill_time(sum_len, sum_sq), sh,
+                                                  model))
 
     # ---- what the P stage of P/D changes (seed 001 §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
@@ -238,5 +247,5 @@ class HFXDispatcher(Policy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         sh = self.shadow.finished(record, record.instance, self.predictor)
-        if sh is not None and sh.idle:
-            self.maturity[sh.id] = min(self.maturity[sh.id], view.now)
+        if sh is not None and sh.idle and sh.id in self.maturity:
+            self.maturity.set(sh.id, min(self.maturity[sh.id], view.now))
