@@ -361,3 +361,30 @@ def test_every_policy_serves_every_request(policy):
 def test_record_is_finished_once_per_request():
     rec = RequestRecord(Request("a", 0, 5, 5, SLO(1, 1)))
     assert rec.outcome is Outcome.PENDING
+
+
+def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first():
+    from hfx.policies.maturity import MaturityQueue
+
+    q = MaturityQueue()
+    q.members([0, 1, 2, 3], now=0.0)  # all mature at 0
+    q.set(2, 5.0)
+    q.set(2, 0.5)  # supersedes 5.0
+    q.set(3, 9.0)
+    served: set[int] = set()
+    order = []
+    while (iid := q.pop_mature(1.0, served)) is not None:
+        served.add(iid)
+        order.append(iid)
+        q.set(iid, 1.0)  # served: mature again at once, but not twice in one call
+    assert order == [0, 1, 2]  # (time, id) order; 3 is not mature
+    assert q.earliest() == 1.0
+    # The next call sees the entries set during this one.
+    assert q.pop_mature(1.0, set()) == 0
+    # A non-member is never served, and its times no longer count.
+    q.members([1, 3], now=2.0)
+    assert q.pop_mature(1.0, set()) == 1
+    q.set(1, 4.0)  # a served instance always gets its next maturity
+    assert q.pop_mature(1.0, set()) is None
+    q.set(0, 0.0)
+    assert q.earliest() == 4.0 and q.pop_mature(10.0, set()) == 1

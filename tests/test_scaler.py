@@ -320,3 +320,25 @@ def test_pd_scaler_keeps_the_fleet_minimum_when_only_one_pool_is_idle():
 
     run(main(), virtual=True)
     assert fleet.actions == []
+
+
+@pytest.mark.parametrize("policy", ["hfx", "rr", "least-loaded"])
+def test_a_draining_instance_takes_no_new_request_from_the_next_decision_on(policy):
+    # Between Monitor snapshots too: the policies keep what they derive from the views until
+    # the view's version moves, and draining must move it.
+    cfg = SimConfig(policy=policy, qps=60, requests_per_task=100)
+    drained_at = 1.5  # mid-way between two snapshots (1 s apart)
+
+    async def main():
+        control = sim_cluster(cfg, resolve_profile(cfg))
+        asyncio.get_running_loop().call_at(drained_at, control.drain, 1)
+        await drive(control, load_requests(cfg))
+        return control
+
+    control = run(main(), virtual=True)
+    records = list(control.records.values())
+    assert all(r.outcome is Outcome.FINISHED for r in records)
+    before = [r.instance for r in records if r.dispatch_time < drained_at]
+    after = [r.instance for r in records if r.dispatch_time > drained_at]
+    assert 1 in before and len(after) > 100
+    assert set(after) == {0}

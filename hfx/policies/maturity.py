@@ -42,8 +42,9 @@ class MaturityQueue:
         return iid in self._members and self._time[iid] == time
 
     def pop_mature(self, now: float, served: set[int]) -> int | None:
-        """The earliest member mature by ``now`` and not in ``served``; None when there is
-        none. Entries of ``served`` instances set during this call stay for the next one."""
+        """The earliest member mature by ``now`` and not in ``served``, taken off the queue
+        (serving it sets its next maturity); None when there is none. Entries of ``served``
+        instances set during this call stay for the next one."""
         heap, kept = self._heap, []
         found = None
         while heap and heap[0][0] <= now:
