@@ -14,7 +14,7 @@ from hfx.engine.sequence import Sequence
 
 
 class WaitingQueue:
-    __slots__ = ("_queue", "_block_size", "blocks")
+    __slots__ = ("_block_size", "_queue", "blocks")
 
     def __init__(self, block_size: int) -> None:
         self._queue: deque[Sequence] = deque()

@@ -9,9 +9,11 @@ request, at the price of one longer step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
 from hfx.engine.planners.slo_paced import time2bs
-from hfx.engine.sequence import RequestStatus
+from hfx.engine.sequence import RequestStatus, Sequence
 
 
 class TPOTChunkedPlanner(BatchPlanner):
@@ -41,7 +43,7 @@ class TPOTChunkedPlanner(BatchPlanner):
             else:
                 out.schedule(seq, 1)
         # Then prompts: those already started, then new ones, in order.
-        for seq in [s for s in state.running if not s.is_decode] + list(state.waiting):
+        for seq in _prompts(state):
             if budget <= 0:
                 break
             remaining = seq.num_missing
@@ -58,3 +60,16 @@ class TPOTChunkedPlanner(BatchPlanner):
                 break  # the step is full: no other prompt beside an oversized final chunk
             budget -= n
         return out
+
+
+def _prompts(state: EngineState) -> Iterator[Sequence]:
+    """Prompts in order: those already started, then the waiting queue from its head — one at
+    a time, since the caller admits each or stops (a copy of the queue per step grew with the
+    backlog, issue 18)."""
+    yield from [s for s in state.running if not s.is_decode]
+    waiting = state.waiting
+    while waiting:
+        seq = waiting[0]
+        yield seq
+        if waiting and waiting[0] is seq:
+            return  # not admitted: the caller has stopped
