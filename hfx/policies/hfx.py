@@ -50,7 +50,6 @@ from hfx.policies.base import (
     ClusterView,
     Decision,
     Dispatch,
-    InstanceView,
     Policy,
     ttft_lost,
 )
@@ -98,7 +97,6 @@ class HFXDispatcher(Policy):
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W
-        self._synced: tuple[ClusterView, int] | None = None  # the view version shadows follow
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -117,22 +115,13 @@ class HFXDispatcher(Policy):
         return False
 
     # ---- the dispatcher ---------------------------------------------------------------------
-    def _sync(self, view: ClusterView, targets: list[InstanceView]) -> None:
-        """Shadows and Q_W follow the snapshots and the membership; both move only when the
-        view's version does (O(N) once per snapshot, not per call)."""
-        if self._synced is not None and self._synced[0] is view \
-                and self._synced[1] == view.version:
-            return
-        for inst in targets:
-            self.shadow.sync(inst)
-        self.maturity.members((i.id for i in targets), view.now)
-        self._synced = (view, view.version)
-
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
-        self._sync(view, targets)
+        # Shadows and Q_W follow the snapshots and membership: O(N) once per snapshot.
+        if self.shadow.follow(view, targets):
+            self.maturity.members((i.id for i in targets), now)
         if not self.num_queued() or not targets:
             return decision
         # Q_W: instances in maturity order; each mature one is served once per call.

@@ -19,6 +19,7 @@ from __future__ import annotations
 from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.hfx import HFXDispatcher
+from hfx.policies.maturity import MaturityQueue
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
@@ -51,7 +52,7 @@ class HFXMigrator(Policy):
         self.queue = SLOQueue()
         self.predictor = OutputLengthPredictor(output_length)
         self.shadow = Shadows()
-        self.maturity: dict[int, float] = {}
+        self.maturity = MaturityQueue()
 
     def enqueue(self, request: Request, now: float) -> None:
         self.queue.push(request)
@@ -66,18 +67,19 @@ class HFXMigrator(Policy):
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
-        for inst in targets:
-            self.maturity.setdefault(inst.id, now)
-            self.shadow.sync(inst)
+        if self.shadow.follow(view, targets):
+            self.maturity.members((i.id for i in targets), now)
         if not self.queue or not targets:
             return decision
-        for inst in sorted(targets, key=lambda i: (self.maturity[i.id], i.id)):
-            if self.maturity[inst.id] > now or not self.queue:
+        served: set[int] = set()
+        while self.queue:
+            iid = self.maturity.pop_mature(now, served)
+            if iid is None:
                 break
-            self._serve(inst.id, self.shadow[inst.id], model, now, decision)
+            served.add(iid)
+            self._serve(iid, self.shadow[iid], model, now, decision)
         if self.queue:
-            decision.wake_at = max(min(self.maturity[i.id] for i in targets),
-                                   now + model.decode_a / 4)
+            decision.wake_at = max(self.maturity.earliest(), now + model.decode_a / 4)
         return decision
 
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
@@ -104,9 +106,9 @@ class HFXMigrator(Policy):
             decision.dispatch.append(Dispatch(req, iid))
             sh.add(req, out_len)
         # Decide again at the end of the next decode iteration.
-        self.maturity[iid] = now + max(model.decode_time(ctx, batch), model.decode_a)
+        self.maturity.set(iid, now + max(model.decode_time(ctx, batch), model.decode_a))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         sh = self.shadow.finished(record, record.decode_instance, self.predictor)
-        if sh is not None and sh.idle:
-            self.maturity[sh.id] = min(self.maturity[sh.id], view.now)
+        if sh is not None and sh.idle and sh.id in self.maturity:
+            self.maturity.set(sh.id, min(self.maturity[sh.id], view.now))

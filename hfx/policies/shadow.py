@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hfx.engine.stats import InstanceStats
-from hfx.policies.base import InstanceView
+from hfx.policies.base import ClusterView, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.request import Outcome, Request, RequestRecord
 
@@ -104,12 +104,25 @@ class Shadows:
     def __init__(self) -> None:
         self._by_id: dict[int, ShadowInstance] = {}
         self._corrected_at: dict[int, float] = {}
+        self._followed: tuple[ClusterView, int] | None = None  # the view version synced last
 
     def __getitem__(self, instance_id: int) -> ShadowInstance:
         return self._by_id[instance_id]
 
     def __contains__(self, instance_id: object) -> bool:
         return instance_id in self._by_id
+
+    def follow(self, view: ClusterView, targets: list[InstanceView]) -> bool:
+        """Sync every target when ``view``'s version has moved since the last call (a
+        snapshot, a drain, a join or a leave); returns whether it had. Snapshots change only
+        with the version, so this is ``sync`` of every target without the O(N) per call."""
+        last = self._followed
+        if last is not None and last[0] is view and last[1] == view.version:
+            return False
+        for inst in targets:
+            self.sync(inst)
+        self._followed = (view, view.version)
+        return True
 
     def sync(self, inst: InstanceView) -> ShadowInstance:
         """The shadow of ``inst``, created if new and corrected if its snapshot is newer."""
