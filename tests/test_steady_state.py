@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from hfx.config import SimConfig
 from hfx.engine.executor import StepNoise
-from hfx.evaluation.capacity import capacity, seed_capacity
+from hfx.evaluation.capacity import capacity, seed_capacity, unreachable
 from hfx.evaluation.workloads import generate, load_workload
 from hfx.sim import simulate
 
@@ -84,6 +84,24 @@ def test_capacity_brackets_by_doubling_then_bisects_to_the_tolerance():
     r = seed_capacity(SimConfig(qps=100, duration=60), 0.9, 0.1, probe)
     assert seen == [100, 50, 25, 37.5, 31.25, 34.375]  # halving to a bracket first
     assert r["capacity"] == 34.375
+
+
+def test_a_capacity_search_no_rate_can_win_is_refused_before_any_probe():
+    # PolyServe's tiers on the 910B profile: one decode step (~25 ms) misses the 20 ms tier,
+    # and 4,096-token prompts miss the 300 ms TTFTs, whatever the rate.
+    probe, seen = fake_probe(37.0)
+    slow = SimConfig(workload="tiered-512-512", qps=10, duration=60)
+    lost, why = unreachable(slow)
+    assert lost == pytest.approx(0.1) and len(why) == 3  # the 20 ms tier, with each TTFT
+    assert unreachable(slow.model_copy(update={"workload": "tiered-4096-1024"}))[0] == \
+        pytest.approx(0.1 + 0.9 / 3)  # the 20 ms tier, and the 300 ms TTFT of every other
+    with pytest.raises(ValueError, match="no rate attains 90%"):
+        seed_capacity(slow, 0.9, 0.02, probe)
+    assert seen == []
+    assert seed_capacity(slow, 0.85, 0.02, probe)["capacity"] > 0  # a reachable target
+    fast = slow.model_copy(update={"model": "llama-3.1-8b", "hardware": "h200"})
+    assert unreachable(fast) == (0.0, [])
+    assert unreachable(SimConfig(workload="four-task")) == (0.0, [])
 
 
 def test_capacity_of_a_real_fleet_over_seeds():

@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
-from hfx.sim import simulate
+from hfx.evaluation.tasks import TIERED, TIERS, TTFTS
+from hfx.evaluation.workloads import workload_tasks
+from hfx.sim import resolve_profile, simulate
 
 DEFAULT_DURATION = 300.0  # seconds of arrivals per probe, when the config gives none
 DEFAULT_WARMUP = 60.0
@@ -38,6 +40,39 @@ def _probe_row(r: dict) -> dict:
             "requests": r["requests"]}
 
 
+def slo_classes(workload: str) -> list[tuple[float, float, float, float, float]]:
+    """(share of requests, TTFT, TPOT, typical prompt, typical output) of each SLO class a
+    workload draws from; none for a trace file."""
+    if workload.endswith((".jsonl", ".csv")):
+        return []
+    if workload in TIERED:  # seed 003 §5.1: tier and TTFT drawn independently
+        prompt, output = TIERED[workload]
+        return [(share / len(TTFTS), ttft, tpot, prompt, output)
+                for tpot, share in TIERS for ttft in TTFTS]
+    tasks = workload_tasks(workload)
+    return [(1 / len(tasks), t.slo.ttft, t.slo.tpot, t.input_mean, t.output_mean)
+            for t in tasks]
+
+
+def unreachable(config: SimConfig) -> tuple[float, list[str]]:
+    """The share of a workload's requests that miss their SLO even alone on an idle instance
+    of the config's profile (the prompt's prefill exceeds the TTFT, or one decode step the
+    TPOT), and why; (0, []) for a trace file or priorities (mapped SLOs)."""
+    if config.priorities:
+        return 0.0, []
+    model = resolve_profile(config).model
+    lost, why = 0.0, []
+    for share, ttft, tpot, prompt, output in slo_classes(config.workload):
+        prefill = model.prefill_one(round(prompt))
+        step = model.decode_time(prompt + output / 2, 1)
+        if prefill > ttft or step > tpot:
+            lost += share
+            why.append(f"TTFT {ttft * 1e3:g} ms / TPOT {tpot * 1e3:g} ms ({share:.0%} of "
+                       f"requests): alone, prefill {prefill * 1e3:.1f} ms, decode step "
+                       f"{step * 1e3:.1f} ms")
+    return lost, why
+
+
 def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.02,
                   probe: Probe = simulate) -> dict:
     """The highest rate meeting ``target`` attainment for ``config``'s seed, by bracketing then
@@ -46,6 +81,13 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
         raise ValueError(f"target attainment must be in (0, 1], got {target}")
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    lost, why = unreachable(config)
+    if lost >= 1 - target - 1e-9:  # the search would halve towards 0 QPS, probe after probe
+        raise ValueError(
+            f"{lost:.0%} of {config.workload}'s requests miss their SLO even alone on an idle "
+            f"instance of {config.profile or f'{config.model}@{config.hardware}'}, so no rate "
+            f"attains {target:.0%}: " + "; ".join(why)
+            + ". Choose a faster profile (--model/--hardware) or a lower --target")
     probes: list[dict] = []
 
     def meets(qps: float) -> bool:
