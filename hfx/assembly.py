@@ -92,7 +92,7 @@ def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
     def launch(iid: int, role: Role, plan: Plan) -> Awaitable[Instance]:
         return placement.launch(iid, replace(ecfg, role=role), plan)
 
-    scaler = Scaler(scfg, control, provisioner, launch)
+    scaler = Scaler(scfg, control, provisioner, launch, placement.describe_launch)
     control.attach_scaler(scaler)
     return scaler
 

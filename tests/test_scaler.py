@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,9 @@ def test_scaling_run_reports_events_and_loses_nothing(mode):
     assert r["instances_max_used"] > (4 if mode == "pd" else 2)
     actions = [e["action"] for e in r["scale_events"]]
     assert "scale_out" in actions and "ready" in actions
+    # A simulated launch is the provisioner's plan: its weight path, warm or cold, seconds.
+    out = next(e["reason"] for e in r["scale_events"] if e["action"] == "scale_out")
+    assert re.fullmatch(r"d2d, (warm|cold), \d+\.\d\d s", out.split("; ")[1])
     assert r["instances_over_time"][0]["time"] == 0.0
     fixed = simulate(SimConfig(policy="hfx", qps=240, requests_per_task=150,
                                **({"mode": "pd"} if mode == "pd" else {})))

@@ -228,3 +228,15 @@ def test_decode_step_is_a_rate_that_coalesced_chunks_do_not_fool():
     assert decode_step([[0.0, 0.01, 0.02], [0.05, 0.07, 0.09]]) == pytest.approx(0.02)
     # Every token in one chunk: only the bound from sending (at 0) is left.
     assert decode_step([[0.3, 0.3, 0.3]], sent=0.0) == pytest.approx(0.1)
+
+
+def test_the_scalers_log_says_how_a_vllm_server_comes_up_not_a_modelled_weight_path():
+    from hfx.cluster.provisioner import Plan
+    from hfx.cluster.vllm_process import VLLMPlacement
+
+    placement = VLLMPlacement(None, ("http://127.0.0.1:1",))
+    plan = Plan("d2d", 4.2, warm=False, fell_back=False)
+    assert placement.describe_launch(plan) == \
+        "a cold vLLM server: a process start and its own weight load"
+    placement.warm = [object(), object()]  # type: ignore[list-item]
+    assert placement.describe_launch(plan) == "a warm vLLM server (2 in the pool)"

@@ -43,6 +43,10 @@ class Placement(Protocol):
         by the plan's path and takes what that takes."""
         ...
 
+    def describe_launch(self, plan: Plan) -> str:
+        """How ``launch`` will bring up an instance for ``plan`` (the Scaler's event log)."""
+        ...
+
 
 class LocalPlacement:
     """Engines from ``make_engine``, each driven by a task on this process's loop."""
@@ -52,6 +56,9 @@ class LocalPlacement:
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[Instance]:
         return [LocalInstance(iid, self.make_engine(cfg)) for iid, cfg in configs]
+
+    def describe_launch(self, plan: Plan) -> str:
+        return plan.describe()
 
     async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> Instance:
         if isinstance(self.make_engine, WeightLoadingFactory) and self.make_engine.holds_weights:

@@ -68,6 +68,11 @@ class Plan:
     warm: bool
     fell_back: bool  # d2d was asked for and failed (or had no peer)
 
+    def describe(self) -> str:
+        """For the Scaler's event log: the weight path, warm or cold, the modelled time."""
+        return (f"{self.path}{' (d2d failed)' if self.fell_back else ''}, "
+                f"{'warm' if self.warm else 'cold'}, {self.seconds:.2f} s")
+
 
 class Provisioner:
     def __init__(self, load: LoadModel, path: str = "d2d", warm_pool: int = 0,

@@ -336,6 +336,9 @@ class RayPlacement:
                 ray.kill(actor, no_restart=True)
             raise
 
+    def describe_launch(self, plan: Plan) -> str:
+        return plan.describe()
+
     async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> RayInstance:
         make = self.make_engine
         if isinstance(make, WeightLoadingFactory) and make.holds_weights:

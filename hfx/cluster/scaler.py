@@ -183,11 +183,12 @@ class Scaler:
     ``ScalerHooks``: attach it with ``ControlPlane.attach_scaler``)."""
 
     def __init__(self, config: ScalerConfig, control: FleetControl, provisioner: Provisioner,
-                 factory: Launcher) -> None:
+                 factory: Launcher, describe: Callable[[Plan], str] = Plan.describe) -> None:
         self.config = config
         self.control = control
         self.provisioner = provisioner
         self.factory = factory
+        self.describe = describe  # how the placement will bring a planned launch up
         self.state = ScalerState()
         if control.pd:
             # Each pool keeps at least one instance; together at least min_instances.
@@ -344,8 +345,7 @@ class Scaler:
         self._provisioning[iid] = (role, now)
         self.pools[role].grew_at.append(self.pools[role].rates.arrival_rate())
         self._last_action = now
-        detail = f"{reason}; {plan.path}{' (d2d failed)' if plan.fell_back else ''}, " \
-                 f"{'warm' if plan.warm else 'cold'}, {plan.seconds:.2f} s"
+        detail = f"{reason}; {self.describe(plan)}"
         self._event(now, "scale_out", role, detail, iid)
         task = asyncio.get_running_loop().create_task(self._launch(iid, role, now, plan))
         self._launches.add(task)

@@ -310,6 +310,13 @@ class VLLMPlacement:
             instance.on_stop = self._retire
         return instance
 
+    def describe_launch(self, plan: Plan) -> str:
+        """What ``launch`` will do now: vLLM servers load their own weights, so the
+        provisioner's weight path and modelled seconds do not apply."""
+        if self.warm:
+            return f"a warm vLLM server ({len(self.warm)} in the pool)"
+        return "a cold vLLM server: a process start and its own weight load"
+
     async def launch(self, instance_id: int, config: EngineConfig, plan: Plan) -> VLLMInstance:
         """A server for the Scaler: a warm one if the pool has one, else a cold start."""
         loop = asyncio.get_running_loop()
