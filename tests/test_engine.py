@@ -284,3 +284,19 @@ def test_slo_paced_prefills_earliest_deadline_first(vloop):
     engine.add_request(seq("early", 1500, 2, tpot=0.05, prefill_deadline=1.0))
     vloop.run_until_complete(engine.step())
     assert ex.plans[0] == {"early": 1500, "late": 548}  # 2,048 tokens a step without decodes
+
+
+def test_slo_paced_decodes_a_request_without_a_tpot_on_leftover_budget(vloop):
+    # Nothing paces it, so it decodes like best effort; it used to never decode at all (the
+    # engine then planned empty steps forever).
+    from hfx.latency import StepTimeModel
+
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
+    engine, ex = make_engine(planner="slo-paced", step_model=model)
+    free = seq("free", 8, 5)
+    slo = seq("slo", 8, 5, tpot=0.05, prefill_deadline=1.0)
+    engine.add_request(free)
+    engine.add_request(slo)
+    tokens, _ = vloop.run_until_complete(drain(engine))
+    assert {k: len(v) for k, v in tokens.items()} == {"free": 5, "slo": 5}
+    assert ex.plans[0] == {"slo": 8, "free": 8}  # the SLO prompt first, then the other

@@ -454,3 +454,17 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exports():
         text = client.get("/metrics").text
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     assert len(wanted) >= 15 and wanted <= exported, sorted(wanted - exported)
+
+
+@pytest.mark.parametrize("policy", ["slos-serve", "polyserve"])
+def test_policies_whose_engines_pace_by_time_serve_on_the_real_engine(policy):
+    # Their planners read the instance's step-time model: the serving profile, not the
+    # executor's network (every step failed with "'CausalLM' object has no attribute").
+    running = Running(instances=1, policy=policy, profile="tiny@cpu")
+    try:
+        r = running.client.completions.create(model=running.model, prompt="Hello",
+                                              max_tokens=5, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+        assert running.engines()[0].planner.model is not None
+    finally:
+        running.close()

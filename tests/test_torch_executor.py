@@ -202,3 +202,22 @@ def test_bad_token_ids_are_refused(model):
         engine.add_request(Sequence("b", 2, 4, prompt_token_ids=[1, 600]))
     with pytest.raises(EngineError, match="2 prompt token ids"):
         engine.add_request(Sequence("c", 3, 4, prompt_token_ids=[1, 2]))
+
+
+@pytest.mark.parametrize("planner", ["tpot-chunked", "slo-paced"])
+def test_planners_that_pace_by_time_run_on_the_real_engine_with_its_profile(model, ref, planner):
+    # PolyServe's and SLOs-Serve's engines read the instance's step-time model. A real
+    # executor's ``model`` is its network, never taken for one: without a profile the engine
+    # refuses to build, with one it serves the same greedy tokens.
+    from hfx.engine.torch_executor import real_engine
+    from hfx.latency import load_profile
+
+    config = EngineConfig(num_kv_blocks=128, block_size=16, planner=planner)
+    with pytest.raises(ValueError, match=f"planner '{planner}' needs the instance's step-time"):
+        real_engine(model, config, threaded=False)
+    engine = real_engine(model, config, threaded=False,
+                         step_model=load_profile("tiny@cpu").model)
+    ps = prompts(3, seed=9)
+    seqs = [Sequence(f"r{i}", len(p), 8, prompt_token_ids=p) for i, p in enumerate(ps)]
+    assert run_engine(engine, seqs) == {f"r{i}": reference_greedy(ref, p, 8)
+                                        for i, p in enumerate(ps)}

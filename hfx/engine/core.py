@@ -102,8 +102,9 @@ class EngineCore:
                  step_model: StepTimeModel | None = None) -> None:
         self.config = config
         self.executor = executor
-        # Planners that pace by time need the instance's step-time model; a SimExecutor has it.
-        self.planner = make_planner(config, step_model or getattr(executor, "model", None))
+        # Planners that pace by time need the instance's step-time model; a SimExecutor has it
+        # (a real executor's ``model`` is its network: it is given one, or has none).
+        self.planner = make_planner(config, step_model or getattr(executor, "step_model", None))
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
         self.state = EngineState(waiting=WaitingQueue(config.block_size), running=[],
                                  kv=self.kv)

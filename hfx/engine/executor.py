@@ -50,6 +50,11 @@ class SimExecutor:
         self.model = model
         self.noise = noise
 
+    @property
+    def step_model(self) -> StepTimeModel:
+        """The model its steps follow: the instance's, for planners that pace by time."""
+        return self.model
+
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
         t = self.model.step_time(out.shape)
         if self.noise is not None and t > 0:

@@ -19,6 +19,7 @@ from hfx.engine.config import EngineConfig
 from hfx.engine.core import EngineCore
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
+from hfx.latency import StepTimeModel
 from hfx.model.sampler import sample
 from hfx.model.transformer import AttentionMetadata, CausalLM, PrefillSpan
 
@@ -180,7 +181,8 @@ class TorchExecutor:
 
 
 def real_engine(model: CausalLM, config: EngineConfig, threaded: bool = True,
-                seed: int = 0) -> EngineCore:
-    """An engine core whose executor runs ``model`` (a checkpoint or random weights)."""
+                seed: int = 0, step_model: StepTimeModel | None = None) -> EngineCore:
+    """An engine core whose executor runs ``model`` (a checkpoint or random weights);
+    ``step_model`` (its measured profile) for planners that pace by time."""
     return EngineCore(config, TorchExecutor(model, config.num_kv_blocks, config.block_size,
-                                            threaded=threaded, seed=seed))
+                                            threaded=threaded, seed=seed), step_model)

@@ -107,6 +107,7 @@ def build_server(config: ServeConfig) -> Server:
         max_len, vocab = min(max_len, shape.max_position_embeddings), shape.vocab_size
         spec = replace(spec, max_model_len=max_len)
         profile = _profile(config, device, spec)
+        spec = replace(spec, profile=profile)  # planners that pace by time read it
     else:
         device = "cpu"
         profile = _profile(config, device, EngineSpec("sim", max_len))

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 class EngineSpec:
     executor: str  # "torch" or "sim"
     max_model_len: int
-    profile: Profile | None = None  # the sim executor's step times
+    # The instance's step times: the sim executor's, and a real engine's planner's.
+    profile: Profile | None = None
     shape: str | None = None
     checkpoint: str | None = None
     dtype: str | None = None
@@ -61,7 +62,8 @@ class EngineSpec:
         from hfx.engine.torch_executor import real_engine
 
         model = self.model().model if self.load_path is None else self._load_by_path()
-        return real_engine(model, config)
+        return real_engine(model, config,
+                           step_model=self.profile.model if self.profile is not None else None)
 
     def loading(self, path: str, peer: WeightHandle | None = None) -> EngineSpec:
         """This spec for a scaled-out instance whose weights come by ``path``."""

@@ -67,8 +67,10 @@ class SLOPacedPlanner(BatchPlanner):
                 out.schedule(seq, 1)
                 seq.next_due += self.pace * seq.tpot
                 budget -= 1
-        # 4. Best effort: leftover budget only.
-        for seq in [s for s in state.running if s.best_effort and s.is_decode]:
+        # 4. Best effort, and requests with no TPOT target (nothing paces them): leftover
+        # budget only.
+        for seq in [s for s in state.running
+                    if (s.best_effort or not s.tpot) and s.is_decode]:
             if budget <= 0:
                 break
             if self._room(state, seq, seq.num_tokens, out, best_effort=True):
