@@ -42,7 +42,7 @@ from live_server import hfx_serve
 from hfx.assembly import build_cluster
 from hfx.clock import run
 from hfx.cluster.provisioner import Plan
-from hfx.cluster.vllm_instance import parse_metrics
+from hfx.cluster.vllm_metrics import parse_metrics
 from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, VLLMServer
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig

@@ -151,7 +151,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _profile_vllm(config: ProfileConfig) -> Profile:
     """Fit the step-time model from a vLLM server: ``--backend``, else one started here."""
-    from hfx.cluster.vllm_instance import server_info
+    from hfx.cluster.vllm_metrics import server_info
     from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer
     from hfx.vllm_profiler import VLLMGrid, profile_vllm
 

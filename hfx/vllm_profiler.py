@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from hfx.cluster.vllm_instance import parse_metrics
+from hfx.cluster.vllm_metrics import parse_metrics
 from hfx.latency import Profile
 from hfx.profiler import fit_profile
 

@@ -18,11 +18,8 @@ httpx = pytest.importorskip("httpx")
 from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
 from live import Running  # noqa: E402
 
-from hfx.cluster.vllm_instance import (  # noqa: E402
-    BEST_EFFORT_PRIORITY,
-    parse_metrics,
-    vllm_priority,
-)
+from hfx.cluster.vllm_instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
+from hfx.cluster.vllm_metrics import parse_metrics  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from hfx.cluster.provisioner import Plan
-from hfx.cluster.vllm_instance import VLLMInstance, server_info
+from hfx.cluster.vllm_instance import VLLMInstance
+from hfx.cluster.vllm_metrics import server_info
 from hfx.engine import EngineConfig, Role
 
 if TYPE_CHECKING:

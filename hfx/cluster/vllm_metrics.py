@@ -1,0 +1,61 @@
+"""What a vLLM server says about itself: its Prometheus ``/metrics`` page read into numbers, and
+the served model, limits and KV size an instance checks requests against (issue 15)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hfx.engine import EngineError
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a vLLM server says about itself: served model, limits, KV size."""
+
+    model: str
+    max_model_len: int
+    kv_total_blocks: int
+    block_size: int
+
+    def check(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len + max_tokens > self.max_model_len:
+            raise EngineError(f"{request_id}: {prompt_len} prompt + {max_tokens} output tokens "
+                              f"exceed the vLLM server's max_model_len {self.max_model_len}")
+        blocks = -(-(prompt_len + max_tokens) // self.block_size)
+        if self.kv_total_blocks and blocks > self.kv_total_blocks:
+            raise EngineError(f"{request_id}: needs more KV than the vLLM server's "
+                              f"{self.kv_total_blocks} blocks of {self.block_size}")
+
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The vLLM samples of a Prometheus text page (prometheus_client's parser: label values
+    may hold commas and quotes), summed over labels; ``cache_config_info``'s numeric labels
+    (num_gpu_blocks, block_size) as values."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("vllm:"):
+                continue
+            if sample.name == "vllm:cache_config_info":
+                for key, val in sample.labels.items():
+                    with contextlib.suppress(ValueError):
+                        out[f"cache_config_info.{key}"] = float(val)
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def server_info(url: str, timeout: float = 10.0) -> ServerInfo:
+    """Ask a running server for its model, max_model_len and KV cache size (blocking: once,
+    when the instance joins)."""
+    with httpx.Client(timeout=timeout) as client:
+        models = client.get(f"{url}/v1/models").raise_for_status().json()["data"]
+        metrics = parse_metrics(client.get(f"{url}/metrics").raise_for_status().text)
+    return ServerInfo(models[0]["id"], int(models[0].get("max_model_len") or 0),
+                      int(metrics.get("cache_config_info.num_gpu_blocks", 0)),
+                      int(metrics.get("cache_config_info.block_size", 16)))
