@@ -31,7 +31,8 @@ POLICIES = ("hfx", "slos-serve", "polyserve", "sa", "scorpio", "aladdin", "least
 WORKLOAD_CONFIG = {w: {"model": "llama-3.1-8b", "hardware": "h200"}
                    for w in ("tiered-512-512", "tiered-4096-1024")}
 # A series: a label and the config fields it sets.
-VARIANTS = {"hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"}}
+VARIANTS = {"hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"},  # HFX's default
+            "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first"}}  # the seed's
 
 
 def series_fields(name: str) -> dict:

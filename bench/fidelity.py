@@ -84,7 +84,8 @@ def drift(loaded: LoadedModel, profile: Profile) -> float:
 def one_load(config: SimConfig, requests: list[Request], profile: Profile,
              loaded: LoadedModel) -> dict:
     control, real_end = run(run_cluster(config, requests, profile, progress=True,
-                                        make_engine=lambda ecfg: real_engine(loaded.model, ecfg)),
+                                        make_engine=lambda ecfg: real_engine(
+                                            loaded.model, ecfg, step_model=profile.model)),
                             virtual=False)
     real = stats(list(control.records.values()))
     control, sim_end = run(run_cluster(config, requests, profile), virtual=True)

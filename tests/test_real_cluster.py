@@ -33,7 +33,8 @@ def serve(loaded, config: SimConfig, requests: list[Request]) -> dict[str, list[
     heard: dict[str, list[TokenEvent]] = {r.id: [] for r in requests}
 
     async def go() -> None:
-        control = sim_cluster(config, profile, lambda ecfg: real_engine(loaded.model, ecfg))
+        control = sim_cluster(config, profile, lambda ecfg: real_engine(loaded.model, ecfg,
+                                                                        step_model=MODEL))
         await control.start()
         for r in requests:
             control.submit(r, heard[r.id].append)

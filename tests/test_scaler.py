@@ -106,8 +106,11 @@ def test_drain_never_drops_a_request():
 @pytest.mark.parametrize("mode", ["colocated", "pd"])
 def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
     fleet = 2 if mode == "colocated" else 4  # 2 prefill + 2 decode
+    # The scenario: instance 0 holds more than its step at 2 s. On the prefill-first engine a
+    # prefill step leaves the running decodes out (they resume elsewhere); on a chunked one
+    # every held request is in every step, so all of them are the failed step's suspects.
     cfg = SimConfig(policy="hfx", mode=mode, qps=40, requests_per_task=40, max_instances=fleet,
-                    step_noise=0)  # the scenario: instance 0 holds more than its step at 2 s
+                    step_noise=0, planner="prefill-first")
 
     async def main():
         control = sim_cluster(cfg, resolve_profile(cfg))

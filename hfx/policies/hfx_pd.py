@@ -28,6 +28,7 @@ from hfx.request import Request, RequestRecord
 
 class HFXPrefillDispatcher(HFXDispatcher):
     name = "hfx"
+    planner = "prefill-first"  # P/D (seed 000 §5.1): prefill instances run whole prompts
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         return 0.0  # a prefill instance never decodes

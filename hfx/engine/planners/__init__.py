@@ -23,7 +23,9 @@ PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
 def make_planner(config: EngineConfig, model: StepTimeModel | None = None) -> BatchPlanner:
     cls = PLANNERS.get_or_raise(config.planner)
     if cls.needs_model and model is None:
-        raise ValueError(f"planner {config.planner!r} needs the instance's step-time model")
+        raise ValueError(f"planner {config.planner!r} needs the instance's step-time model: "
+                         "give the engine one (its profile's), or choose a planner that "
+                         "paces nothing (prefill-first, chunked)")
     return cls(config, model)
 
 
