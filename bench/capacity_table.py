@@ -13,9 +13,11 @@ and standard deviation over seeds, in requests/s for the 2-instance fleet.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
@@ -57,7 +59,13 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--json", default=None)
+    ap.add_argument("--render", nargs="+", metavar="JSON",
+                    help="print one markdown table from these results (later files win) and "
+                         "exit")
     args = ap.parse_args()
+    if args.render:
+        print(render(args.render))
+        return 0
     workloads = args.workloads.split(",")
     names = args.policies.split(",")
     tasks = [(w, n, s) for w in workloads for n in names for s in range(args.seeds)]
@@ -77,6 +85,29 @@ def main() -> int:
             print(f"  {n:18s} {row['mean']:7.2f} ± {row['std']:5.2f}   "
                   f"{', '.join(f'{c:.1f}' for c in row['per_seed'])}")
     return 0
+
+
+def render(paths: list[str]) -> str:
+    """Series × workload, mean ± std (per seed) in QPS for the fleet, best first on the first
+    workload (series without it last)."""
+    cells: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        for w, rows in json.loads(Path(path).read_text())["tables"].items():
+            for n, row in rows.items():
+                cells.setdefault(n, {})[w] = row
+    workloads = list(dict.fromkeys(w for row in cells.values() for w in row))
+    first = workloads[0]
+    order = sorted(cells, key=lambda n: -cells[n].get(first, {"mean": -1.0})["mean"])
+    lines = ["| series | " + " | ".join(workloads) + " |",
+             "| --- |" + " --- |" * len(workloads)]
+    for n in order:
+        out = []
+        for w in workloads:
+            r = cells[n].get(w)
+            out.append("–" if r is None else f"{r['mean']:.1f} ± {r['std']:.1f} ("
+                       + ", ".join(f"{c:.4g}" for c in r["per_seed"]) + ")")
+        lines.append(f"| {n} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
 
 
 def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -> dict:
