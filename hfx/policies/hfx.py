@@ -81,9 +81,9 @@ class HFXDispatcher(Policy):
     name = "hfx"
     # PolyServe's TPOT-aware chunked prefill (seed 003 §4.5), not the seeds' prefill-first
     # vLLM-Ascend (seed 000 §7.1): at steady state HFX sustains 8-26% more on it on four-task,
-    # two-task and the bursty stream, and as much within noise on wikisql and tiered-512-512
-    # (docs/results.md, issue 17). The seed's engine: --planner prefill-first (the paper-mode
-    # presets pin it).
+    # two-task and the bursty stream, and as much within noise on wikisql and both tiered
+    # settings (docs/results.md, issue 17). The seed's engine: --planner prefill-first (the
+    # paper-mode presets pin it).
     planner = "tpot-chunked"
 
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
