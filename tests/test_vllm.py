@@ -110,18 +110,20 @@ def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
     generated = "vllm:generation_tokens_total"
     before = total(generated)
     with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        for _ in range(5):
-            next(line for line in lines if line.startswith("data: "))
-        # Counted by vLLM itself, not by the gateway that streamed them.
-        wait_for(lambda: total(generated) - before >= 5, 20, "vLLM to generate its tokens", seen)
+        next(line for line in r.iter_lines() if line.startswith("data: "))
+        running_at_close = total("vllm:num_requests_running") == 1
+    if not running_at_close:  # the tiny model is fast: HFX's side is tested on a fake server
+        pytest.skip("vLLM finished the request before the client left: nothing to abort")
+    # HFX's side: the record is aborted and the stream to vLLM closed.
+    wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record", seen)
+    wait_for(lambda: not any(b.in_flight() for b in backends(gw)), 10,
+             "HFX to close its stream to vLLM", seen)
+    # vLLM's side: it drops the request; no token comes after, far fewer than were asked for.
     wait_for(lambda: total("vllm:num_requests_running") == 0, 30,
              "vLLM to drop the aborted request", seen)
-    # Dropped, not finished: no token comes after, and far fewer came than were asked for.
     stopped = total(generated)
     time.sleep(1.0)
-    assert total(generated) == stopped < before + max_tokens
-    wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record")
+    assert total(generated) == stopped < before + max_tokens, seen()
 
 
 def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw):
