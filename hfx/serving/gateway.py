@@ -12,7 +12,7 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -417,24 +417,6 @@ async def _watch_disconnect(request: Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
 
-class _EventStream(StreamingResponse):
-    """A server-sent event stream that calls ``on_close`` however the response ends. A client
-    that disconnects is noticed when a send fails, with the event generator suspended at its
-    ``yield``: its own ``finally`` then waits for the generator to be garbage-collected, and
-    the request ran on upstream meanwhile (a vLLM server generated all its tokens)."""
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None],
-                 **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
 def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         try:
@@ -452,9 +434,8 @@ def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingRe
         finally:
             gen.server.abort(gen.stream)  # the client disconnected: free the request's KV
 
-    # Aborting a request that ended is a no-op: closing is safe whatever happened.
-    return _EventStream(events(), lambda: gen.server.abort(gen.stream),
-                        media_type="text/event-stream", headers=_slo_headers(gen.stream))
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers=_slo_headers(gen.stream))
 
 
 def serve(server: Server, access: Access, host: str, port: int, shutdown_timeout: float) -> None:
