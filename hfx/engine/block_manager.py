@@ -48,7 +48,7 @@ class BlockManager:
         if need <= 0:
             return []
         returned = self._returned
-        if need + reserve > self.num_blocks - self._fresh + len(returned):
+        if need + reserve > self.num_free_blocks:
             return None
         if need <= len(returned):
             new = returned[-need:]

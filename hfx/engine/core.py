@@ -106,7 +106,7 @@ class EngineCore:
         # (a real executor's ``model`` is its network: it is given one, or has none).
         self.planner = make_planner(config, step_model or getattr(executor, "step_model", None))
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
-        self.state = EngineState(waiting=WaitingQueue(config.block_size), running=[],
+        self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
                                  kv=self.kv)
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
         self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way

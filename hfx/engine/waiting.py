@@ -8,21 +8,21 @@ A waiting sequence's length does not change until it runs, so the sum stays exac
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hfx.engine.sequence import Sequence
 
 
 class WaitingQueue:
-    __slots__ = ("_block_size", "_queue", "blocks")
+    __slots__ = ("_blocks_for", "_queue", "blocks")
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, blocks_for: Callable[[int], int]) -> None:
         self._queue: deque[Sequence] = deque()
-        self._block_size = block_size
+        self._blocks_for = blocks_for  # the engine's BlockManager.blocks_for
         self.blocks = 0  # Σ blocks each queued sequence needs for its tokens so far
 
     def _blocks(self, seq: Sequence) -> int:
-        return -(-seq.num_tokens // self._block_size)
+        return self._blocks_for(seq.num_tokens)
 
     def append(self, seq: Sequence) -> None:
         self._queue.append(seq)

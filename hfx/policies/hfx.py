@@ -241,5 +241,5 @@ class HFXDispatcher(Policy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         sh = self.shadow.finished(record, record.instance, self.predictor)
-        if sh is not None and sh.idle and sh.id in self.maturity:
+        if sh is not None and sh.idle:
             self.maturity.set(sh.id, min(self.maturity[sh.id], view.now))

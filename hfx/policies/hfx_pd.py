@@ -111,5 +111,5 @@ class HFXMigrator(Policy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         sh = self.shadow.finished(record, record.decode_instance, self.predictor)
-        if sh is not None and sh.idle and sh.id in self.maturity:
+        if sh is not None and sh.idle:
             self.maturity.set(sh.id, min(self.maturity[sh.id], view.now))

@@ -21,9 +21,6 @@ class MaturityQueue:
     def __getitem__(self, instance_id: int) -> float:
         return self._time[instance_id]
 
-    def __contains__(self, instance_id: object) -> bool:
-        return instance_id in self._time
-
     def set(self, instance_id: int, time: float) -> None:
         self._time[instance_id] = time
         if instance_id in self._members:

@@ -165,11 +165,11 @@ class PolyServe(Policy):
             return decision
         if self._model is not view.step_model:
             self._model, self._table = view.step_model, IterationTable(view.step_model)
-        for inst in targets:
-            self.shadow.sync(inst)
-            self.tier_of.setdefault(inst.id, None)
-            if self._stats_time.get(inst.id) != inst.stats.time:  # a new snapshot
-                self._new_snapshot(inst)
+        if self.shadow.follow(view, targets):  # snapshots or membership moved
+            for inst in targets:
+                self.tier_of.setdefault(inst.id, None)
+                if self._stats_time.get(inst.id) != inst.stats.time:  # a new snapshot
+                    self._new_snapshot(inst)
         self._scale_down(targets)
         tiers = sorted(t for t, q in self._queues.items() if q)
         for tier in tiers:
