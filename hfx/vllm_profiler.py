@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from hfx.cluster.vllm_metrics import parse_metrics
+from hfx.cluster.vllm_metrics import parse_metrics, vllm_client
 from hfx.latency import Profile
 from hfx.profiler import fit_profile
 
@@ -139,7 +139,7 @@ async def measure(urls: list[str], grid: VLLMGrid, capacity_tokens: int, seed: i
     point on all of them at once: servers that share a host slow each other down (CPU cores,
     memory bandwidth, their HTTP processes), and serving keeps them all busy, so the profile
     is taken the same way. Every server's timing is a sample."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+    async with vllm_client(httpx.Timeout(120.0)) as http:
         model = (await http.get(f"{urls[0]}/v1/models")).raise_for_status().json()["data"][0]
         # The vocabulary is not served; the byte range is safe for any real or random model.
         clients = [_Client(http, url, model["id"], 256, seed + i) for i, url in enumerate(urls)]

@@ -142,3 +142,46 @@ class Served:
         self.uv.should_exit = True
         self.uv.force_exit = True  # drop open streams, as a killed process does
         self.thread.join(timeout=30)
+
+
+class DropsFirstPost:
+    """A TCP relay to a server that closes its first ``POST`` connection as the request arrives,
+    with no answer: what a client sees when the server closes an idle keep-alive connection just
+    as a request is sent on it."""
+
+    def __init__(self, target: str, drops: int = 1) -> None:
+        host, port = target.removeprefix("http://").rsplit(":", 1)
+        self.drops, self.dropped = drops, 0
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       requests: bool) -> None:
+            try:
+                while data := await reader.read(65536):
+                    if requests and data.startswith(b"POST") and self.dropped < self.drops:
+                        self.dropped += 1
+                        return  # both sides close below, the request never forwarded
+                    writer.write(data)
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            up = asyncio.ensure_future(pipe(reader, up_writer, requests=True))
+            down = asyncio.ensure_future(pipe(up_reader, writer, requests=False))
+            await up  # a dropped request ends the upstream pipe: close the client's side too
+            writer.close()
+            await asyncio.gather(down, return_exceptions=True)
+
+        async def main() -> None:
+            server = await asyncio.start_server(relay, "127.0.0.1", 0)
+            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            ready.set()
+            await server.serve_forever()
+
+        threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True).start()
+        assert ready.wait(10), "relay did not start"

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
+from fake_vllm import DropsFirstPost, FakeVLLM, Served, generate  # noqa: E402
 from live import Running  # noqa: E402
 
 from hfx.cluster.vllm_instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
@@ -143,6 +143,21 @@ def test_an_error_chunk_fails_that_request_alone(checkpoint):
     finally:
         gw.close()
         fakes[0].stop()
+
+
+def test_a_connection_closed_before_any_answer_is_sent_again_not_an_instance_failure(checkpoint):
+    served = Served(FakeVLLM())
+    relay = DropsFirstPost(served.url)
+    gw = Running(engine="vllm", checkpoint=checkpoint, backend=[relay.url], instances=1,
+                 profile="tiny@cpu", max_model_len=2048)
+    try:
+        r = gw.client.completions.create(model=gw.model, prompt="The cat", max_tokens=6)
+        assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+        assert relay.dropped == 1 and len(served.fake.bodies) == 1  # vLLM saw it once
+        assert gw.server.control.num_instance_failures == 0
+    finally:
+        gw.close()
+        served.stop()
 
 
 def test_a_server_that_dies_fails_over_and_its_requests_resume(checkpoint):

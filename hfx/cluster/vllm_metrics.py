@@ -30,6 +30,15 @@ class ServerInfo:
             raise EngineError(f"{request_id}: needs more KV than the vLLM server's "
                               f"{self.kv_total_blocks} blocks of {self.block_size}")
 
+# vLLM's HTTP server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default),
+# and httpx keeps one for 5 s: with equal limits a request sent on a connection as the server
+# closes it fails with a ReadError (it did, in CI). The client lets go well before the server.
+KEEPALIVE_S = 1.0
+
+
+def vllm_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
+    """An HTTP client for vLLM servers that never reuses a connection the server may close."""
+    return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
 
 
 def parse_metrics(text: str) -> dict[str, float]:
