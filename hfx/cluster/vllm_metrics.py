@@ -30,15 +30,19 @@ class ServerInfo:
             raise EngineError(f"{request_id}: needs more KV than the vLLM server's "
                               f"{self.kv_total_blocks} blocks of {self.block_size}")
 
-# vLLM's HTTP server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default),
-# and httpx keeps one for 5 s: with equal limits a request sent on a connection as the server
-# closes it fails with a ReadError (it did, in CI). The client lets go well before the server.
-KEEPALIVE_S = 1.0
+# httpcore's pool can close a connection it has already handed to a request that has not started
+# on it (encode/httpcore#1110, open): as a surplus keep-alive connection (more than 20 idle, the
+# default), to make room under max_connections, or as expired. The request then breaks, at its
+# headers or mid-stream (it did, in CI, under the profiler's 32-request batches). No limits and
+# no client-side expiry leave the pool nothing to close; vLLM closes idle connections itself
+# (after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), which the pool sees before reusing one.
+UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                         keepalive_expiry=None)
 
 
 def vllm_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
-    """An HTTP client for vLLM servers that never reuses a connection the server may close."""
-    return httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
+    """An HTTP client for vLLM servers whose pool never closes a connection under a request."""
+    return httpx.AsyncClient(timeout=timeout, limits=UNLIMITED)
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -70,10 +70,10 @@ async def drive(target: str, requests: list[Request], seed: int = 0, progress: b
     """Send ``requests`` at their arrival times; returns (records, duration, model). With
     ``timing``, the server's own latency of each request is stored there by request id."""
     rng = np.random.default_rng(seed)
-    # Idle connections go well before a server's keep-alive limit (uvicorn's and vLLM's: 5 s),
-    # or a request sent as the server closes one fails with no answer.
+    # No client-side expiry either: httpcore's pool can close an expired connection it has
+    # already handed to a request (encode/httpcore#1110); the server closes idle ones itself.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
-                          keepalive_expiry=1.0)
+                          keepalive_expiry=None)
     async with httpx.AsyncClient(base_url=target.rstrip("/"), timeout=timeout,
                                  limits=limits) as client:
         models = (await client.get("/v1/models")).json()["data"]
