@@ -34,7 +34,11 @@ WORKLOAD_CONFIG = {w: {"model": "llama-3.1-8b", "hardware": "h200"}
                    for w in ("tiered-512-512", "tiered-4096-1024")}
 # A series: a label and the config fields it sets.
 VARIANTS = {"hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"},  # HFX's default
-            "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first"}}  # the seed's
+            "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first"},  # the seed's
+            # Without Eq. 5's budget and Algorithm 1's payback (hfx's tpot_guard), both engines.
+            "hfx+guard-off": {"policy": "hfx", "policy_params": {"tpot_guard": "off"}},
+            "hfx+prefill-first+guard-off": {"policy": "hfx", "planner": "prefill-first",
+                                            "policy_params": {"tpot_guard": "off"}}}
 
 
 def series_fields(name: str) -> dict:

@@ -388,3 +388,25 @@ def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first()
     assert q.pop_mature(1.0, set()) is None
     q.set(0, 0.0)
     assert q.earliest() == 4.0 and q.pop_mature(10.0, set()) == 1
+
+
+def test_hfx_tpot_guard_off_drops_eq5_and_the_payback_wait():
+    # 20 requests of TPOT 0.05 s decode on the instance (E_d = 0.03 + 1e-4·20 = 0.032 s) when
+    # an 8000-token prompt arrives with TTFT 2 s: Eq. 5 allows (2·0.05 − 2·0.032 − 0.02·0.05) /
+    # (1e-4·0.05) = 7,000 tokens, its prefill alone (0.82 s) keeps its TTFT.
+    def run(guard: str):
+        pol = make_policy("hfx", tpot_guard=guard)
+        for i in range(20):
+            pol.enqueue(req(f"run{i}", 0.0, 1000, 100.0, 0.05), 0.0)
+        assert len(pol.schedule(view(0.0)).dispatch) == 20
+        pol.enqueue(req("long", 10.0, 8000, 2.0, 0.5), 10.0)
+        return pol, pol.schedule(view(10.0, running=20, ctx=20_000))
+
+    pol, d = run("eq5")
+    assert d.dispatch == [] and pol.num_queued() == 1  # the long prompt waits
+    pol, d = run("off")
+    assert [x.request.id for x in d.dispatch] == ["long"]
+    # Mature one decode step (21 sequences now) after the prefill: no payback wait.
+    assert pol.maturity[0] == pytest.approx(10.0 + MODEL.prefill_one(8000) + 0.03 + 21e-4)
+    with pytest.raises(ValueError, match="tpot_guard"):
+        make_policy("hfx", tpot_guard="sometimes")

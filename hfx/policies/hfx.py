@@ -38,6 +38,12 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   anyway: with nothing in flight there is nothing to protect.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
+- ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
+  and Algorithm 1's payback maturity; "off" drops both (the limit is the free KV, and an
+  instance is mature one decode step after its batch's prefill), leaving TPOT to the engine.
+  Eq. 4 scores the mean TPOT, so one long prefill's stall is spread over every output token;
+  where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
+  guard holds long prompts back until their TTFT is lost (docs/results.md, issue 17).
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> fl
     return (ttft * tpot - ttft * e_d - a * tpot) / (b * tpot)
 
 
+TPOT_GUARDS = ("eq5", "off")
+
+
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
     """Seed 000 Algorithm 1: now + E_p + (E_p / relax)·E_d, relax = min TPOT − E_d.
 
@@ -87,13 +96,16 @@ class HFXDispatcher(Policy):
     planner = "tpot-chunked"
 
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
-                 output_length: str = "history") -> None:
+                 output_length: str = "history", tpot_guard: str = "eq5") -> None:
         if not 0.0 <= theta <= 1.0:
             raise ValueError(f"theta must be in [0, 1], got {theta}")
         if max_scan < 1:
             raise ValueError(f"max_scan must be >= 1, got {max_scan}")
         if prefill_cv < 0:
             raise ValueError(f"prefill_cv must be >= 0, got {prefill_cv}")
+        if tpot_guard not in TPOT_GUARDS:
+            raise ValueError(f"tpot_guard must be one of {TPOT_GUARDS}, got {tpot_guard!r}")
+        self.tpot_guard = tpot_guard
         self.theta = theta
         self.prefill_cv = prefill_cv
         self.max_scan = int(max_scan)
@@ -224,6 +236,8 @@ class HFXDispatcher(Policy):
     # ---- what the P stage of P/D changes (seed 001 §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
         """Eq. 5 with the tightest targets involved: queued requests and those in flight."""
+        if self.tpot_guard == "off":
+            return float("inf")
         ttfts = [x for x in (self.queue.min_ttft(), sh.min_ttft()) if x]
         tpots = [x for x in (self.queue.min_tpot(), sh.min_tpot()) if x]
         if not (ttfts and tpots):
@@ -233,6 +247,8 @@ class HFXDispatcher(Policy):
     def next_maturity(self, now: float, e_p: float, sh: ShadowInstance,
                       model: StepTimeModel) -> float:
         """After dispatching a batch of prefill time ``e_p`` (Algorithm 1)."""
+        if self.tpot_guard == "off":  # no payback: look again once the engine decodes again
+            return now + e_p + self.decode_step(sh, model)
         return maturity_time(now, e_p, self.decode_step(sh, model), sh.min_tpot())
 
     def kv_reserve(self, request: Request) -> float:
