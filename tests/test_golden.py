@@ -26,9 +26,10 @@ GOLDEN = Path(__file__).parent / "golden"
 BURST = str(GOLDEN / "traces" / "burst.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
 POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve", "polyserve")
 
-# HFX on the seeds' engine: the cases below pin the seed's system (HFX's default engine is
-# PolyServe's TPOT-aware chunked prefill since issue 17; "hfx-four-task-default-engine" pins it).
-SEED = {"planner": "prefill-first"}
+# HFX as the seed has it: the cases below pin the seed's engine and dispatcher (HFX's defaults
+# moved in issue 17: a deadline-aware chunked engine and the guard's override; the
+# "-default-engine" cases pin those).
+SEED = {"planner": "prefill-first", "policy_params": {"override": "off"}}
 
 
 def _policy(p: str) -> dict[str, Any]:

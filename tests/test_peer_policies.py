@@ -145,3 +145,25 @@ def test_capacity_interpolates_the_90_percent_crossing():
     assert cap["a"] == pytest.approx(25 / 2)  # 0.95 → 0.85 crosses 0.9 halfway, 2 instances
     assert cap["b"] is None  # misses even at the lowest load
     assert cap["c"] == pytest.approx(10.0)  # never crosses: the highest QPS tried
+
+
+@pytest.mark.parametrize(("deadline_in", "planner", "chunk"), [
+    (0.15, "deadline-chunked", 800),  # paced chunks (0.18 s) miss; whole (0.085 s) keeps it
+    (0.15, "tpot-chunked", 98),       # PolyServe's rule paces it regardless
+    (1.0, "deadline-chunked", 98),    # paced chunks end within 0.4 of the time left
+    (0.05, "deadline-chunked", 98),   # even whole misses: no stall for a lost prompt
+])
+def test_deadline_chunking_runs_a_prompt_whole_when_paced_chunks_would_miss(
+        vloop, deadline_in, planner, chunk):
+    engine, ex = make_engine(num_blocks=512, planner=planner, step_model=MODEL)
+    engine.add_request(seq("d", 4, 50, tpot=0.02))
+
+    async def step():
+        await engine.step()
+
+    vloop.run_until_complete(step())  # d's prompt: from now on it decodes
+    # Beside d (TPOT 20 ms) a step has room for (0.02 − 0.01 − 1e-4 − 1e-8·5) / 1e-4 = 98.99
+    # prefill tokens: 98 a step, so 800 tokens take 9 steps, 0.18 s; alone they take 0.085 s.
+    engine.add_request(seq("p", 800, 1, prefill_deadline=vloop.time() + deadline_in))
+    vloop.run_until_complete(step())
+    assert ex.plans[-1] == {"d": 1, "p": chunk}

@@ -395,7 +395,7 @@ def test_hfx_tpot_guard_off_drops_eq5_and_the_payback_wait():
     # an 8000-token prompt arrives with TTFT 2 s: Eq. 5 allows (2·0.05 − 2·0.032 − 0.02·0.05) /
     # (1e-4·0.05) = 7,000 tokens, its prefill alone (0.82 s) keeps its TTFT.
     def run(guard: str):
-        pol = make_policy("hfx", tpot_guard=guard)
+        pol = make_policy("hfx", tpot_guard=guard, override="off")
         for i in range(20):
             pol.enqueue(req(f"run{i}", 0.0, 1000, 100.0, 0.05), 0.0)
         assert len(pol.schedule(view(0.0)).dispatch) == 20
@@ -410,3 +410,44 @@ def test_hfx_tpot_guard_off_drops_eq5_and_the_payback_wait():
     assert pol.maturity[0] == pytest.approx(10.0 + MODEL.prefill_one(8000) + 0.03 + 21e-4)
     with pytest.raises(ValueError, match="tpot_guard"):
         make_policy("hfx", tpot_guard="sometimes")
+
+
+def busy(now: float, waiting: int = 0) -> ClusterView:
+    """One instance decoding 20 sequences of 1,000 tokens; ``waiting`` queued in its engine."""
+    stats = InstanceStats(0, Role.COLOCATED, now, waiting, 20, 0, 1250, 0, 6250, 16, 20_000, 256,
+                          0.0, 0)
+    return ClusterView(now, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE)
+
+
+def held_by_the_guard(override: str):
+    """20 requests of TPOT 35 ms decode (E_d = 0.032 s: relax 3 ms, so the instance pays its
+    2.02 s prefill back until t = 2.02 + 2.02 / 0.003 · 0.032 = 23.6 s) when an 8000-token
+    prompt arrives at t = 10 with TTFT 6 s. Eq. 5 allows 6 · (0.035 − 0.032) / (1e-4 · 0.035)
+    − 0.02 / 1e-4 = 4,943 tokens: the guard holds it past its deadline."""
+    pol = make_policy("hfx", override=override)
+    for i in range(20):
+        pol.enqueue(req(f"run{i}", 0.0, 1000, 100.0, 0.035), 0.0)
+    assert len(pol.schedule(view(0.0)).dispatch) == 20
+    pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
+    return pol
+
+
+def test_hfx_override_dispatches_a_request_the_guard_holds_once_it_is_urgent():
+    pol = held_by_the_guard("on")
+    d = pol.schedule(busy(10.0))
+    # Urgent at 16 − 5 prefills of 0.82 s − 20 step floors of 0.03 s = 11.3 s: not yet, and the
+    # dispatcher wakes then, long before the instance's maturity.
+    assert d.dispatch == [] and d.wake_at == pytest.approx(11.3)
+    assert pol.maturity[0] == pytest.approx(2.02 + 2.02 / 0.003 * 0.032)
+    d = pol.schedule(busy(11.3))
+    assert [(x.request.id, x.instance, x.best_effort) for x in d.dispatch] == [("long", 0, False)]
+    # Seed's dispatcher: it waits (and goes best effort once its TTFT is lost).
+    pol = held_by_the_guard("off")
+    assert pol.schedule(busy(10.0)).wake_at == pytest.approx(2.02 + 2.02 / 0.003 * 0.032)
+    assert pol.schedule(busy(11.3)).dispatch == []
+
+
+def test_hfx_override_never_sends_to_an_engine_with_a_backlog():
+    pol = held_by_the_guard("on")
+    assert pol.schedule(busy(11.3, waiting=3)).dispatch == []
+    assert pol.num_queued() == 1  # still queued: the normal scan may take it later

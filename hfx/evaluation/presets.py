@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (seed 000 §7.1)
+SEED_DISPATCHER = {"override": "off"}  # Algorithm 1 as the seed has it (hfx.py)
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Paper mode: an ``hfx`` series runs on the seed's engine unless it names a planner, so a
-    preset reproduces the seed's figure (and docs/results.md) whatever HFX's default is."""
+    """Paper mode: an ``hfx`` series runs on the seed's engine unless it names a planner, and
+    with the seed's dispatcher unless it names its parameters, so a preset reproduces the
+    seed's figure (and docs/results.md) whatever HFX's defaults are."""
 
     description: str
     workload: str
@@ -25,7 +27,8 @@ class Preset:
     config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        pinned = tuple((label, {"planner": SEED_ENGINE, **fields})
+        pinned = tuple((label, {"planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER,
+                                **fields})
                        if fields.get("policy") == "hfx" and "planner" not in self.config
                        else (label, fields) for label, fields in self.series)
         object.__setattr__(self, "series", pinned)

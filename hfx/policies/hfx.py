@@ -44,10 +44,23 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   Eq. 4 scores the mean TPOT, so one long prefill's stall is spread over every output token;
   where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
   guard holds long prompts back until their TTFT is lost (docs/results.md, issue 17).
+- ``override`` (ours, issue 17; "on" by default, "off" is the seed's dispatcher): a request
+  that the guard or the maturity wait would hold until its TTFT is lost goes anyway. A queued
+  request becomes urgent ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors
+  before its TTFT deadline; it then goes, past the budget and the maturity wait, to the
+  instance where its first token is likeliest in time — after that instance's last batch is
+  prefilled, with a step that also decodes — if that is at least θ, and never to an engine
+  with a backlog of its own (no start is predictable there). Eq. 4 scores the mean TPOT, so one
+  prefill's stall is spread over the running requests' outputs: where prompts are long and
+  outputs longer (tiered-4096-1024) the guard alone holds long prompts back until their TTFT is
+  lost. Leads of 1.2 prefills and 2 steps (just in time) lose to the engine's own queueing;
+  5 and 20 are what attained most on tiered-4096-1024 and four-task (docs/results.md).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 
@@ -56,6 +69,7 @@ from hfx.policies.base import (
     ClusterView,
     Decision,
     Dispatch,
+    InstanceView,
     Policy,
     ttft_lost,
 )
@@ -72,6 +86,7 @@ def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> fl
 
 
 TPOT_GUARDS = ("eq5", "off")
+SWITCH = ("on", "off")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -88,15 +103,16 @@ def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
 
 class HFXDispatcher(Policy):
     name = "hfx"
-    # PolyServe's TPOT-aware chunked prefill (seed 003 §4.5), not the seeds' prefill-first
-    # vLLM-Ascend (seed 000 §7.1): at steady state HFX sustains 8-26% more on it on four-task,
-    # two-task and the bursty stream, and as much within noise on wikisql and both tiered
-    # settings (docs/results.md, issue 17). The seed's engine: --planner prefill-first (the
-    # paper-mode presets pin it).
-    planner = "tpot-chunked"
+    # PolyServe's TPOT-aware chunked prefill (seed 003 §4.5) that runs a prompt whole when
+    # paced chunks would cost its TTFT (deadline_chunked.py), not the seeds' prefill-first
+    # vLLM-Ascend (seed 000 §7.1): steady-state capacities in docs/results.md (issue 17). The
+    # seed's engine: --planner prefill-first (the paper-mode presets pin it).
+    planner = "deadline-chunked"
 
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
-                 output_length: str = "history", tpot_guard: str = "eq5") -> None:
+                 output_length: str = "history", tpot_guard: str = "eq5",
+                 override: str = "on", lead_prefills: float = 5.0,
+                 lead_steps: float = 20.0) -> None:
         if not 0.0 <= theta <= 1.0:
             raise ValueError(f"theta must be in [0, 1], got {theta}")
         if max_scan < 1:
@@ -105,7 +121,13 @@ class HFXDispatcher(Policy):
             raise ValueError(f"prefill_cv must be >= 0, got {prefill_cv}")
         if tpot_guard not in TPOT_GUARDS:
             raise ValueError(f"tpot_guard must be one of {TPOT_GUARDS}, got {tpot_guard!r}")
+        if override not in SWITCH:
+            raise ValueError(f"override must be one of {SWITCH}, got {override!r}")
+        if lead_prefills < 0 or lead_steps < 0:
+            raise ValueError("lead_prefills and lead_steps must be >= 0")
+        self.lead_prefills, self.lead_steps = float(lead_prefills), float(lead_steps)
         self.tpot_guard = tpot_guard
+        self.override = override == "on"
         self.theta = theta
         self.prefill_cv = prefill_cv
         self.max_scan = int(max_scan)
@@ -114,10 +136,19 @@ class HFXDispatcher(Policy):
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W
+        # When queued requests become urgent: (time, tie, request), pushed at the next
+        # schedule() (which has the step model); entries for requests gone from Q_R are dropped
+        # when they surface.
+        self._arrived: list[Request] = []
+        self._urgent: list[tuple[float, int, Request]] = []
+        self._tie = itertools.count()
+        self._prefilled_at: dict[int, float] = {}  # when each instance's last batch is prefilled
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
         self.queue.push(request)
+        if self.override:
+            self._arrived.append(request)
 
     def num_queued(self) -> int:
         return len(self.queue) + len(self._best_effort)
@@ -149,11 +180,57 @@ class HFXDispatcher(Policy):
                 break
             served.add(iid)
             self._serve(iid, self.shadow[iid], model, now, decision)
+        if self.override:
+            self._override(targets, model, now, decision)
         if self.num_queued():
             decision.wake_at = self.maturity.earliest()
             if decision.wake_at <= now:  # a mature instance could take nothing: next iteration
                 decision.wake_at = now + max(model.decode_a, 1e-3)
+            if self._urgent and self._urgent[0][0] < decision.wake_at:
+                decision.wake_at = max(self._urgent[0][0], now + 1e-6)
         return decision
+
+    def urgent_at(self, req: Request, model: StepTimeModel) -> float:
+        """When ``req``, still queued, becomes urgent: its TTFT deadline less a lead of
+        ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors."""
+        return (req.arrival + req.slo.ttft
+                - self.lead_prefills * model.prefill_one(req.prompt_len)
+                - self.lead_steps * model.decode_a)
+
+    def _override(self, targets: list[InstanceView], model: StepTimeModel, now: float,
+                  decision: Decision) -> None:
+        """Dispatch each request that has become urgent, past the budget and the maturity wait,
+        to the instance where its first token is likeliest in time, if at least θ there."""
+        for req in self._arrived:
+            heapq.heappush(self._urgent, (self.urgent_at(req, model), next(self._tie), req))
+        self._arrived.clear()
+        heap = self._urgent
+        while heap and (heap[0][2] not in self.queue or heap[0][0] <= now):
+            req = heapq.heappop(heap)[2]
+            if req not in self.queue:
+                continue  # dispatched or withdrawn meanwhile
+            best, best_p = None, self.theta
+            deadline, e_p = req.arrival + req.slo.ttft, model.prefill_one(req.prompt_len)
+            for inst in targets:
+                sh = self.shadow[inst.id]
+                if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
+                        or sh.free_slots() <= 0 or req.prompt_len > sh.free_kv_tokens()):
+                    continue
+                e_d = self.decode_step(sh, model)
+                # It starts once the instance's last batch is prefilled, and its first token
+                # comes with a step that also decodes the batch (E_d).
+                start = max(now, self._prefilled_at.get(inst.id, now))
+                p = self.calculate_p(deadline, e_p + e_d, sh, e_d, start)
+                if p >= best_p:
+                    best, best_p = sh, p
+            if best is None:
+                continue  # it stays queued: Q_R's scan may still take it, or it goes best effort
+            self.queue.take(req)
+            decision.dispatch.append(Dispatch(req, best.id))
+            best.add(req, self.kv_reserve(req))
+            self._prefilled_at[best.id] = max(now, self._prefilled_at.get(best.id, now)) + e_p
+            self.maturity.set(best.id, max(self.maturity[best.id],
+                                           self.next_maturity(now, e_p, best, model)))
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         """E_d: the predicted decode step of the instance's running batch (0 when idle)."""
@@ -230,8 +307,9 @@ class HFXDispatcher(Policy):
             sh.add(req, self.kv_reserve(req))
             sum_len += req.prompt_len
             sum_sq += req.prompt_len ** 2
-        self.maturity.set(iid, self.next_maturity(now, model.prefill_time(sum_len, sum_sq), sh,
-                                                  model))
+        e_p = model.prefill_time(sum_len, sum_sq)
+        self._prefilled_at[iid] = now + e_p
+        self.maturity.set(iid, self.next_maturity(now, e_p, sh, model))
 
     # ---- what the P stage of P/D changes (seed 001 §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:

@@ -16,6 +16,8 @@ iteration (step 4).
 
 from __future__ import annotations
 
+from typing import Any
+
 from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.hfx import HFXDispatcher
@@ -29,6 +31,11 @@ from hfx.request import Request, RequestRecord
 class HFXPrefillDispatcher(HFXDispatcher):
     name = "hfx"
     planner = "prefill-first"  # P/D (seed 000 §5.1): prefill instances run whole prompts
+
+    def __init__(self, **params: Any) -> None:
+        # No decode to guard on a prefill instance, so nothing to override: the seed's P stage.
+        params.setdefault("override", "off")
+        super().__init__(**params)
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         return 0.0  # a prefill instance never decodes

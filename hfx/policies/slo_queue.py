@@ -26,6 +26,9 @@ class SLOQueue:
     def __len__(self) -> int:
         return self._size
 
+    def __contains__(self, request: Request) -> bool:
+        return request.id in self._queued
+
     def push(self, request: Request) -> None:
         assert request.slo is not None
         tpot = request.slo.tpot

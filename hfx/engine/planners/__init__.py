@@ -17,6 +17,7 @@ PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
     "credit": "hfx.engine.planners.credit:CreditPlanner",
     "slo-paced": "hfx.engine.planners.slo_paced:SLOPacedPlanner",
     "tpot-chunked": "hfx.engine.planners.tpot_chunked:TPOTChunkedPlanner",
+    "deadline-chunked": "hfx.engine.planners.deadline_chunked:DeadlineChunkedPlanner",
 })
 
 

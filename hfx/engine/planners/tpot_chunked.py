@@ -47,7 +47,7 @@ class TPOTChunkedPlanner(BatchPlanner):
             if budget <= 0:
                 break
             remaining = seq.num_missing
-            whole = remaining < 2 * budget  # dynamic chunking (seed 003 §4.7)
+            whole = self.runs_whole(seq, budget, state)
             n = remaining if whole else budget
             if seq.status is RequestStatus.WAITING and len(state.running) >= \
                     self.config.max_num_seqs:
@@ -60,6 +60,12 @@ class TPOTChunkedPlanner(BatchPlanner):
                 break  # the step is full: no other prompt beside an oversized final chunk
             budget -= n
         return out
+
+
+    def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
+        """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (seed 003
+        §4.7), the rest is fewer than two budgets."""
+        return seq.num_missing < 2 * budget
 
 
 def _prompts(state: EngineState) -> Iterator[Sequence]:
