@@ -45,16 +45,18 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
   guard holds long prompts back until their TTFT is lost (docs/results.md, issue 17).
 - ``override`` (ours, issue 17; "on" by default, "off" is the seed's dispatcher): a request
-  that the guard or the maturity wait would hold until its TTFT is lost goes anyway. A queued
-  request becomes urgent ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors
-  before its TTFT deadline; it then goes, past the budget and the maturity wait, to the
-  instance where its first token is likeliest in time — after that instance's last batch is
-  prefilled, with a step that also decodes — if that is at least θ, and never to an engine
-  with a backlog of its own (no start is predictable there). Eq. 4 scores the mean TPOT, so one
+  that Eq. 5's budget would hold until its TTFT is lost goes anyway. A queued request becomes
+  urgent ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors before its TTFT
+  deadline; it then goes, past the budget and the maturity wait, to the instance where its
+  first token is likeliest in time (after that instance's last batch is prefilled, with a step
+  that also decodes) if that is at least θ — only among instances whose budget it exceeds
+  (elsewhere load holds it, and Q_R's scan decides as ever), and never to an engine with a
+  backlog of its own (no start is predictable there). Eq. 4 scores the mean TPOT, so one
   prefill's stall is spread over the running requests' outputs: where prompts are long and
-  outputs longer (tiered-4096-1024) the guard alone holds long prompts back until their TTFT is
-  lost. Leads of 1.2 prefills and 2 steps (just in time) lose to the engine's own queueing;
-  5 and 20 are what attained most on tiered-4096-1024 and four-task (docs/results.md).
+  outputs longer (tiered-4096-1024) the budget alone holds long prompts back until their TTFT
+  is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
+  tiered-4096-1024; overriding load as well (every instance a candidate) lost 15% of
+  wikisql's attainment near its knee (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -123,9 +125,9 @@ class HFXDispatcher(Policy):
             raise ValueError(f"tpot_guard must be one of {TPOT_GUARDS}, got {tpot_guard!r}")
         if override not in SWITCH:
             raise ValueError(f"override must be one of {SWITCH}, got {override!r}")
-        if lead_prefills < 0 or lead_steps < 0:
-            raise ValueError("lead_prefills and lead_steps must be >= 0")
         self.lead_prefills, self.lead_steps = float(lead_prefills), float(lead_steps)
+        if self.lead_prefills < 0 or self.lead_steps < 0:
+            raise ValueError("lead_prefills and lead_steps must be >= 0")
         self.tpot_guard = tpot_guard
         self.override = override == "on"
         self.theta = theta
@@ -213,10 +215,12 @@ class HFXDispatcher(Policy):
             deadline, e_p = req.arrival + req.slo.ttft, model.prefill_one(req.prompt_len)
             for inst in targets:
                 sh = self.shadow[inst.id]
+                e_d = self.decode_step(sh, model)
+                if req.prompt_len <= self.budget(sh, model, e_d):
+                    continue  # the guard does not hold it here: Q_R's scan decides, as ever
                 if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
                         or sh.free_slots() <= 0 or req.prompt_len > sh.free_kv_tokens()):
                     continue
-                e_d = self.decode_step(sh, model)
                 # It starts once the instance's last batch is prefilled, and its first token
                 # comes with a step that also decodes the batch (E_d).
                 start = max(now, self._prefilled_at.get(inst.id, now))
