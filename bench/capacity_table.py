@@ -33,7 +33,9 @@ POLICIES = ("hfx", "slos-serve", "polyserve", "sa", "scorpio", "aladdin", "least
 WORKLOAD_CONFIG = {w: {"model": "llama-3.1-8b", "hardware": "h200"}
                    for w in ("tiered-512-512", "tiered-4096-1024")}
 # A series: a label and the config fields it sets.
-VARIANTS = {"hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"},  # HFX's default
+VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunked",  # default
+                                     "policy_params": {"override": "on"}},
+            "hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"},
             "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first"},  # the seed's
             # Without Eq. 5's budget and Algorithm 1's payback (hfx's tpot_guard), both engines.
             "hfx+guard-off": {"policy": "hfx", "policy_params": {"tpot_guard": "off"}},
