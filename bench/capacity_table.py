@@ -35,8 +35,11 @@ WORKLOAD_CONFIG = {w: {"model": "llama-3.1-8b", "hardware": "h200"}
 # A series: a label and the config fields it sets.
 VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunked",  # default
                                      "policy_params": {"override": "on"}},
-            "hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked"},
-            "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first"},  # the seed's
+            # The default before the override (issue 17's first tables).
+            "hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked",
+                                 "policy_params": {"override": "off"}},
+            "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first",  # the seed's
+                                  "policy_params": {"override": "off"}},
             # Without Eq. 5's budget and Algorithm 1's payback (hfx's tpot_guard), both engines.
             "hfx+guard-off": {"policy": "hfx", "policy_params": {"tpot_guard": "off"}},
             "hfx+prefill-first+guard-off": {"policy": "hfx", "planner": "prefill-first",
