@@ -61,7 +61,6 @@ class TPOTChunkedPlanner(BatchPlanner):
             budget -= n
         return out
 
-
     def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
         """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (seed 003
         §4.7), the rest is fewer than two budgets."""
