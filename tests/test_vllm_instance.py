@@ -252,3 +252,18 @@ def test_the_scalers_log_says_how_a_vllm_server_comes_up_not_a_modelled_weight_p
         "a cold vLLM server: a process start and its own weight load"
     placement.warm = [object(), object()]  # type: ignore[list-item]
     assert placement.describe_launch(plan) == "a warm vLLM server (2 in the pool)"
+
+
+def test_the_profiler_sends_a_request_again_when_its_connection_broke_before_any_answer():
+    from hfx.vllm_profiler import VLLMGrid, measure
+
+    served = Served(FakeVLLM(seconds_per_token=0.001))
+    relay = DropsFirstPost(served.url)
+    try:
+        grid = VLLMGrid(prefill_batches=(1,), decode_batches=(2,), lengths=(16,), repeats=1)
+        model, prefill, decode = asyncio.run(measure([relay.url], grid, 100_000))
+        assert model == "fake" and len(prefill) == 1 and len(decode) == 1
+        # The warm-up's POST was dropped before the server saw it; sent again, it got through.
+        assert relay.dropped == 1 and len(served.fake.bodies) == 1 + 1 + 2
+    finally:
+        served.stop()
