@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from hfx.cluster.vllm_metrics import parse_metrics, vllm_client
+from hfx.cluster.vllm_metrics import parse_metrics, vllm_client, vllm_stream
 from hfx.latency import Profile
 from hfx.profiler import fit_profile
 
@@ -60,32 +60,22 @@ class _Client:
         return [int(x) for x in self.gen.integers(1, self.vocab, n)]
 
     async def tokens(self, n: int, max_tokens: int) -> list[float]:
-        """Send one request; the arrival time of each token. Sent once more if its connection
-        breaks before any answer: the server closed it, idle, just as the request went out
-        (vLLM closes idle connections after 5 s, and a point's servers wait for each other)."""
+        """Send one request; the arrival time of each token."""
         body = {"model": self.model, "prompt": self.prompt(n), "max_tokens": max_tokens,
                 "stream": True, "return_token_ids": True, "ignore_eos": True,
                 "temperature": 0.0}
-        for attempt in range(2):
-            times: list[float] = []
-            answered = False
-            try:
-                async with self.client.stream("POST", f"{self.url}/v1/completions",
-                                              json=body) as response:
-                    answered = True
-                    response.raise_for_status()
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: {"):
-                            chunk = json.loads(line[6:])
-                            if "error" in chunk:
-                                raise RuntimeError(f"vLLM: {chunk['error']}")
-                            now = time.perf_counter()
-                            times.extend(now for _ in chunk["choices"][0].get("token_ids") or [])
-                return times
-            except (httpx.ReadError, httpx.RemoteProtocolError):
-                if answered or attempt:
-                    raise
-        raise AssertionError("unreachable")
+        times: list[float] = []
+        async with vllm_stream(self.client, f"{self.url}/v1/completions",
+                               json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        raise RuntimeError(f"vLLM: {chunk['error']}")
+                    now = time.perf_counter()
+                    times.extend(now for _ in chunk["choices"][0].get("token_ids") or [])
+        return times
 
     async def prefill(self, b: int, n: int) -> float:
         start = time.perf_counter()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from hfx.cluster.instance import EventSink
-from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics, vllm_client
+from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics, vllm_client, vllm_stream
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import SLO, Request
 
@@ -64,14 +64,6 @@ def vllm_priority(request: Request, best_effort: bool) -> int:
     if best_effort or request.slo is None:
         return BEST_EFFORT_PRIORITY
     return max(0, round(request.slo.tpot * 1e3))
-
-
-class _NoAnswer(Exception):
-    """The connection broke before the server answered a request."""
-
-    def __init__(self, error: httpx.TransportError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 @dataclass(slots=True)
@@ -233,19 +225,26 @@ class VLLMInstance:
         rid = request.id
         status = RequestStatus.FINISHED_ABORTED
         failure: str | None = None
+        assert self._client is not None, "start() the instance first"
         try:
-            for attempt in range(2):
-                try:
-                    status, failure = await self._post(request, best_effort)
-                    break
-                except _NoAnswer as e:
-                    # The connection broke before any answer: the server closed it as we sent
-                    # (it never saw the request), or it is gone; a fresh connection tells which
-                    # (a dead server refuses it: ConnectError below).
-                    if attempt == 1:
-                        raise e.error from None
-                    log.warning("instance %d: %s had no answer (%s); sending it again",
-                                self.id, rid, type(e.error).__name__)
+            async with vllm_stream(
+                    self._client, f"{self.url}/v1/completions",
+                    json=self.body(request, best_effort),
+                    headers={"X-Request-Id": rid}) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:500]
+                    failure = f"vLLM answered {response.status_code}: {detail}"
+                    status = RequestStatus.FINISHED_FAILED
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    done = self._chunk(rid, json.loads(line[6:]))
+                    if done is not None:
+                        status = done
+            if status is RequestStatus.FINISHED_ABORTED and failure is None:
+                failure = "the vLLM stream ended without a finish reason"
+                status = RequestStatus.FINISHED_FAILED
         except asyncio.CancelledError:
             status = RequestStatus.FINISHED_ABORTED  # aborted here: the connection is closed
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
@@ -258,35 +257,6 @@ class VLLMInstance:
         finally:
             if rid in self._sent and self._failed is None:
                 self._end(rid, status, failure)
-
-    async def _post(self, request: Request, best_effort: bool
-                    ) -> tuple[RequestStatus, str | None]:
-        """One POST of the request, its tokens to the sink; (finish status, failure)."""
-        assert self._client is not None, "start() the instance first"
-        rid = request.id
-        status, answered = RequestStatus.FINISHED_ABORTED, False
-        try:
-            async with self._client.stream(
-                    "POST", f"{self.url}/v1/completions", json=self.body(request, best_effort),
-                    headers={"X-Request-Id": rid}) as response:
-                answered = True
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    return (RequestStatus.FINISHED_FAILED,
-                            f"vLLM answered {response.status_code}: {detail}")
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    done = self._chunk(rid, json.loads(line[6:]))
-                    if done is not None:
-                        status = done
-        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-            if not answered:
-                raise _NoAnswer(e) from e
-            raise
-        if status is RequestStatus.FINISHED_ABORTED:
-            return RequestStatus.FINISHED_FAILED, "the vLLM stream ended without a finish reason"
-        return status, None
 
     def _chunk(self, rid: str, chunk: dict[str, Any]) -> RequestStatus | None:
         """One SSE chunk: its tokens to the sink; the finish status if it ends the request."""

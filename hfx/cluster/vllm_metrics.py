@@ -1,15 +1,21 @@
 """What a vLLM server says about itself: its Prometheus ``/metrics`` page read into numbers, and
-the served model, limits and KV size an instance checks requests against (issue 15)."""
+the served model, limits and KV size an instance checks requests against; and the HTTP client
+that HFX talks to vLLM servers with (issue 15)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from hfx.engine import EngineError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,24 @@ UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None,
 def vllm_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
     """An HTTP client for vLLM servers whose pool never closes a connection under a request."""
     return httpx.AsyncClient(timeout=timeout, limits=UNLIMITED)
+
+
+@contextlib.asynccontextmanager
+async def vllm_stream(client: httpx.AsyncClient, url: str,
+                      **kwargs: Any) -> AsyncIterator[httpx.Response]:
+    """``client.stream("POST", url, ...)``, sent once more on a fresh connection if the first
+    breaks before any answer: the server closed it, idle, just as the request went out (it never
+    saw it), or the server is gone, which the fresh connection's ConnectError then says."""
+    async with contextlib.AsyncExitStack() as stack:
+        for attempt in range(2):
+            try:
+                response = await stack.enter_async_context(client.stream("POST", url, **kwargs))
+                break
+            except (httpx.ReadError, httpx.RemoteProtocolError) as e:
+                if attempt:
+                    raise
+                log.warning("%s had no answer (%s); sending it again", url, type(e).__name__)
+        yield response
 
 
 def parse_metrics(text: str) -> dict[str, float]:
