@@ -8,6 +8,8 @@ and standard deviation over seeds, in requests/s for the 2-instance fleet.
 
     python bench/capacity_table.py --json docs/results/capacity.json
     python bench/capacity_table.py --workloads wikisql --policies hfx,rr --seeds 2
+    python bench/capacity_table.py --presets fig4-four-task,fig5-four-task  # a paper figure's
+                                          # series and fleet, at steady state (one table each)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.capacity import over_seeds, seed_capacity, steady
+from hfx.evaluation.presets import PRESETS
 
 # Where each search starts (requests/s for 2 instances): near the knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "wikisql": 8.0, "tiered-512-512": 40.0,
@@ -50,13 +53,36 @@ def series_fields(name: str) -> dict:
     return VARIANTS.get(name, {"policy": name})
 
 
-def one(workload: str, name: str, seed: int, tolerance: float) -> tuple[str, str, dict]:
-    config = steady(SimConfig(workload=workload, qps=START.get(workload, 20.0), seed=seed,
-                              **WORKLOAD_CONFIG.get(workload, {}), **series_fields(name)))
+# Presets whose load is not a steady rate: nothing to bisect. (The ramp and the burst are
+# docs/results.md's Experiments 5 and 10; PolyServe's 20-instance settings are the tiered
+# workloads above, on 2 instances.)
+NOT_STEADY = ("polyserve-512", "polyserve-4096")
+
+
+def workload_tasks(workload: str, names: list[str]) -> list[tuple[str, str, dict, float]]:
+    """(table, series, config fields, start QPS) of each series on a workload."""
+    return [(workload, n, {"workload": workload, **WORKLOAD_CONFIG.get(workload, {}),
+                           **series_fields(n)}, START.get(workload, 20.0)) for n in names]
+
+
+def preset_tasks(name: str) -> list[tuple[str, str, dict, float]]:
+    """A paper figure at steady state: the preset's series on its fleet and engine (its table
+    is named after it); the search starts mid-grid."""
+    if name in NOT_STEADY:
+        raise SystemExit(f"{name}: not a steady-state setting ({', '.join(NOT_STEADY)})")
+    preset = PRESETS[name]
+    start = float(sorted(preset.qps)[len(preset.qps) // 2])
+    return [(name, label, {"workload": preset.workload, **preset.config, **fields}, start)
+            for label, fields in preset.series]
+
+
+def one(table: str, name: str, fields: dict, start: float, seed: int,
+        tolerance: float) -> tuple[str, str, dict]:
+    config = steady(SimConfig(**{**fields, "qps": start, "seed": seed}))
     t0 = time.perf_counter()
     result = seed_capacity(config, 0.9, tolerance)
     result["wall_seconds"] = time.perf_counter() - t0
-    return workload, name, result
+    return table, name, result
 
 
 def main() -> int:
@@ -64,6 +90,9 @@ def main() -> int:
     ap.add_argument("--workloads", default="four-task,two-task,wikisql,tiered-512-512")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"policies, or variants ({', '.join(VARIANTS)})")
+    ap.add_argument("--presets", default=None,
+                    help="instead of --workloads/--policies: paper-figure presets (hfx list), "
+                         "each series on the preset's fleet")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
@@ -75,12 +104,15 @@ def main() -> int:
     if args.render:
         print(render(args.render))
         return 0
-    workloads = args.workloads.split(",")
-    names = args.policies.split(",")
-    tasks = [(w, n, s) for w in workloads for n in names for s in range(args.seeds)]
+    if args.presets:
+        series = [t for p in args.presets.split(",") for t in preset_tasks(p)]
+    else:
+        names = args.policies.split(",")
+        series = [t for w in args.workloads.split(",") for t in workload_tasks(w, names)]
     found: dict[tuple[str, str], list[dict]] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(one, w, n, s, args.tolerance) for w, n, s in tasks]
+        futures = [pool.submit(one, *task, seed, args.tolerance)
+                   for task in series for seed in range(args.seeds)]
         for fut in as_completed(futures):
             w, n, r = fut.result()
             found.setdefault((w, n), []).append(r)
@@ -89,7 +121,7 @@ def main() -> int:
             if args.json:  # after every search: a long run stopped early keeps what it found
                 write_json(args.json, report(args, found))
     for w, rows in report(args, found)["tables"].items():
-        print(f"\n{w}: capacity at 90% attainment, QPS (2 instances), mean ± std over seeds")
+        print(f"\n{w}: capacity at 90% attainment, QPS for its fleet, mean ± std over seeds")
         for n, row in sorted(rows.items(), key=lambda x: -x[1]["mean"]):
             print(f"  {n:18s} {row['mean']:7.2f} ± {row['std']:5.2f}   "
                   f"{', '.join(f'{c:.1f}' for c in row['per_seed'])}")

@@ -419,7 +419,7 @@ def busy(now: float, waiting: int = 0) -> ClusterView:
     return ClusterView(now, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE)
 
 
-def held_by_the_guard(override: str, prompt: int = 8000):
+def held_by_the_guard(override: str, prompt: int = 8000, ttft: float = 6.0):
     """20 requests of TPOT 35 ms decode (E_d = 0.032 s: relax 3 ms, so the instance pays its
     2.02 s prefill back until t = 2.02 + 2.02 / 0.003 · 0.032 = 23.6 s) when an 8000-token
     prompt arrives at t = 10 with TTFT 6 s. Eq. 5 allows 6 · (0.035 − 0.032) / (1e-4 · 0.035)
@@ -428,7 +428,7 @@ def held_by_the_guard(override: str, prompt: int = 8000):
     for i in range(20):
         pol.enqueue(req(f"run{i}", 0.0, 1000, 100.0, 0.035), 0.0)
     assert len(pol.schedule(view(0.0)).dispatch) == 20
-    pol.enqueue(req("long", 10.0, prompt, 6.0, 0.5), 10.0)
+    pol.enqueue(req("long", 10.0, prompt, ttft, 0.5), 10.0)
     return pol
 
 
@@ -453,9 +453,17 @@ def test_hfx_override_never_sends_to_an_engine_with_a_backlog():
     assert pol.num_queued() == 1  # still queued: the normal scan may take it later
 
 
-def test_hfx_override_leaves_what_the_budget_admits_to_the_maturity_wait():
-    # 4000 tokens fit Eq. 5's 4,943: the instance's maturity (23.6 s), not the guard, holds it.
+def test_hfx_override_takes_what_the_maturity_wait_would_make_late():
+    # 4000 tokens fit Eq. 5's 4,943: the payback wait (to 23.6 s), not the budget, holds it.
+    # With TTFT 6 s (deadline 16 s) the wait ends too late: it goes once urgent.
     pol = held_by_the_guard("on", prompt=4000)
     urgent = 16.0 - 5 * MODEL.prefill_one(4000) - 20 * 0.03  # 13.3 s
     assert pol.schedule(busy(10.0)).wake_at == pytest.approx(urgent)
+    assert [x.request.id for x in pol.schedule(busy(urgent)).dispatch] == ["long"]
+    # With TTFT 15 s (deadline 25 s) it still starts in time at maturity (23.6 + 0.42 + 0.032
+    # s): urgent at 22.3 s, it is left to the wait, which batches prefills (wikisql's knee).
+    pol = held_by_the_guard("on", prompt=4000, ttft=15.0)
+    urgent = 25.0 - 5 * MODEL.prefill_one(4000) - 20 * 0.03
     assert pol.schedule(busy(urgent)).dispatch == [] and pol.num_queued() == 1
+    mature = 2.02 + 2.02 / 0.003 * 0.032
+    assert [x.request.id for x in pol.schedule(busy(mature)).dispatch] == ["long"]

@@ -45,18 +45,22 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
   guard holds long prompts back until their TTFT is lost (docs/results.md, issue 17).
 - ``override`` (ours, issue 17; "on" by default, "off" is the seed's dispatcher): a request
-  that Eq. 5's budget would hold until its TTFT is lost goes anyway. A queued request becomes
-  urgent ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors before its TTFT
-  deadline; it then goes, past the budget and the maturity wait, to the instance where its
-  first token is likeliest in time (after that instance's last batch is prefilled, with a step
-  that also decodes) if that is at least θ — only among instances whose budget it exceeds
-  (elsewhere load holds it, and Q_R's scan decides as ever), and never to an engine with a
-  backlog of its own (no start is predictable there). Eq. 4 scores the mean TPOT, so one
-  prefill's stall is spread over the running requests' outputs: where prompts are long and
-  outputs longer (tiered-4096-1024) the budget alone holds long prompts back until their TTFT
-  is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
+  that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
+  anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
+  ``lead_steps`` step floors before its TTFT deadline; it then goes, past the budget and the
+  maturity wait, to the instance where its first token is likeliest in time (after that
+  instance's last batch is prefilled, with a step that also decodes) if that is at least θ —
+  only among instances whose budget it exceeds or whose maturity comes too late for it
+  (elsewhere the guard lets it start in time, and Q_R's scan decides as ever), and never to an
+  engine with a backlog of its own (no start is predictable there). Eq. 4 scores the mean
+  TPOT, so one prefill's stall is spread over the running requests' outputs: where prompts are
+  long and outputs longer (tiered-4096-1024) the budget alone holds long prompts back until
+  their TTFT is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
   tiered-4096-1024; overriding load as well (every instance a candidate) lost 15% of
-  wikisql's attainment near its knee (docs/architecture.md).
+  wikisql's attainment near its knee, and so did overriding every maturity wait (wikisql's
+  waits batch its prefills), where overriding only the waits that end too late cost it
+  nothing and gave tiered-4096-1024 its short prompts' TTFT back: after an 8k prefill beside
+  a 20 ms batch the payback wait is about one more prefill (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -216,8 +220,9 @@ class HFXDispatcher(Policy):
             for inst in targets:
                 sh = self.shadow[inst.id]
                 e_d = self.decode_step(sh, model)
-                if req.prompt_len <= self.budget(sh, model, e_d):
-                    continue  # the guard does not hold it here: Q_R's scan decides, as ever
+                if (req.prompt_len <= self.budget(sh, model, e_d)
+                        and self.maturity[inst.id] + e_p + e_d <= deadline):
+                    continue  # the guard lets it start here in time: Q_R's scan decides
                 if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
                         or sh.free_slots() <= 0 or req.prompt_len > sh.free_kv_tokens()):
                     continue
