@@ -310,8 +310,9 @@ class GatewaySection(Section):
                                    "(Table 1's sharegpt: 0.5 s)")
     max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per request "
                                "(capped by the model's positions)")
-    ray: bool = Field(False, description="run every instance as a Ray actor (a local Ray "
-                      "instance unless --ray-address)")
+    ray: bool = Field(False, description="run every instance as a Ray actor (with --engine "
+                      "vllm, each vLLM server a child of one); a local Ray instance unless "
+                      "--ray-address")
     ray_address: str | None = Field(None, description="address of a Ray cluster to place "
                                     "instances on (implies --ray), e.g. auto or ray://host:10001")
     ray_cpus_per_instance: float = Field(1.0, ge=0, description="CPUs Ray reserves for each "

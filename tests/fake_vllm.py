@@ -185,3 +185,38 @@ class DropsFirstPost:
 
         threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True).start()
         assert ready.wait(10), "relay did not start"
+
+
+def as_vllm_python(root) -> str:
+    """An interpreter path for ``VLLMLaunch.python`` under which ``python -m
+    vllm.entrypoints.openai.api_server`` is this fake as a process: what HFX starts, health
+    polls, streams from and kills, with no vLLM installed. ``root``: a directory to write it in.
+    """
+    import sys
+    from pathlib import Path
+
+    root = Path(root)
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text("from fake_vllm import main\n\nmain()\n")
+    python = root / "python"
+    here = Path(__file__).resolve().parent
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root}:{here}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def main() -> None:
+    """The fake as ``python -m vllm.entrypoints.openai.api_server``: the flags HFX passes that
+    it needs (--host, --port, --served-model-name); the rest are accepted and ignored."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--served-model-name", default="fake")
+    args, _ = ap.parse_known_args()
+    uvicorn.run(FakeVLLM(model=args.served_model_name).app(), host=args.host, port=args.port,
+                log_level="warning")

@@ -131,3 +131,75 @@ def test_a_killed_worker_does_not_hang_clients_and_is_replaced(local_ray):
         assert "hfx_instance_failures_total 1" in metrics
     finally:
         gw.close()
+
+
+def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray, tmp_path):
+    """``hfx serve --engine vllm --ray``: each server a child of a Ray actor (a stand-in
+    server, tests/fake_vllm.py, as the process). Requests reach them over HTTP at the node's
+    address; a server killed under its actor fails its instance; the rest are stopped with
+    the gateway."""
+    from fake_vllm import as_vllm_python, generate
+
+    from hfx.cluster.vllm_ray import RayVLLMServer
+    from hfx.model.build import write_random_checkpoint
+
+    checkpoint = str(write_random_checkpoint("tiny", tmp_path / "ckpt"))
+    gw = Running(engine="vllm", checkpoint=checkpoint, instances=2, ray=True,
+                 ray_cpus_per_instance=0.5, vllm_python=as_vllm_python(tmp_path / "fake"),
+                 profile="tiny@cpu", max_model_len=2048, policy="rr")
+    control = gw.server.control
+    try:
+        servers = [i.process for i in control.instances.values()]
+        assert all(isinstance(s, RayVLLMServer) for s in servers)
+        node = ray.util.get_node_ip_address()
+        assert all(s.url.startswith(f"http://{node}:") for s in servers)
+        pids = [s.pid for s in servers]
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        texts = [gw.client.completions.create(model=gw.model, prompt=p, max_tokens=5,
+                                              extra_body={"ignore_eos": True}).choices[0].text
+                 for p in ("The cat", "HFX")]  # round robin: one on each server
+        assert texts == [bytes(generate(list(p), 5)).decode() for p in (b"The cat", b"HFX")]
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while control.num_instance_failures < 1:
+            assert time.monotonic() < deadline, "the killed server's instance did not fail"
+            time.sleep(0.05)
+        r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=3)
+        assert r.usage.completion_tokens == 3  # served by the other
+    finally:
+        gw.close()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids):  # stopped by their actors with the gateway
+        assert time.monotonic() < deadline, "a vLLM server outlived the gateway"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_ray_held_vllm_server_reports_its_death_without_blocking(local_ray, tmp_path):
+    from fake_vllm import as_vllm_python
+
+    from hfx.cluster.vllm_process import VLLMLaunch
+    from hfx.cluster.vllm_ray import RayVLLMServer
+
+    launch = VLLMLaunch(as_vllm_python(tmp_path), "unused", "fake", 2048, 8, 4096, 32,
+                        log_dir=tmp_path)
+    server = RayVLLMServer(launch, 0, 1, {"num_cpus": 0.5}).start()
+    try:
+        server.wait_ready_blocking()
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert server.alive()
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.alive():  # each call reads the last answer and sends the next probe
+            assert time.monotonic() < deadline, "the actor did not see its server die"
+            time.sleep(0.05)
+    finally:
+        server.kill()
+    assert not alive(server.pid)

@@ -43,7 +43,7 @@ from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence
 from hfx.request import SLO, Request
 
 if TYPE_CHECKING:
-    from hfx.cluster.vllm_process import VLLMServer
+    from hfx.cluster.vllm_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class VLLMInstance:
     """The control plane's handle on one vLLM OpenAI server."""
 
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
-                 process: VLLMServer | None = None, role: Role = Role.COLOCATED,
+                 process: ServerProcess | None = None, role: Role = Role.COLOCATED,
                  scrape_interval: float = SCRAPE_SECONDS) -> None:
         self.id = instance_id
         self.role = role
@@ -87,7 +87,7 @@ class VLLMInstance:
         self.max_num_seqs = max_num_seqs
         self.process = process  # None: a server someone else runs (--backend)
         # How a released instance's server is let go (the placement's warm pool may keep it).
-        self.on_stop: Callable[[VLLMServer], Awaitable[None]] | None = None
+        self.on_stop: Callable[[ServerProcess], Awaitable[None]] | None = None
         self.scrape_interval = scrape_interval
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
         self._client: httpx.AsyncClient | None = None  # made on the serving loop, at start

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -134,11 +135,35 @@ class VLLMLaunch:
         return env
 
 
+class ServerProcess(Protocol):
+    """A vLLM server HFX started and stops: ``VLLMServer`` here, or ``RayVLLMServer`` under a
+    Ray actor (hfx/cluster/vllm_ray.py)."""
+
+    url: str
+
+    def start(self) -> ServerProcess: ...
+
+    def wait_ready_blocking(self) -> None: ...
+
+    async def wait_ready(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+ServerFactory = Callable[["VLLMLaunch", int, int], ServerProcess]
+
+
 class VLLMServer:
     """One vLLM server process: start, wait until it serves, stop."""
 
-    def __init__(self, launch: VLLMLaunch, index: int, count: int) -> None:
+    def __init__(self, launch: VLLMLaunch, index: int, count: int,
+                 env: dict[str, str] | None = None) -> None:
         self.launch = launch
+        self._env = env or {}  # over the launch's (a Ray actor's GPU)
         self.index = index
         self.port = free_port(launch.host)
         self.url = f"http://{launch.host}:{self.port}"
@@ -149,7 +174,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                self.launch.command(self.port), env=self.launch.env(self.index, self._count),
+                self.launch.command(self.port),
+                env={**self.launch.env(self.index, self._count), **self._env},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         _RUNNING.add(self)
@@ -254,7 +280,8 @@ class VLLMPlacement:
     """
 
     def __init__(self, launch: VLLMLaunch | None, backends: tuple[str, ...] = (),
-                 max_num_seqs: int = 256, warm_pool: int = 0) -> None:
+                 max_num_seqs: int = 256, warm_pool: int = 0,
+                 new_server: ServerFactory = VLLMServer) -> None:
         if launch is None and not backends:
             raise ValueError("a vLLM fleet needs a checkpoint to start servers from, or "
                              "--backend URLs of running ones")
@@ -264,7 +291,8 @@ class VLLMPlacement:
         self.backends = [b.rstrip("/") for b in backends]
         self.max_num_seqs = launch.max_num_seqs if launch is not None else max_num_seqs
         self.warm_pool = warm_pool
-        self.warm: list[VLLMServer] = []  # started, healthy, serving nothing
+        self.new_server = new_server  # a child process here, or under a Ray actor
+        self.warm: list[ServerProcess] = []  # started, healthy, serving nothing
         self._prepared: list[VLLMInstance] = []
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[VLLMInstance]:
@@ -287,7 +315,7 @@ class VLLMPlacement:
                              "--backend URLs given; give a checkpoint to start the rest")
         spec = self.spec
         count = len(to_start) + self.warm_pool
-        servers = [VLLMServer(spec, i, count).start()  # type: ignore[arg-type]
+        servers = [self.new_server(spec, i, count).start()  # type: ignore[arg-type]
                    for i in range(count)]
         try:
             for s in servers:
@@ -303,7 +331,7 @@ class VLLMPlacement:
         self._prepared = fleet
         return fleet
 
-    def _instance(self, iid: int, url: str, server: VLLMServer | None,
+    def _instance(self, iid: int, url: str, server: ServerProcess | None,
                   role: Role) -> VLLMInstance:
         instance = VLLMInstance(iid, url, server_info(url), self.max_num_seqs, server,
                                 role=role)
@@ -326,7 +354,7 @@ class VLLMPlacement:
         elif self.spec is None:
             raise RuntimeError("cannot start a vLLM server without --checkpoint")
         else:
-            server = VLLMServer(self.spec, instance_id, max(2, instance_id + 1)).start()
+            server = self.new_server(self.spec, instance_id, max(2, instance_id + 1)).start()
         try:
             await server.wait_ready()
             return await loop.run_in_executor(None, self._instance, instance_id, server.url,
@@ -335,7 +363,7 @@ class VLLMPlacement:
             await server.stop()
             raise
 
-    async def _retire(self, server: VLLMServer) -> None:
+    async def _retire(self, server: ServerProcess) -> None:
         """A released instance's server: back to the warm pool while it has room."""
         if server.alive() and len(self.warm) < self.warm_pool:
             self.warm.append(server)

@@ -56,7 +56,13 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
 
 
 def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
-    from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, example_connector
+    from hfx.cluster.vllm_process import (
+        ServerFactory,
+        VLLMLaunch,
+        VLLMPlacement,
+        VLLMServer,
+        example_connector,
+    )
 
     launch = None
     extra: list[str] = []
@@ -76,7 +82,21 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
         initial = config.prefill + config.decode if config.mode == "pd" else config.instances
         warm = (config.warm_pool if config.warm_pool is not None
                 else config.max_instances - initial)
-    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm)
+    new_server: ServerFactory = VLLMServer
+    if config.ray or config.ray_address:  # each server a child of a Ray actor, on any node
+        if launch is None:
+            raise ValueError("--ray starts vLLM servers: give --checkpoint (servers attached "
+                             "with --backend run where their owner put them)")
+        try:
+            import ray
+
+            from hfx.cluster.vllm_ray import ray_server_factory
+        except ImportError:
+            raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
+        ray.init(address=config.ray_address, ignore_reinit_error=True)
+        new_server = ray_server_factory(config.ray_cpus_per_instance,
+                                        0 if launch.device == "cpu" else 1)
+    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm, new_server)
 
 
 def build_server(config: ServeConfig) -> Server:
