@@ -62,17 +62,35 @@ class RayVLLMServer:
         self._count = count
         self._options = actor_options
         self.actor: Any = None
-        self.url = ""
-        self.pid: int | None = None  # on the actor's node
-        self.log_path = ""  # on the actor's node
+        self._where: Any = None  # (url, pid, log path), once the actor has started the server
         self._alive = True
         self._probe: Any = None  # the liveness call in flight
 
     def start(self) -> RayVLLMServer:
+        """Ask Ray for the actor and return at once: a fleet's actors start in parallel."""
         self.actor = ray.remote(VLLMServerActor).options(**self._options).remote(
             self.launch, self.index, self._count)
-        self.url, self.pid, self.log_path = ray.get(self.actor.where.remote())
+        self._where = self.actor.where.remote()
         return self
+
+    def _resolved(self) -> tuple[str, int | None, str]:
+        if not isinstance(self._where, tuple):
+            self._where = ray.get(self._where)
+        return self._where
+
+    @property
+    def url(self) -> str:
+        return self._resolved()[0]
+
+    @property
+    def pid(self) -> int | None:
+        """On the actor's node."""
+        return self._resolved()[1]
+
+    @property
+    def log_path(self) -> str:
+        """On the actor's node."""
+        return self._resolved()[2]
 
     def wait_ready_blocking(self) -> None:
         ray.get(self.actor.wait_ready.remote())
