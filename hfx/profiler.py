@@ -169,12 +169,28 @@ def fit_profile(name: str, prefill: list[tuple[list[int], float]],
                    block_size=block_size, source="measured", fit_mape=fit_mape, meta=meta)
 
 
+def samples_of(profile: Profile) -> tuple[list[tuple[list[int], float]],
+                                          list[tuple[int, int, float]]]:
+    """A measured profile's samples, in the forms ``measure`` returns."""
+    got = profile.meta["samples"]
+    return ([([n] * b, t) for b, n, t in got["prefill"]],
+            [(b, ctx, t) for b, ctx, t in got["decode"]])
+
+
 def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
-                  block_size: int = 16, seed: int = 0, progress: bool = False) -> Profile:
-    """Measure ``loaded`` on ``grid`` with a KV cache of ``capacity_tokens`` and fit."""
+                  block_size: int = 16, seed: int = 0, progress: bool = False,
+                  pooled_with: Profile | None = None) -> Profile:
+    """Measure ``loaded`` on ``grid`` with a KV cache of ``capacity_tokens`` and fit; with
+    ``pooled_with``, fit this measurement and that profile's samples together (a profile taken
+    before and after a run brackets it: a machine whose speed drifts between minutes is fitted
+    at its mean over the run, not at the minute before it)."""
     num_blocks = capacity_tokens // block_size
     executor = TorchExecutor(loaded.model, num_blocks, block_size, threaded=True, seed=seed)
     prefill, decode = measure(executor, grid, num_blocks * block_size, seed, progress)
+    executor.shutdown()
+    if pooled_with is not None:
+        earlier = samples_of(pooled_with)
+        prefill, decode = earlier[0] + prefill, earlier[1] + decode
     shape = loaded.model.shape
     device = executor.device
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"

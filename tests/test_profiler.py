@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 from hfx.cli import main
 from hfx.latency import load_profile
 from hfx.model.build import build_model
-from hfx.profiler import Grid, profile_model
+from hfx.profiler import Grid, profile_model, samples_of
 
 
 def test_profile_fits_and_simulates(tmp_path):
@@ -31,6 +31,19 @@ def test_profile_fits_and_simulates(tmp_path):
     assert main(["sim", "--profile", str(path), "--instances", "1", "--qps", "4",
                  "--requests-per-task", "5", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["finished"] == 20
+
+
+def test_a_profile_pooled_with_an_earlier_one_fits_both_measurements():
+    """What bench/fidelity.py brackets a run with: the samples before it, then after it."""
+    loaded = build_model("tiny", device="cpu")
+    grid = Grid((1, 2), (1, 4), (8, 32, 64), 256, 1)
+    before = profile_model(loaded, grid, capacity_tokens=4096)
+    after = profile_model(loaded, grid, capacity_tokens=4096, pooled_with=before)
+    (p0, d0), (p1, d1) = samples_of(before), samples_of(after)
+    assert (len(p0), len(d0)) == (6, 6) and (len(p1), len(d1)) == (12, 12)
+    assert p1[:6] == p0 and d1[:6] == d0  # the earlier samples first, as measured
+    assert [s[0] for s in p1[6:]] == [s[0] for s in p0]  # the same points again
+    assert [s[:2] for s in d1[6:]] == [s[:2] for s in d0]
 
 
 def test_profile_cli_refuses_bad_options(capsys):
