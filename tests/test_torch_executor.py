@@ -17,7 +17,7 @@ from hfx.engine import EngineConfig, EngineCore, EngineError, RequestStatus, Rol
 from hfx.engine.block_manager import BlockManager  # noqa: E402
 from hfx.engine.planners.base import SchedulerOutput  # noqa: E402
 from hfx.engine.sequence import Sequence  # noqa: E402
-from hfx.engine.torch_executor import TorchExecutor  # noqa: E402
+from hfx.engine.torch_executor import TorchExecutor, decode_groups  # noqa: E402
 from hfx.model.shapes import get_shape  # noqa: E402
 from hfx.model.weights import random_model  # noqa: E402
 from hfx.sampling import SamplingParams  # noqa: E402
@@ -116,6 +116,25 @@ def test_batched_greedy_generation_matches_transformers(model, ref):
     seqs = [Sequence(f"r{i}", len(p), 12, prompt_token_ids=p) for i, p in enumerate(ps)]
     assert run_engine(engine, seqs) == want
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_decode_groups_keep_contexts_within_twice_the_shortest():
+    seqs = [Sequence(f"r{n}", n, 4, num_computed_tokens=n) for n in
+            (100, 7, 1000, 60, 130, 2000, 12)]
+    groups = decode_groups(seqs)
+    assert [[s.num_computed_tokens for s in g] for g in groups] == [
+        [7, 12], [60, 100], [130], [1000, 2000]]
+
+
+def test_decodes_of_far_apart_contexts_match_transformers(model, ref):
+    """Decode groups (contexts 5 to 400 tokens here, four groups) give each sequence the
+    tokens it gets alone."""
+    gen = torch.Generator().manual_seed(9)
+    ps = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 9, 40, 150, 400)]
+    want = {f"r{i}": reference_greedy(ref, p, 10) for i, p in enumerate(ps)}
+    engine = make_engine(model)
+    seqs = [Sequence(f"r{i}", len(p), 10, prompt_token_ids=p) for i, p in enumerate(ps)]
+    assert run_engine(engine, seqs) == want
 
 
 def test_chunked_prefill_and_preemption_give_the_same_tokens(model, ref):

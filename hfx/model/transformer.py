@@ -13,7 +13,7 @@ recompute after preemption and decode are the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,13 +32,22 @@ class PrefillSpan:
     slots: torch.Tensor  # [first_pos + (end - start)] cache slots of the whole context
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Decoding sequences of similar context length, attended in one padded call: rows
+    ``start``..``end`` of the flat batch."""
+
+    start: int
+    end: int
+    slots: torch.Tensor  # [b, width] context slots, padded with 0 to the group's longest
+    mask: torch.Tensor  # [b, 1, 1, width] True where a slot is real
+
+
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
     prefills: list[PrefillSpan]
-    decode_start: int = 0  # decodes are the rows from here to the end of the flat batch
-    decode_slots: torch.Tensor | None = None  # [B, max_ctx] context slots (padded with 0)
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_ctx] True where a slot is real
+    decodes: list[DecodeGroup] = field(default_factory=list)
 
 
 class RMSNorm(nn.Module):
@@ -114,14 +123,13 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask,
                                                    enable_gqa=True)
             out[span.start:span.end] = o[0].transpose(0, 1)
-        if meta.decode_slots is not None:
-            d = meta.decode_start
-            keys = cache[0][meta.decode_slots].transpose(1, 2)  # [B, kv_heads, ctx, d]
-            values = cache[1][meta.decode_slots].transpose(1, 2)
-            queries = q[d:, :, None, :]  # [B, heads, 1, d]
-            o = F.scaled_dot_product_attention(queries, keys, values,
-                                               attn_mask=meta.decode_mask, enable_gqa=True)
-            out[d:] = o[:, :, 0, :]
+        for group in meta.decodes:
+            keys = cache[0][group.slots].transpose(1, 2)  # [b, kv_heads, width, d]
+            values = cache[1][group.slots].transpose(1, 2)
+            queries = q[group.start:group.end, :, None, :]  # [b, heads, 1, d]
+            o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
+                                               enable_gqa=True)
+            out[group.start:group.end] = o[:, :, 0, :]
         return self.o_proj(out.view(t, -1))
 
 
