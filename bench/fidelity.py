@@ -4,9 +4,11 @@
 2. Serve the four-task workload (seed 000 Table 1 lengths, Poisson arrivals) on one instance of
    the real engine (TorchExecutor, random weights) in real time on the ordinary event loop,
    through the same control plane and policy as the simulator.
-3. Profile again, and fit on both measurements: the profile brackets the run.
+3. Profile again, and fit on both measurements and on the steps of a calibration run (the
+   same workload and rate, other arrivals and lengths, served before the measured run): the
+   profile brackets the run and knows the batches serving makes.
 4. Simulate the same requests on the virtual clock with that profile (and, for comparison, with
-   the one measured before the run alone).
+   the grid alone, and with the grid measured before the run alone).
 5. Compare mean and p90 TTFT, TPOT and E2E, overall and per task.
 
     python bench/fidelity.py --quick --json results/fidelity.json                # tiny model
@@ -38,7 +40,7 @@ from hfx.evaluation import write_json
 from hfx.evaluation.workloads import generate
 from hfx.latency import Profile, load_profile
 from hfx.model.build import LoadedModel, build_model
-from hfx.profiler import Grid, profile_model, samples_of
+from hfx.profiler import Grid, RecordingExecutor, fit_profile, profile_model, samples_of
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.sim import run_cluster
 
@@ -82,12 +84,19 @@ def drift(before: Profile, after: Profile) -> float:
 
 
 def serve(config: SimConfig, requests: list[Request], profile: Profile,
-          loaded: LoadedModel) -> tuple[dict, float]:
-    """The requests on the real engine, in real time: (stats, seconds)."""
+          loaded: LoadedModel, recorder: list[RecordingExecutor] | None = None
+          ) -> tuple[dict, float]:
+    """The requests on the real engine, in real time: (stats, seconds). With ``recorder``,
+    the engine's executor records its steps there."""
+    def make_engine(ecfg):
+        engine = real_engine(loaded.model, ecfg, step_model=profile.model)
+        if recorder is not None:
+            engine.executor = RecordingExecutor(engine.executor)
+            recorder.append(engine.executor)
+        return engine
+
     control, real_end = run(run_cluster(config, requests, profile, progress=True,
-                                        make_engine=lambda ecfg: real_engine(
-                                            loaded.model, ecfg, step_model=profile.model)),
-                            virtual=False)
+                                        make_engine=make_engine), virtual=False)
     return stats(list(control.records.values())), real_end
 
 
@@ -122,33 +131,50 @@ def main() -> None:
         for qps in qps_list:
             requests = with_prompts(generate("four-task", qps, args.seed, per_task),
                                     loaded.model.shape.vocab_size, args.seed)
-            # The profile brackets the run: measured before it and again after it, and fitted
-            # on both (this VM's speed drifts by tens of percent between minutes).
+            # The profile brackets the run (the grid measured before it and again after it,
+            # fitted on both: this VM's speed drifts by tens of percent between minutes), and
+            # takes in the steps of a calibration run: the same workload at the same rate with
+            # other arrivals and lengths (another seed), served just before.
+            config = SimConfig(policy="rr", instances=1, qps=qps)
+            recorded: list[RecordingExecutor] = []
             if args.profile:
-                before = after = load_profile(args.profile)
+                before = after = served = load_profile(args.profile)
             else:
                 before = profile_model(loaded, grid, capacity_tokens=65536, progress=True)
-            config = SimConfig(policy="rr", instances=1, qps=qps)
+                calibration = with_prompts(
+                    generate("four-task", qps, args.seed + 1000 + trial, per_task),
+                    loaded.model.shape.vocab_size, args.seed + 1000 + trial)
+                serve(config, calibration, before, loaded, recorded)
             real, real_end = serve(config, requests, before, loaded)
             if not args.profile:
                 after = profile_model(loaded, grid, capacity_tokens=65536, progress=True,
-                                      pooled_with=before)
-            sim, sim_end = simulate(config, requests, after)
-            sim_before, _ = simulate(config, requests, before)
+                                      also=samples_of(before))
+                grid_samples = samples_of(after)
+                steps = recorded[0].samples()
+                served = fit_profile(after.name, grid_samples[0] + steps[0],
+                                     grid_samples[1] + steps[1], after.kv_capacity_tokens,
+                                     after.block_size, {k: v for k, v in after.meta.items()
+                                                        if k != "samples"})
+            sim, sim_end = simulate(config, requests, served)
             loads.append({"qps": qps, "requests": len(requests), "real_seconds": real_end,
                           "sim_seconds": sim_end, "real": real, "sim": sim,
                           "error": compare(real, sim),
-                          # The same with the profile measured before the run alone.
-                          "error_profile_before": compare(real, sim_before),
+                          # The same with the grid alone (before and after the run), and with
+                          # the grid measured before the run alone.
+                          "error_grid": compare(real, simulate(config, requests, after)[0]),
+                          "error_profile_before": compare(
+                              real, simulate(config, requests, before)[0]),
+                          "calibration_steps": None if args.profile else [
+                              len(steps[0]), len(steps[1])],
                           "drift": None if args.profile else drift(before, after),
-                          "fit_mape": after.fit_mape})
+                          "fit_mape": served.fit_mape})
             e = loads[-1]["error"]["all"]
             print(f"trial {trial} qps {qps:g}: " + "  ".join(
                 f"{m} mean {e[m]['mean']:+.1%} p90 {e[m]['p90']:+.1%}" for m in METRICS)
                 + (f"  (machine {loads[-1]['drift']:.2f}x after the run)"
                    if loads[-1]["drift"] else ""))
         trials.append({"loads": loads})
-        profile = after
+        profile = served
     first = [t["loads"][0]["error"]["all"] for t in trials]
     result = {
         **{f"{m}_err": float(np.median([abs(f[m]["mean"]) for f in first])) for m in METRICS},

@@ -35,6 +35,9 @@ from hfx.latency import Profile, StepTimeModel, fit_decode, fit_prefill
 from hfx.model.build import LoadedModel
 from hfx.roofline import GRID_BATCH, GRID_LENGTH
 
+# (prefill samples: prompt lengths and seconds; decode samples: batch, Σ context, seconds)
+Samples = tuple[list[tuple[list[int], float]], list[tuple[int, int, float]]]
+
 HELD_OUT_EVERY = 4
 MIN_SECONDS = 0.2  # of timed runs per grid point
 
@@ -169,28 +172,57 @@ def fit_profile(name: str, prefill: list[tuple[list[int], float]],
                    block_size=block_size, source="measured", fit_mape=fit_mape, meta=meta)
 
 
-def samples_of(profile: Profile) -> tuple[list[tuple[list[int], float]],
-                                          list[tuple[int, int, float]]]:
+def samples_of(profile: Profile) -> Samples:
     """A measured profile's samples, in the forms ``measure`` returns."""
     got = profile.meta["samples"]
     return ([([n] * b, t) for b, n, t in got["prefill"]],
             [(b, ctx, t) for b, ctx, t in got["decode"]])
 
 
+class RecordingExecutor:
+    """An executor that records the steps it runs, in ``measure``'s sample forms: a serving
+    run's own steps, to fit a profile on the batches serving makes (whose mix of contexts no
+    grid has). Steps of whole prompts alone are prefill samples, steps of decodes alone decode
+    samples; mixed and chunked steps are not recorded."""
+
+    def __init__(self, inner: TorchExecutor) -> None:
+        self.inner = inner
+        self.prefill: list[tuple[list[int], float]] = []
+        self.decode: list[tuple[int, int, float]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
+        sched = out.num_scheduled_tokens
+        whole = [n for s, n in sched.items() if s.num_computed_tokens == 0 and n == s.num_tokens]
+        ctx = [s.num_tokens for s, n in sched.items()
+               if n == 1 and s.num_computed_tokens + 1 == s.num_tokens]
+        start = time.perf_counter()
+        sampled = await self.inner.execute(out)
+        took = time.perf_counter() - start
+        if whole and len(whole) == len(sched):
+            self.prefill.append((whole, took))
+        elif ctx and len(ctx) == len(sched):
+            self.decode.append((len(ctx), sum(ctx), took))
+        return sampled
+
+    def samples(self) -> Samples:
+        return list(self.prefill), list(self.decode)
+
+
 def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
                   block_size: int = 16, seed: int = 0, progress: bool = False,
-                  pooled_with: Profile | None = None) -> Profile:
-    """Measure ``loaded`` on ``grid`` with a KV cache of ``capacity_tokens`` and fit; with
-    ``pooled_with``, fit this measurement and that profile's samples together (a profile taken
-    before and after a run brackets it: a machine whose speed drifts between minutes is fitted
-    at its mean over the run, not at the minute before it)."""
+                  also: Samples = ([], [])) -> Profile:
+    """Measure ``loaded`` on ``grid`` with a KV cache of ``capacity_tokens`` and fit, together
+    with ``also``: samples measured before (``samples_of`` an earlier profile: a profile taken
+    before and after a run brackets it, and a machine whose speed drifts between minutes is
+    fitted at its mean over the run), or a serving run's own steps (``RecordingExecutor``)."""
     num_blocks = capacity_tokens // block_size
     executor = TorchExecutor(loaded.model, num_blocks, block_size, threaded=True, seed=seed)
     prefill, decode = measure(executor, grid, num_blocks * block_size, seed, progress)
     executor.shutdown()
-    if pooled_with is not None:
-        earlier = samples_of(pooled_with)
-        prefill, decode = earlier[0] + prefill, earlier[1] + decode
+    prefill, decode = also[0] + prefill, also[1] + decode
     shape = loaded.model.shape
     device = executor.device
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
