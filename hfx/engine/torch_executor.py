@@ -84,6 +84,7 @@ class TorchExecutor:
                        for _ in range(shape.num_hidden_layers)]
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hfx-model") if threaded else None
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.decode_group_spread = DECODE_GROUP_SPREAD  # inf: one padded batch (the old way)
 
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int]:
         if self._pool is None:
@@ -159,7 +160,7 @@ class TorchExecutor:
                 sample_seqs.append(seq)
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.empty(0), prefills=prefills)
-        for group in decode_groups(decodes):
+        for group in decode_groups(decodes, self.decode_group_spread):
             slots, mask, new = self._decode_slots(group)
             start = len(ids)
             for seq in group:
