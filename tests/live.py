@@ -48,3 +48,14 @@ class Running:
     def close(self) -> None:
         self.uv.should_exit = True
         self.thread.join(timeout=30)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id exists (a server HFX should have stopped)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

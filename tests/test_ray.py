@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live import Running  # noqa: E402
+from live import Running, pid_alive  # noqa: E402
 
 from hfx.cluster.ray_instance import RayInstance  # noqa: E402
 
@@ -169,17 +169,9 @@ def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray,
     finally:
         gw.close()
     deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in pids):  # stopped by their actors with the gateway
+    while any(pid_alive(pid) for pid in pids):  # stopped by their actors with the gateway
         assert time.monotonic() < deadline, "a vLLM server outlived the gateway"
         time.sleep(0.1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_ray_held_vllm_server_reports_its_death_without_blocking(local_ray, tmp_path):
@@ -202,4 +194,4 @@ def test_a_ray_held_vllm_server_reports_its_death_without_blocking(local_ray, tm
             time.sleep(0.05)
     finally:
         server.kill()
-    assert not alive(server.pid)
+    assert not pid_alive(server.pid)

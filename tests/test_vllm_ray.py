@@ -13,7 +13,7 @@ from vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402
 
 ray = pytest.importorskip("ray")
 
-from live import Running  # noqa: E402
+from live import Running, pid_alive  # noqa: E402
 
 from hfx.cluster.vllm_ray import RayVLLMServer  # noqa: E402
 
@@ -37,14 +37,6 @@ def test_a_vllm_server_under_a_ray_actor_serves_slo_requests(mini_checkpoint):
             pid = server.pid
         finally:
             gw.close()
-        wait_for(lambda: not alive(pid), 30, "the server to stop with the gateway")
+        wait_for(lambda: not pid_alive(pid), 30, "the server to stop with the gateway")
     finally:
         ray.shutdown()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
