@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -31,7 +33,9 @@ class VLLMServerActor:
     """In the actor's process: one vLLM server, listening on this node's address."""
 
     def __init__(self, launch: VLLMLaunch, index: int, count: int) -> None:
-        launch = replace(launch, host=ray.util.get_node_ip_address())
+        # This node's address, and a log directory here (the launch's is on HFX's host).
+        launch = replace(launch, host=ray.util.get_node_ip_address(),
+                         log_dir=Path(tempfile.mkdtemp(prefix="hfx-vllm-")))
         gpus = ray.get_gpu_ids()
         # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave this actor: keep it (the launch's
         # own rule numbers devices by instance, for servers on this host alone).
