@@ -40,7 +40,7 @@ from hfx.evaluation import write_json
 from hfx.evaluation.workloads import generate
 from hfx.latency import Profile, load_profile
 from hfx.model.build import LoadedModel, build_model
-from hfx.profiler import Grid, RecordingExecutor, fit_profile, profile_model, samples_of
+from hfx.profiler import Grid, RecordingExecutor, profile_model, refit, samples_of
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.sim import run_cluster
 
@@ -149,12 +149,8 @@ def main() -> None:
             if not args.profile:
                 after = profile_model(loaded, grid, capacity_tokens=65536, progress=True,
                                       also=samples_of(before))
-                grid_samples = samples_of(after)
                 steps = recorded[0].samples()
-                served = fit_profile(after.name, grid_samples[0] + steps[0],
-                                     grid_samples[1] + steps[1], after.kv_capacity_tokens,
-                                     after.block_size, {k: v for k, v in after.meta.items()
-                                                        if k != "samples"})
+                served = refit(after, steps)
             sim, sim_end = simulate(config, requests, served)
             loads.append({"qps": qps, "requests": len(requests), "real_seconds": real_end,
                           "sim_seconds": sim_end, "real": real, "sim": sim,

@@ -179,6 +179,14 @@ def samples_of(profile: Profile) -> Samples:
             [(b, ctx, t) for b, ctx, t in got["decode"]])
 
 
+def refit(profile: Profile, also: Samples) -> Profile:
+    """``profile`` fitted again on its own samples and ``also`` (no new measurement)."""
+    own = samples_of(profile)
+    meta = {k: v for k, v in profile.meta.items() if k != "samples"}
+    return fit_profile(profile.name, own[0] + also[0], own[1] + also[1],
+                       profile.kv_capacity_tokens, profile.block_size, meta)
+
+
 class RecordingExecutor:
     """An executor that records the steps it runs, in ``measure``'s sample forms: a serving
     run's own steps, to fit a profile on the batches serving makes (whose mix of contexts no

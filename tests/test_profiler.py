@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 from hfx.cli import main
 from hfx.latency import load_profile
 from hfx.model.build import build_model
-from hfx.profiler import Grid, RecordingExecutor, profile_model, samples_of
+from hfx.profiler import Grid, RecordingExecutor, profile_model, refit, samples_of
 
 
 def test_profile_fits_and_simulates(tmp_path):
@@ -44,6 +44,9 @@ def test_a_profile_pooled_with_an_earlier_one_fits_both_measurements():
     assert p1[:6] == p0 and d1[:6] == d0  # the earlier samples first, as measured
     assert [s[0] for s in p1[6:]] == [s[0] for s in p0]  # the same points again
     assert [s[:2] for s in d1[6:]] == [s[:2] for s in d0]
+    # Refitted with more samples, without measuring again: the earlier ones, then these.
+    again = samples_of(refit(before, (p0[:2], d0[:3])))
+    assert again == (p0 + p0[:2], d0 + d0[:3])
 
 
 def test_a_recording_executor_keeps_whole_prefill_and_pure_decode_steps():

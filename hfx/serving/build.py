@@ -40,17 +40,22 @@ def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
                          config.block_size)
 
 
+def _start_ray(config: ServeConfig) -> None:
+    """Join Ray for --ray / --ray-address: a local instance unless an address is given."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
+    ray.init(address=config.ray_address, ignore_reinit_error=True)
+
+
 def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement | None:
     """Ray actors with --ray / --ray-address; this process otherwise (None)."""
     if not (config.ray or config.ray_address):
         return None
-    try:
-        import ray
+    _start_ray(config)
+    from hfx.cluster.ray_instance import RayPlacement
 
-        from hfx.cluster.ray_instance import RayPlacement
-    except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
-    ray.init(address=config.ray_address, ignore_reinit_error=True)
     return RayPlacement(spec, num_cpus=config.ray_cpus_per_instance,
                         num_gpus=1 if device.startswith("cuda") else 0)
 
@@ -87,13 +92,9 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
         if launch is None:
             raise ValueError("--ray starts vLLM servers: give --checkpoint (servers attached "
                              "with --backend run where their owner put them)")
-        try:
-            import ray
+        _start_ray(config)
+        from hfx.cluster.vllm_ray import ray_server_factory
 
-            from hfx.cluster.vllm_ray import ray_server_factory
-        except ImportError:
-            raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
-        ray.init(address=config.ray_address, ignore_reinit_error=True)
         new_server = ray_server_factory(config.ray_cpus_per_instance,
                                         0 if launch.device == "cpu" else 1)
     return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm, new_server)
