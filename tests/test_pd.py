@@ -58,6 +58,57 @@ def test_reserve_import_waits_rather_than_overcommits(vloop):
     assert decode.state.running[0].status is RequestStatus.RUNNING
 
 
+
+def _prefilled(vloop, *specs: tuple[str, int, int]):
+    prefill, _ = make_engine(role=Role.PREFILL, num_blocks=64)
+    for rid, prompt, out in specs:
+        prefill.add_request(seq(rid, prompt, out))
+
+    async def prefill_all():
+        while prefill.has_work():
+            await prefill.step()
+
+    vloop.run_until_complete(prefill_all())
+    return prefill
+
+
+def test_imports_wait_for_a_sequence_slot(vloop):
+    """An import counts against max_num_seqs like any request: with 2 slots, the third KV to
+    arrive waits, holding its blocks, and starts decoding when a slot frees (FIFO)."""
+    prefill = _prefilled(vloop, ("a", 4, 2), ("b", 4, 9), ("c", 4, 9), ("d", 4, 9))
+    decode, _ = make_engine(role=Role.DECODE, num_blocks=64, max_num_seqs=2)
+    for rid in "abcd":
+        assert decode.reserve_import(prefill.held[rid].migrated_copy())
+        prefill.release(rid)
+        decode.activate_import(rid)
+    assert [s.request_id for s in decode.state.running] == ["a", "b"]
+    assert list(decode.ready) == ["c", "d"] and decode.num_waiting == 2
+    assert decode.kv.num_used_blocks == 8  # every import's KV is held meanwhile
+
+    out = vloop.run_until_complete(decode.step())  # "a" decodes its last token
+    assert out.request_ids == ["a", "b"] and ("a", RequestStatus.FINISHED_LENGTH) in \
+        out.transitions
+    out = vloop.run_until_complete(decode.step())  # the freed slot goes to "c", not "d"
+    assert out.request_ids == ["b", "c"] and list(decode.ready) == ["d"]
+
+
+def test_aborting_an_import_frees_its_kv(vloop):
+    """Aborted while its KV is on the way, or while it waits for a slot: dropped, KV freed."""
+    prefill = _prefilled(vloop, ("a", 4, 9), ("b", 4, 9), ("c", 4, 9))
+    decode, _ = make_engine(role=Role.DECODE, num_blocks=64, max_num_seqs=1)
+    for rid in "abc":
+        assert decode.reserve_import(prefill.held[rid].migrated_copy())
+    for rid in "ab":
+        decode.activate_import(rid)
+    assert list(decode.ready) == ["b"] and list(decode.incoming) == ["c"]
+    decode.abort("b")
+    decode.abort("c")
+    out = vloop.run_until_complete(decode.step())
+    assert ("b", RequestStatus.FINISHED_ABORTED) in out.transitions
+    assert ("c", RequestStatus.FINISHED_ABORTED) in out.transitions
+    assert not decode.ready and not decode.incoming
+    assert decode.kv.num_used_blocks == len(decode.get("a").block_table)
+
 def test_migration_invariants_under_kv_pressure():
     """Every 5 ms: no request decodes on two instances; a migrated request is on its decode
     instance and its KV nowhere else; no instance holds more KV than it has. Decode KV is

@@ -110,6 +110,9 @@ class EngineCore:
                                  kv=self.kv)
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
         self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way
+        # Decode role: KV arrived, waiting in arrival order for a sequence slot. An import
+        # counts against max_num_seqs like any request (as in vLLM's scheduler).
+        self.ready: dict[str, Sequence] = {}
         self._seqs: dict[str, Sequence] = {}
         self._aborts: list[str] = []
         self.num_steps = 0
@@ -178,20 +181,28 @@ class EngineCore:
         seq = self.incoming.pop(request_id)
         if kv is not None:
             self.executor.write_kv(seq, kv)  # type: ignore[attr-defined]
-        seq.status = RequestStatus.RUNNING
-        self.state.running.append(seq)
+        self.ready[request_id] = seq
+        self._admit_ready()
+
+    def _admit_ready(self) -> None:
+        """Imports whose KV is here start decoding while sequence slots are free."""
+        running, ready = self.state.running, self.ready
+        while ready and len(running) < self.config.max_num_seqs:
+            seq = ready.pop(next(iter(ready)))
+            seq.status = RequestStatus.RUNNING
+            running.append(seq)
 
     # ---- introspection ----------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.state.waiting)
+        return len(self.state.waiting) + len(self.ready)
 
     @property
     def num_running(self) -> int:
         return len(self.state.running)
 
     def has_work(self) -> bool:
-        return bool(self.state.waiting or self.state.running or self._aborts)
+        return bool(self.state.waiting or self.state.running or self.ready or self._aborts)
 
     def get(self, request_id: str) -> Sequence | None:
         return self._seqs.get(request_id)
@@ -218,6 +229,7 @@ class EngineCore:
         self.state.running.clear()
         self.held.clear()
         self.incoming.clear()
+        self.ready.clear()
         self._aborts.clear()
         return ids
 
@@ -227,6 +239,8 @@ class EngineCore:
         transitions: list[tuple[str, RequestStatus]] = []
         if self._aborts:
             self._apply_aborts(transitions)
+        if self.ready:
+            self._admit_ready()
         self.state.now = loop.time()
         out = self.planner.plan(self.state)
         if not out:
@@ -300,14 +314,18 @@ class EngineCore:
             seq = self._seqs.pop(rid, None)
             if seq is None:
                 continue  # finished before the abort took effect
-            if seq.status is RequestStatus.WAITING:
+            # An import (its KV on the way, or here and waiting for a slot) is in neither
+            # queue, whatever status it brought from its prefill instance.
+            if rid in self.incoming:
+                del self.incoming[rid]
+            elif rid in self.ready:
+                del self.ready[rid]
+            elif seq.status is RequestStatus.WAITING:
                 self.state.waiting.remove(seq)
             elif seq.status is RequestStatus.RUNNING:
                 self.state.running.remove(seq)
             elif seq.status is RequestStatus.PREFILLED:
                 del self.held[rid]
-            else:
-                self.incoming.pop(rid, None)
             self.kv.free(seq)
             seq.status = RequestStatus.FINISHED_ABORTED
             transitions.append((rid, seq.status))
