@@ -157,8 +157,11 @@ def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -
         tables.setdefault(w, {})[n] = {**over_seeds(runs),
                                        "seeds": sorted(runs, key=lambda r: r["seed"])}
     base = steady(SimConfig())
+    # The options that shape the results: --jobs does not, and --presets replaces the others.
+    skip = {"json", "render", "jobs"} | ({"workloads", "policies"} if args.presets
+                                         else {"presets"})
     return {"command": "python bench/capacity_table.py " + " ".join(
-                f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+                f"--{k} {v}" for k, v in vars(args).items() if k not in skip),
             "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,
             "step_noise": base.step_noise, "target": 0.9, "tolerance": args.tolerance,
             "workload_config": WORKLOAD_CONFIG,
