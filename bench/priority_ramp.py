@@ -24,6 +24,7 @@ from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.metrics import summarize
+from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE
 from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
 
 LEVELS = 4
@@ -64,8 +65,11 @@ def main() -> None:
 
     out: dict = {"qps_per_client": args.qps, "instances": args.instances, "policies": {}}
     for policy in ("rr", "hfx"):
+        # Paper mode, as the presets: hfx on the seed's engine and dispatcher (seed 000 §7.1).
+        seed = ({"planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER} if policy == "hfx"
+                else {})
         cfg = SimConfig(workload="ramp", policy=policy, qps=args.qps, priorities=LEVELS,
-                        instances=args.instances, seed=args.seed)
+                        instances=args.instances, seed=args.seed, **seed)
         control, _ = run(run_cluster(cfg, load_requests(cfg), resolve_profile(cfg)),
                            virtual=True)
         records = list(control.records.values())
