@@ -297,3 +297,47 @@ def test_with_no_instance_left_queued_and_new_requests_fail_at_once_with_the_rea
         assert rec.error == "no instance can serve: instance 0 failed: process died"
     assert late.outcome is Outcome.FAILED and late.finish_time == late.request.arrival
     assert cp.serviceable() == "instance 0 failed: process died"
+
+
+def test_pd_with_no_decode_instance_left_prefilled_and_new_requests_fail_clearly():
+    """P/D, 1 prefill + 1 decode, the decode instance dies: what it decoded fails (a request
+    with a first token does not resume in P/D), and so do the prefilled requests waiting for
+    decode KV (5 of 8 prompts of 1,500 tokens fit its 8,192) — aborted where their KV is held —
+    and every later one, at once. Before, the prefilled ones waited for a decode instance that
+    would never come."""
+    from hfx.assembly import build_cluster
+    from hfx.config import SimConfig
+    from hfx.engine import Role
+
+    dying: list[BreakingExecutor] = []
+
+    def make(ecfg: EngineConfig) -> EngineCore:
+        if ecfg.role is Role.DECODE:
+            dying.append(BreakingExecutor(MODEL, breaks_at=4, how="die"))
+            return EngineCore(ecfg, dying[-1])
+        return EngineCore(ecfg, SimExecutor(MODEL))
+
+    async def main():
+        cfg = SimConfig(mode="pd", prefill=1, decode=1, policy="rr-pd", kv_bytes_per_token=1000)
+        cp = build_cluster(cfg, PROFILE, make)
+        dying[0].instance = cp.instances[1]
+        await cp.start()
+        for i in range(8):
+            cp.submit(req(i, prompt=1500, out=40))
+        await asyncio.sleep(1.0)
+        late = cp.submit(req(9))
+        await asyncio.wait_for(cp.wait_idle(), 60)  # nothing hangs
+        await cp.stop()
+        return cp, late
+
+    cp, late = run(main(), virtual=True)
+    records = [cp.records[f"r{i}"] for i in range(8)]
+    assert {r.outcome for r in records} == {Outcome.FAILED}
+    decoded = [r for r in records if r.decode_instance == 1 and r.migrated_at is not None]
+    waiting = [r for r in records if r.migrated_at is None]
+    assert (len(decoded), len(waiting)) == (5, 3)
+    assert all(r.error == "instance 1 failed: process died" for r in decoded)
+    assert all(r.error == "no instance can serve: instance 1 failed: process died"
+               and r.num_tokens == 1 for r in waiting)
+    assert late.outcome is Outcome.FAILED and late.finish_time == late.request.arrival
+    assert cp.instances[0].engine.kv.num_used_blocks == 0  # the held KV was freed

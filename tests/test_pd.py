@@ -163,6 +163,47 @@ def test_migration_invariants_under_kv_pressure():
         assert inst.engine.kv.num_used_blocks == 0  # everything freed at the end
 
 
+def test_aborts_during_kv_transfer_and_slot_wait_leave_the_rest_served():
+    """Clients that leave while their KV is on the link, or while it waits on the decode
+    instance for a sequence slot (4 of them here), end as aborted with their KV freed; the
+    decode instances stay up and every other request finishes. (An abort during the transfer
+    used to raise inside the decode engine's step and fail the whole instance.)"""
+    cfg = SimConfig(mode="pd", policy="rr-pd", prefill=2, decode=2, qps=80,
+                    requests_per_task=25, max_num_seqs=4)
+    control = None
+    aborted = {"transfer": set(), "slot": set()}
+
+    async def leave() -> None:
+        while True:
+            await asyncio.sleep(0.0005)
+            for rid, rec in list(control.records.items()):
+                if rec.outcome is not Outcome.PENDING or rec.decode_instance is None:
+                    continue
+                engine = control.instances[rec.decode_instance].engine
+                where = ("transfer" if rid in engine.incoming
+                         else "slot" if rid in engine.ready else None)
+                if where and len(aborted[where]) < 5 and int(rid.rsplit("-", 1)[-1]) % 3 == 0:
+                    aborted[where].add(rid)
+                    control.abort(rid)
+
+    async def main():
+        nonlocal control
+        control = sim_cluster(cfg, resolve_profile(cfg))
+        leaver = asyncio.ensure_future(leave())
+        await drive(control, load_requests(cfg))
+        leaver.cancel()
+
+    run(main(), virtual=True)
+    assert len(aborted["transfer"]) == 5 and len(aborted["slot"]) == 5
+    gone = aborted["transfer"] | aborted["slot"]
+    outcomes = {rid: r.outcome for rid, r in control.records.items()}
+    assert {outcomes[rid] for rid in gone} == {Outcome.ABORTED}
+    assert all(o is Outcome.FINISHED for rid, o in outcomes.items() if rid not in gone)
+    assert len(outcomes) == 100
+    for inst in control.instances.values():
+        assert inst.engine.kv.num_used_blocks == 0 and not inst.engine.ready
+
+
 @pytest.mark.parametrize("policy", ["hfx", "rr-pd", "least-loaded"])
 def test_pd_policies_serve_everything(policy):
     r = simulate(SimConfig(mode="pd", policy=policy, qps=100, requests_per_task=30))

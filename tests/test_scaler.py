@@ -146,6 +146,34 @@ def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
     assert any(r.instance == fleet for r in records)
 
 
+def test_prefilled_requests_wait_for_the_replacement_of_the_only_decode_instance():
+    """P/D 1 + 1: the decode instance breaks; its replacement is loading, so the prefilled
+    requests wait for it (the decode stage is not dead) and finish there."""
+    cfg = SimConfig(policy="rr-pd", mode="pd", prefill=1, decode=1, qps=20,
+                    requests_per_task=40, max_instances=2, step_noise=0)
+
+    async def main():
+        control = sim_cluster(cfg, resolve_profile(cfg))
+
+        async def lost(plan):
+            raise RuntimeError("device lost")
+
+        def fault():
+            control.instances[1].engine.executor.execute = lost
+
+        asyncio.get_running_loop().call_later(2.0, fault)
+        await drive(control, load_requests(cfg))
+        return control
+
+    control = run(main(), virtual=True)
+    records = list(control.records.values())
+    failed = [r for r in records if r.outcome is Outcome.FAILED]
+    assert failed and all(r.decode_instance == 1 and "device lost" in r.error for r in failed)
+    finished = [r for r in records if r.outcome is Outcome.FINISHED]
+    assert len(failed) + len(finished) == len(records)
+    assert sum(r.decode_instance == 2 for r in finished) > 100  # decoded on the replacement
+
+
 def test_role_switch_keeps_every_request():
     cfg = SimConfig(mode="pd", policy="hfx", qps=120, requests_per_task=150, max_instances=4)
 

@@ -268,23 +268,41 @@ class ControlPlane:
         self._end(record, Outcome.SHED, why, (Outcome.SHED, None, why))
 
     def serviceable(self) -> str | None:
-        """None while some instance can take work, or one is starting; else why not."""
-        if any(self.fleet.accepting(i) for i in self.instances):
-            return None
-        if self.scaler is not None and self.scaler.launching():
-            return None
-        return self._unserviceable
+        """None while every stage has an instance that can take work, or one starting; else
+        why not. In P/D that is both stages: with no decode instance left, a prefilled request
+        would wait for the Migrator forever."""
+        stalled = self._stalled_stage()
+        return None if stalled is None else self._unserviceable
+
+    def _stalled_stage(self) -> Role | None:
+        """The first stage with no instance able to take work and none starting (the Scaler
+        keeps one instance in each pool, so only failures empty one)."""
+        for role in (Role.PREFILL, Role.DECODE) if self.pd else (Role.COLOCATED,):
+            if any(self.fleet.accepting(i) and self.fleet.role_of(i) is role
+                   for i in self.instances):
+                continue
+            if self.scaler is not None and self.scaler.launching(role):
+                continue
+            return role
+        return None
 
     def check_serviceable(self) -> None:
-        """With no instance able to take work and none starting, queued requests would wait
-        forever: fail them now with the reason (the gateway answers new ones 503)."""
-        why = self.serviceable()
-        if why is None:
+        """With a stage unable to take work and nothing starting for it, the requests bound
+        for it would wait forever: fail them now with the reason (the gateway answers new ones
+        503). A dead decode stage also ends the prefilled requests, aborting them where their
+        KV is held."""
+        stalled = self._stalled_stage()
+        if stalled is None:
             return
+        why = f"no instance can serve: {self._unserviceable}"
         now = asyncio.get_running_loop().time()
         for record in list(self.records.values()):
-            if record.outcome is Outcome.PENDING and record.instance is None:
-                self._finish(record, Outcome.FAILED, now, f"no instance can serve: {why}")
+            if record.outcome is not Outcome.PENDING:
+                continue
+            if record.instance is None:
+                self._finish(record, Outcome.FAILED, now, why)
+            elif stalled is Role.DECODE and record.decode_instance is None:
+                self._end(record, Outcome.FAILED, why, (Outcome.FAILED, None, why))
 
     # ---- decisions and events --------------------------------------------------------------
     def _apply(self, decision: Decision, now: float) -> None:

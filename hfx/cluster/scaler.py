@@ -230,9 +230,11 @@ class Scaler:
         self._event(now, "failed", role, "instance failed", iid)
         self.scale_out_now(role, f"replace failed instance {iid}")
 
-    def launching(self) -> int:
-        """Instances being started (loading weights) now."""
-        return len(self._provisioning)
+    def launching(self, role: Role | None = None) -> int:
+        """Instances being started (loading weights) now, in ``role`` if given."""
+        if role is None:
+            return len(self._provisioning)
+        return sum(r is role for r, _ in self._provisioning.values())
 
     def scale_out_now(self, role: Role, reason: str = "asked") -> int | None:
         """Start one more instance in ``role`` now, outside the indicators and the cool-down
