@@ -22,7 +22,7 @@ from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.metrics import summarize
-from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE
+from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE, SEED_SCALER
 from hfx.evaluation.workloads import phases
 from hfx.sim import instance_spans, resolve_profile, run_cluster, scaling_summary
 
@@ -49,8 +49,10 @@ def main() -> None:
     schedule = [(args.calm, args.base), (args.burst, args.base * args.factor),
                 (args.calm, args.base)]
     requests = phases("four-task", schedule, args.seed)
-    # Paper mode, as the presets: the seed's engine and dispatcher (seed 000 §7.1).
-    seed_hfx = {"policy": "hfx", "planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER}
+    # Paper mode, as the presets: the seed's engine, dispatcher and Scaler signal (seed 000
+    # §7.1, seed 001 §3.3.3).
+    seed_hfx = {"policy": "hfx", "planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER,
+                **SEED_SCALER}
     runs = {
         "hfx, 2 fixed": SimConfig(**seed_hfx),
         "hfx-scaling, disk": SimConfig(**seed_hfx, max_instances=4, weight_path="disk"),

@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--presets", default=None,
                     help="instead of --workloads/--policies: paper-figure presets (hfx list), "
                          "each series on the preset's fleet")
+    ap.add_argument("--series", default=None,
+                    help="with --presets: only these series (comma-separated labels)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
@@ -106,6 +108,11 @@ def main() -> int:
         return 0
     if args.presets:
         series = [t for p in args.presets.split(",") for t in preset_tasks(p)]
+        if args.series:
+            keep = set(args.series.split(","))
+            series = [t for t in series if t[1] in keep]
+            if not series:
+                raise SystemExit(f"no series {args.series!r} in {args.presets}")
     else:
         names = args.policies.split(",")
         series = [t for w in args.workloads.split(",") for t in workload_tasks(w, names)]
@@ -159,7 +166,9 @@ def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -
     base = steady(SimConfig())
     # The options that shape the results: --jobs does not, and --presets replaces the others.
     skip = {"json", "render", "jobs"} | ({"workloads", "policies"} if args.presets
-                                         else {"presets"})
+                                         else {"presets", "series"})
+    if not args.series:
+        skip.add("series")
     return {"command": "python bench/capacity_table.py " + " ".join(
                 f"--{k} {v}" for k, v in vars(args).items() if k not in skip),
             "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,

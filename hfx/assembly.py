@@ -87,7 +87,9 @@ def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
     scfg = ScalerConfig(min_instances=initial, max_instances=config.max_instances,
                         interval=config.scaling_interval, scale_out_ratio=config.scale_out_ratio,
                         scale_in_ratio=config.scale_in_ratio,
-                        wait_threshold=config.wait_threshold, cooldown=config.scaling_cooldown)
+                        wait_threshold=config.wait_threshold,
+                        wait_per_class=config.wait_indicator == "per-class",
+                        cooldown=config.scaling_cooldown)
 
     def launch(iid: int, role: Role, plan: Plan) -> Awaitable[Instance]:
         return placement.launch(iid, replace(ecfg, role=role), plan)

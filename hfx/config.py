@@ -117,6 +117,10 @@ class ScalerSection(Section):
     scale_in_ratio: float = Field(0.9, gt=0, description="ε_i: scale in below it (ours)")
     wait_threshold: float = Field(0.5, gt=0, description="scale out when queued requests have "
                                   "waited this fraction of their SLO on average (ours)")
+    wait_indicator: Literal["per-class", "mean"] = Field("per-class", description=(
+        "W, the Scaler's wait signal: the mean over the queue of wait / SLO per SLO class, the "
+        "largest (ours), or over the whole queue (mean: seed 001 §3.3.3), where loose requests "
+        "can hide a tight class that misses"))
     scaling_cooldown: float = Field(2.0, ge=0, description="seconds between scaling actions")
     weight_path: Literal["d2d", "cpu", "disk"] = Field("d2d", description="how a new instance "
                                                        "gets its weights (seed 000 §6, Table 2)")

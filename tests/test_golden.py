@@ -29,7 +29,8 @@ POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve
 # HFX as the seed has it: the cases below pin the seed's engine and dispatcher (HFX's defaults
 # moved in issue 17: a deadline-aware chunked engine and the guard's override; the
 # "-default-engine" cases pin those).
-SEED = {"planner": "prefill-first", "policy_params": {"override": "off"}}
+SEED = {"planner": "prefill-first", "policy_params": {"override": "off"},
+        "wait_indicator": "mean"}
 
 
 def _policy(p: str) -> dict[str, Any]:

@@ -52,6 +52,18 @@ def test_wait_indicator_and_kv_utilisation():
     assert kv_utilisation(s) == pytest.approx(0.4)
 
 
+def test_wait_indicator_per_class_is_the_worst_class_mean():
+    """Nine loose requests (SLO 20 s, barely waited) hide one tight class (0.7 s) that has used
+    90% of its TTFT from the seed's mean, not from the per-class W. SLOs within a factor of two
+    are one class (0.7 and 0.9: 0.63 and 0.5 of theirs, mean 0.56)."""
+    waiting = [(9.0, 20.0)] * 9 + [(9.37, 0.7)]
+    assert wait_indicator(10.0, waiting) == pytest.approx((9 * 0.05 + 0.9) / 10)
+    assert wait_indicator(10.0, waiting, per_class=True) == pytest.approx(0.9)
+    assert wait_indicator(10.0, [(9.56, 0.7), (9.55, 0.9), (9.0, 20.0)], per_class=True) == \
+        pytest.approx((0.44 / 0.7 + 0.45 / 0.9) / 2)
+    assert wait_indicator(10.0, [], per_class=True) == 0.0
+
+
 def test_load_model_reproduces_table2_and_falls_back():
     load = LoadModel(15.2e9)  # Qwen2.5-7B, TP1
     assert [round(load.load_time(p), 2) for p in ("d2d", "cpu", "disk")] == [0.89, 2.73, 4.14]

@@ -11,13 +11,15 @@ from typing import Any
 
 SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (seed 000 §7.1)
 SEED_DISPATCHER = {"override": "off"}  # Algorithm 1 as the seed has it (hfx.py)
+SEED_SCALER = {"wait_indicator": "mean"}  # W over the whole queue (seed 001 §3.3.3; scaler.py)
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Paper mode: an ``hfx`` series runs on the seed's engine unless it names a planner, and
-    with the seed's dispatcher unless it names its parameters, so a preset reproduces the
-    seed's figure (and docs/results.md) whatever HFX's defaults are."""
+    """Paper mode: an ``hfx`` series runs on the seed's engine unless it names a planner, with
+    the seed's dispatcher unless it names its parameters, and the seed's Scaler signal unless
+    it names one, so a preset reproduces the seed's figure (and docs/results.md) whatever
+    HFX's defaults are."""
 
     description: str
     workload: str
@@ -28,7 +30,7 @@ class Preset:
 
     def __post_init__(self) -> None:
         pinned = tuple((label, {"planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER,
-                                **fields})
+                                **SEED_SCALER, **fields})
                        if fields.get("policy") == "hfx" and "planner" not in self.config
                        else (label, fields) for label, fields in self.series)
         object.__setattr__(self, "series", pinned)
@@ -86,12 +88,16 @@ PRESETS: dict[str, Preset] = {
         (40, 80, 120, 160, 200, 240),
         ratios=(("hfx-scaling", "rr"), ("hfx-scaling", "scorpio"))),
     "pd-scaling": Preset(
-        "P/D scaling, four-task: hfx-pd-scaling (4 → 8) vs hfx-pd and rr-pd (2 + 2)",
+        "P/D scaling, four-task: hfx-pd-scaling (4 → 8) vs hfx-pd and rr-pd (2 + 2); and the "
+        "Scaler with W per SLO class (ours)",
         "four-task",
         (("hfx-pd-scaling", {"policy": "hfx", "max_instances": 8}),
-         ("hfx-pd", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
+         ("hfx-pd", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"}),
+         ("hfx-pd-scaling W/class", {"policy": "hfx", "max_instances": 8,
+                                     "wait_indicator": "per-class"})),
         (80, 120, 160, 200, 240, 280, 320),
-        ratios=(("hfx-pd-scaling", "rr-pd"), ("hfx-pd-scaling", "hfx-pd")),
+        ratios=(("hfx-pd-scaling", "rr-pd"), ("hfx-pd-scaling", "hfx-pd"),
+                ("hfx-pd-scaling W/class", "hfx-pd-scaling")),
         config={"mode": "pd", "prefill": 2, "decode": 2}),
     "fig8-monitor": Preset(
         "seed 000 Figure 8 (top): Qwen2.5-32B, four-task, 2 instances, hfx, monitor interval",
