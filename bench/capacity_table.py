@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -170,7 +171,7 @@ def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -
     if not args.series:
         skip.add("series")
     return {"command": "python bench/capacity_table.py " + " ".join(
-                f"--{k} {v}" for k, v in vars(args).items() if k not in skip),
+                f"--{k} {shlex.quote(str(v))}" for k, v in vars(args).items() if k not in skip),
             "duration": base.duration, "warmup": base.warmup, "drain": base.drain_seconds,
             "step_noise": base.step_noise, "target": 0.9, "tolerance": args.tolerance,
             "workload_config": WORKLOAD_CONFIG,
