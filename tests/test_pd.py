@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from conftest import make_engine, seq
 
 from hfx.clock import run
+from hfx.cluster.control import ControlPlane
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
 from hfx.engine import RequestStatus, Role
@@ -109,6 +111,20 @@ def test_aborting_an_import_frees_its_kv(vloop):
     assert not decode.ready and not decode.incoming
     assert decode.kv.num_used_blocks == len(decode.get("a").block_table)
 
+
+def _sim_beside(cfg: SimConfig,
+                watcher: Callable[[ControlPlane], Awaitable[None]]) -> ControlPlane:
+    """Simulate ``cfg`` with ``watcher(control)`` running beside it; returns the control."""
+    async def main():
+        control = sim_cluster(cfg, resolve_profile(cfg))
+        task = asyncio.ensure_future(watcher(control))
+        await drive(control, load_requests(cfg))
+        task.cancel()
+        return control
+
+    return run(main(), virtual=True)
+
+
 def test_migration_invariants_under_kv_pressure():
     """Every 5 ms: no request decodes on two instances; a migrated request is on its decode
     instance and its KV nowhere else; no instance holds more KV than it has. Decode KV is
@@ -118,9 +134,7 @@ def test_migration_invariants_under_kv_pressure():
     violations: list[str] = []
     waited = []
 
-    control = None
-
-    async def watch() -> None:
+    async def watch(control) -> None:
         while True:
             await asyncio.sleep(0.005)
             engines = {i: inst.engine for i, inst in control.instances.items()}
@@ -146,14 +160,7 @@ def test_migration_invariants_under_kv_pressure():
                         violations.append(f"{rid} KV on {holders}")
             waited.append(len(control.migration.blocked))
 
-    async def main():
-        nonlocal control
-        control = sim_cluster(cfg, resolve_profile(cfg))
-        watcher = asyncio.ensure_future(watch())
-        await drive(control, load_requests(cfg))
-        watcher.cancel()
-
-    run(main(), virtual=True)
+    control = _sim_beside(cfg, watch)
     assert violations == []
     assert max(waited) > 0, "decode KV should have run short and made migrations wait"
     assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
@@ -170,10 +177,9 @@ def test_aborts_during_kv_transfer_and_slot_wait_leave_the_rest_served():
     used to raise inside the decode engine's step and fail the whole instance.)"""
     cfg = SimConfig(mode="pd", policy="rr-pd", prefill=2, decode=2, qps=80,
                     requests_per_task=25, max_num_seqs=4)
-    control = None
     aborted = {"transfer": set(), "slot": set()}
 
-    async def leave() -> None:
+    async def leave(control) -> None:
         while True:
             await asyncio.sleep(0.0005)
             for rid, rec in list(control.records.items()):
@@ -186,14 +192,7 @@ def test_aborts_during_kv_transfer_and_slot_wait_leave_the_rest_served():
                     aborted[where].add(rid)
                     control.abort(rid)
 
-    async def main():
-        nonlocal control
-        control = sim_cluster(cfg, resolve_profile(cfg))
-        leaver = asyncio.ensure_future(leave())
-        await drive(control, load_requests(cfg))
-        leaver.cancel()
-
-    run(main(), virtual=True)
+    control = _sim_beside(cfg, leave)
     assert len(aborted["transfer"]) == 5 and len(aborted["slot"]) == 5
     gone = aborted["transfer"] | aborted["slot"]
     outcomes = {rid: r.outcome for rid, r in control.records.items()}

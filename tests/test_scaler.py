@@ -117,6 +117,24 @@ def test_drain_never_drops_a_request():
     assert late and all(r.instance == 1 for r in late)  # nothing new went to it
 
 
+def _run_losing_device(cfg: SimConfig, instance_id: int, at: float):
+    """Simulate ``cfg`` with instance ``instance_id``'s every step raising from ``at`` s on."""
+    async def main():
+        control = sim_cluster(cfg, resolve_profile(cfg))
+
+        async def lost(plan):
+            raise RuntimeError("device lost")
+
+        def fault():
+            control.instances[instance_id].engine.executor.execute = lost
+
+        asyncio.get_running_loop().call_later(at, fault)
+        await drive(control, load_requests(cfg))
+        return control
+
+    return run(main(), virtual=True)
+
+
 @pytest.mark.parametrize("mode", ["colocated", "pd"])
 def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
     fleet = 2 if mode == "colocated" else 4  # 2 prefill + 2 decode
@@ -126,20 +144,8 @@ def test_a_failed_instance_is_replaced_and_nothing_hangs(mode):
     cfg = SimConfig(policy="hfx", mode=mode, qps=40, requests_per_task=40, max_instances=fleet,
                     step_noise=0, planner="prefill-first")
 
-    async def main():
-        control = sim_cluster(cfg, resolve_profile(cfg))
-
-        async def lost(plan):
-            raise RuntimeError("device lost")
-
-        def fault():  # instance 0 (prefill in P/D) breaks two seconds in, with work on it
-            control.instances[0].engine.executor.execute = lost
-
-        asyncio.get_running_loop().call_later(2.0, fault)
-        await drive(control, load_requests(cfg))
-        return control
-
-    control = run(main(), virtual=True)
+    # Instance 0 (prefill in P/D) breaks two seconds in, with work on it.
+    control = _run_losing_device(cfg, instance_id=0, at=2.0)
     records = list(control.records.values())
     assert all(r.outcome is not Outcome.PENDING for r in records)
     failed = [r for r in records if r.outcome is Outcome.FAILED]
@@ -164,20 +170,7 @@ def test_prefilled_requests_wait_for_the_replacement_of_the_only_decode_instance
     cfg = SimConfig(policy="rr-pd", mode="pd", prefill=1, decode=1, qps=20,
                     requests_per_task=40, max_instances=2, step_noise=0)
 
-    async def main():
-        control = sim_cluster(cfg, resolve_profile(cfg))
-
-        async def lost(plan):
-            raise RuntimeError("device lost")
-
-        def fault():
-            control.instances[1].engine.executor.execute = lost
-
-        asyncio.get_running_loop().call_later(2.0, fault)
-        await drive(control, load_requests(cfg))
-        return control
-
-    control = run(main(), virtual=True)
+    control = _run_losing_device(cfg, instance_id=1, at=2.0)
     records = list(control.records.values())
     failed = [r for r in records if r.outcome is Outcome.FAILED]
     assert failed and all(r.decode_instance == 1 and "device lost" in r.error for r in failed)
