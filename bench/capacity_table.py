@@ -44,6 +44,10 @@ VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunk
                                  "policy_params": {"override": "off"}},
             "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first",  # the seed's
                                   "policy_params": {"override": "off"}},
+            # HFX as it ships with admission's wait bound (issue 16): a request still without a
+            # first token 10 s past its TTFT is shed (a miss either way), so none waits unbounded.
+            "hfx+max-wait-10": {"policy": "hfx", "planner": "deadline-chunked",
+                                "policy_params": {"override": "on"}, "max_wait": 10.0},
             # Without Eq. 5's budget and Algorithm 1's payback (hfx's tpot_guard), both engines.
             "hfx+guard-off": {"policy": "hfx", "policy_params": {"tpot_guard": "off"}},
             "hfx+prefill-first+guard-off": {"policy": "hfx", "planner": "prefill-first",
