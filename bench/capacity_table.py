@@ -171,8 +171,8 @@ def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -
     base = steady(SimConfig())
     # The options that shape the results: --jobs does not, and --presets replaces the others.
     skip = {"json", "render", "jobs"} | ({"workloads", "policies"} if args.presets
-                                         else {"presets", "series"})
-    if not args.series:
+                                         else {"presets"})
+    if not (args.presets and args.series):
         skip.add("series")
     return {"command": "python bench/capacity_table.py " + " ".join(
                 f"--{k} {shlex.quote(str(v))}" for k, v in vars(args).items() if k not in skip),

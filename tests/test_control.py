@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -15,7 +16,7 @@ from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.latency import Profile, StepTimeModel
 from hfx.policies import make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
-from hfx.request import SLO, Outcome, Request
+from hfx.request import SLO, Outcome, Request, RequestRecord
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)
 PROFILE = Profile("test", MODEL, kv_capacity_tokens=8192)
@@ -272,25 +273,35 @@ def test_priority_slo_is_clamped_while_a_higher_priority_waits_for_its_first_tok
     assert after == alone  # p0 got its first token: relaxed again
 
 
+def _serve_past_a_death(build: Callable[[], ControlPlane], first: list[Request],
+                        late: Request) -> tuple[ControlPlane, RequestRecord]:
+    """Start the control plane ``build`` makes, submit ``first``, then ``late`` 1 s on (after
+    the instance its BreakingExecutor kills has died), and run until nothing is pending."""
+    async def main():
+        cp = build()
+        await cp.start()
+        for r in first:
+            cp.submit(r)
+        await asyncio.sleep(1.0)
+        record = cp.submit(late)
+        await asyncio.wait_for(cp.wait_idle(), 60)  # nothing hangs
+        await cp.stop()
+        return cp, record
+
+    return run(main(), virtual=True)
+
+
 def test_with_no_instance_left_queued_and_new_requests_fail_at_once_with_the_reason():
     """Issue 16: a fleet that lost its last instance, with no Scaler to replace it, does not
     let requests wait forever."""
-    async def main():
+    def build() -> ControlPlane:
         cfg = EngineConfig(num_kv_blocks=512, block_size=16)
         breaking = BreakingExecutor(MODEL, breaks_at=3, how="die")
         instance = LocalInstance(0, EngineCore(cfg, breaking))
         breaking.instance = instance
-        cp = ControlPlane([instance], make_policy("rr"), PROFILE)
-        await cp.start()
-        cp.submit(req(0))
-        cp.submit(req(1))
-        await asyncio.sleep(1.0)
-        late = cp.submit(req(2))
-        await asyncio.wait_for(cp.wait_idle(), 60)  # nothing hangs
-        await cp.stop()
-        return cp, late
+        return ControlPlane([instance], make_policy("rr"), PROFILE)
 
-    cp, late = run(main(), virtual=True)
+    cp, late = _serve_past_a_death(build, [req(0), req(1)], req(2))
     for i in (0, 1):  # resumable, but nowhere to go
         rec = cp.records[f"r{i}"]
         assert rec.outcome is Outcome.FAILED and rec.retries == 1
@@ -317,20 +328,14 @@ def test_pd_with_no_decode_instance_left_prefilled_and_new_requests_fail_clearly
             return EngineCore(ecfg, dying[-1])
         return EngineCore(ecfg, SimExecutor(MODEL))
 
-    async def main():
+    def build() -> ControlPlane:
         cfg = SimConfig(mode="pd", prefill=1, decode=1, policy="rr-pd", kv_bytes_per_token=1000)
         cp = build_cluster(cfg, PROFILE, make)
         dying[0].instance = cp.instances[1]
-        await cp.start()
-        for i in range(8):
-            cp.submit(req(i, prompt=1500, out=40))
-        await asyncio.sleep(1.0)
-        late = cp.submit(req(9))
-        await asyncio.wait_for(cp.wait_idle(), 60)  # nothing hangs
-        await cp.stop()
-        return cp, late
+        return cp
 
-    cp, late = run(main(), virtual=True)
+    cp, late = _serve_past_a_death(build, [req(i, prompt=1500, out=40) for i in range(8)],
+                                   req(9))
     records = [cp.records[f"r{i}"] for i in range(8)]
     assert {r.outcome for r in records} == {Outcome.FAILED}
     decoded = [r for r in records if r.decode_instance == 1 and r.migrated_at is not None]

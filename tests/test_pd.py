@@ -38,30 +38,9 @@ def test_transfer_time_is_bytes_over_bandwidth_plus_latency():
         tl.book(2, 0, 10, 0.0)
 
 
-def test_reserve_import_waits_rather_than_overcommits(vloop):
-    prefill, _ = make_engine(role=Role.PREFILL, num_blocks=64)
-    decode, _ = make_engine(role=Role.DECODE, num_blocks=5, block_size=4, watermark=0.0)
-    prefill.add_request(seq("a", 12, 5))
-    prefill.add_request(seq("b", 12, 5))
-
-    async def prefill_both():
-        while prefill.has_work():
-            await prefill.step()
-
-    vloop.run_until_complete(prefill_both())
-    assert set(prefill.held) == {"a", "b"}
-    assert decode.reserve_import(prefill.held["a"].migrated_copy())  # 13 tokens: 4 of 5 blocks
-    used = decode.kv.num_used_blocks
-    assert not decode.reserve_import(prefill.held["b"].migrated_copy())  # no room: refused
-    assert decode.kv.num_used_blocks == used and "b" not in decode.incoming  # nothing taken
-    prefill.release("a")
-    decode.activate_import("a")
-    assert decode.state.running[0].request_id == "a"
-    assert decode.state.running[0].status is RequestStatus.RUNNING
-
-
-
 def _prefilled(vloop, *specs: tuple[str, int, int]):
+    """A prefill engine that has prefilled (request id, prompt, max tokens) of each spec and
+    holds them for migration."""
     prefill, _ = make_engine(role=Role.PREFILL, num_blocks=64)
     for rid, prompt, out in specs:
         prefill.add_request(seq(rid, prompt, out))
@@ -72,6 +51,20 @@ def _prefilled(vloop, *specs: tuple[str, int, int]):
 
     vloop.run_until_complete(prefill_all())
     return prefill
+
+
+def test_reserve_import_waits_rather_than_overcommits(vloop):
+    prefill = _prefilled(vloop, ("a", 12, 5), ("b", 12, 5))
+    decode, _ = make_engine(role=Role.DECODE, num_blocks=5, block_size=4, watermark=0.0)
+    assert set(prefill.held) == {"a", "b"}
+    assert decode.reserve_import(prefill.held["a"].migrated_copy())  # 13 tokens: 4 of 5 blocks
+    used = decode.kv.num_used_blocks
+    assert not decode.reserve_import(prefill.held["b"].migrated_copy())  # no room: refused
+    assert decode.kv.num_used_blocks == used and "b" not in decode.incoming  # nothing taken
+    prefill.release("a")
+    decode.activate_import("a")
+    assert decode.state.running[0].request_id == "a"
+    assert decode.state.running[0].status is RequestStatus.RUNNING
 
 
 def test_imports_wait_for_a_sequence_slot(vloop):

@@ -117,15 +117,9 @@ def wait_indicator(now: float, waiting: Iterable[tuple[float, float]],
     that is missing its SLO: P/D four-task at 200 QPS (docs/results.md) held W at 0.2-0.5
     while medical_qa (TTFT 0.7 s) attained 0.32, its own mean at 0.47-0.66.
     """
-    if not per_class:
-        total = n = 0
-        for since, slo in waiting:
-            total += (now - since) / slo
-            n += 1
-        return total / n if n else 0.0
-    classes: dict[int, list[float]] = {}
+    classes: dict[int, list[float]] = {}  # class → [Σ wait / SLO, count]; the seed's: one
     for since, slo in waiting:
-        acc = classes.setdefault(math.floor(math.log2(slo)), [0.0, 0])
+        acc = classes.setdefault(math.floor(math.log2(slo)) if per_class else 0, [0.0, 0])
         acc[0] += (now - since) / slo
         acc[1] += 1
     return max((total / n for total, n in classes.values()), default=0.0)
