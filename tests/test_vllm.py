@@ -162,7 +162,8 @@ def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw
     (new,) = [b for b in backends(gw) if b.id not in others]
     assert new.process is warm and not gw.server.placement.warm
     wait_for(lambda: not group_alive(victim.process.pid), 30, "the killed server's engine to go")
-    r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=4)
+    r = gw.client.completions.create(model=gw.model, prompt="after", max_tokens=4,
+                                     extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 4
 
 
@@ -177,5 +178,5 @@ def test_scale_out_with_no_warm_server_starts_one(gw):
     assert gw.call(lambda: control.scaler.scale_out_now(Role.COLOCATED)) is None  # at max
     # Its server answers (HFX dispatching to any instance is what the tests above show).
     r = httpx.post(f"{started.url}/v1/completions", timeout=60, json={
-        "model": started.info.model, "prompt": [1, 2, 3], "max_tokens": 2})
+        "model": started.info.model, "prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
