@@ -14,7 +14,11 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
    clock; attainment and latencies, and the same requests simulated with the fitted profile
    (vLLM's scheduler is chunked prefill, so the simulated engines use the ``chunked`` planner
-   with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times;
+   with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times. With
+   ``--calibrate``, each measured run is preceded by a calibration run (the same rate, other
+   arrivals and lengths) and also predicted with the profile scaled to it
+   (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's requests, so the
+   trials show how far the real means move on identical input;
 4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
    ``hfx serve --engine vllm --backend ...`` to the same servers, alternating, p50/p99.
 
@@ -40,6 +44,7 @@ from fidelity import compare, stats
 from live_server import hfx_serve
 
 from hfx.assembly import build_cluster
+from hfx.calibration import Calibration, fit_scales
 from hfx.clock import run
 from hfx.cluster.provisioner import Plan
 from hfx.cluster.vllm_metrics import parse_metrics
@@ -136,6 +141,18 @@ def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
     return {"summary": summarize(records, [(0.0, 0.0)]), "stats": stats(records)}
 
 
+def calibrate(config: SimConfig, requests: list[Request], profile, urls: list[str]
+              ) -> Calibration:
+    """Serve a calibration run and fit the profile's two scales to its mean TTFT and TPOT."""
+    real = serve_policy(config, requests, profile, urls)["stats"]["all"]
+
+    def means(model) -> tuple[float, float]:
+        sim = simulate(config, requests, replace(profile, model=model))["stats"]["all"]
+        return sim["ttft"]["mean"], sim["tpot"]["mean"]
+
+    return fit_scales(profile.model, means, real["ttft"]["mean"], real["tpot"]["mean"])
+
+
 async def ttft(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]) -> float:
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True,
             "temperature": 0}
@@ -188,6 +205,11 @@ def main() -> int:
     ap.add_argument("--requests-per-task", type=int, default=40)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--overhead-requests", type=int, default=100)
+    ap.add_argument("--calibrate", action="store_true",
+                    help="a calibration run before each measured run (hfx/calibration.py)")
+    ap.add_argument("--same-requests", action="store_true",
+                    help="every trial serves trial 0's requests (the real system's spread)")
+    ap.add_argument("--no-scale-out", action="store_true", help="skip the scale-out timing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -206,7 +228,8 @@ def main() -> int:
                     "model": "mini (3.3M parameters, random weights), float32, vLLM 0.32.0 CPU",
                     "cold_start_s": starts, "runs": []}
     try:
-        result["scale_out"] = scale_out(launch)
+        if not args.no_scale_out:
+            result["scale_out"] = scale_out(launch)
         profile = profile_vllm(urls, VLLMGrid.quick(), KV_TOKENS, BLOCK, checkpoint,
                                progress=True)
         profile_path = str(work / "mini@vllm.json")
@@ -214,29 +237,47 @@ def main() -> int:
         result["profile"] = {"model": asdict(profile.model), "fit_mape": profile.fit_mape}
         for trial in range(args.trials):
             for qps in args.qps:
-                requests = with_prompts(generate("four-task", qps, trial, args.requests_per_task),
-                                        trial)
+                seed = 0 if args.same_requests else trial
+                requests = with_prompts(generate("four-task", qps, seed, args.requests_per_task),
+                                        seed)
                 for policy in args.policies.split(","):
-                    config = SimConfig(policy=policy, qps=qps, instances=2, seed=trial,
+                    config = SimConfig(policy=policy, qps=qps, instances=2, seed=seed,
                                        max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS,
                                        block_size=BLOCK, planner="chunked",
                                        max_num_batched_tokens=VLLM_TOKEN_BUDGET,
                                        step_noise=0.0)
+                    fit = None
+                    if args.calibrate:  # other arrivals and lengths, the same rate
+                        cal = with_prompts(generate("four-task", qps, 100 + trial,
+                                                    args.requests_per_task), 100 + trial)
+                        fit = calibrate(config.model_copy(update={"seed": 100 + trial}), cal,
+                                        profile, urls)
                     real = serve_policy(config, requests, profile, urls)
                     sim = simulate(config, requests, profile)
-                    run_ = {"trial": trial, "qps": qps, "policy": policy,
+                    run_ = {"trial": trial, "qps": qps, "policy": policy, "seed": seed,
                             "requests": len(requests),
                             "attainment": real["summary"]["attainment"],
                             "sim_attainment": sim["summary"]["attainment"],
                             "real": real["stats"], "sim": sim["stats"],
                             "vllm_side_mean_s": real["vllm_side"],
                             "error": compare(real["stats"], sim["stats"])}
+                    if fit is not None:
+                        calibrated = simulate(config, requests,
+                                              replace(profile, model=fit.apply(profile.model)))
+                        run_["calibration"] = asdict(fit)
+                        run_["sim_calibrated"] = calibrated["stats"]
+                        run_["error_calibrated"] = compare(real["stats"], calibrated["stats"])
                     result["runs"].append(run_)
                     e = run_["error"]["all"]
                     print(f"trial {trial} {policy}@{qps:g}: attainment real "
                           f"{run_['attainment']:.3f} sim {run_['sim_attainment']:.3f}; mean err "
                           f"ttft {e['ttft']['mean']:+.1%} tpot {e['tpot']['mean']:+.1%} "
                           f"e2e {e['e2e']['mean']:+.1%}", flush=True)
+                    if fit is not None:
+                        c = run_["error_calibrated"]["all"]
+                        print(f"  calibrated (prefill x{fit.prefill_scale:.2f}, decode "
+                              f"x{fit.decode_scale:.2f}): ttft {c['ttft']['mean']:+.1%} tpot "
+                              f"{c['tpot']['mean']:+.1%} e2e {c['e2e']['mean']:+.1%}", flush=True)
                     if args.json:
                         write_json(args.json, result)
         if args.overhead_requests:
@@ -248,9 +289,12 @@ def main() -> int:
             s.kill()
     if args.json:
         write_json(args.json, result)
-    print("median |mean error| over runs: " + ", ".join(
-        f"{m} {statistics.median(abs(r['error']['all'][m]['mean']) for r in result['runs']):.1%}"
-        for m in ("ttft", "tpot", "e2e")))
+    for key in ("error", "error_calibrated"):
+        runs = [r for r in result["runs"] if key in r]
+        if runs:
+            print(f"median |mean {key}| over runs: " + ", ".join(
+                f"{m} {statistics.median(abs(r[key]['all'][m]['mean']) for r in runs):.1%}"
+                for m in ("ttft", "tpot", "e2e")))
     return 0
 
 

@@ -91,12 +91,13 @@ class StepTimeModel:
             + self.decode_c * shape.num_decode
         )
 
-    def scaled(self, factor: float) -> StepTimeModel:
-        """Every prediction multiplied by ``factor`` (to study misprediction)."""
-        return StepTimeModel(*(factor * v for v in (
-            self.prefill_a, self.prefill_b, self.prefill_c,
-            self.decode_a, self.decode_b, self.decode_c,
-        )))
+    def scaled(self, factor: float, decode: float | None = None) -> StepTimeModel:
+        """Every prediction multiplied by ``factor`` (to study misprediction); with ``decode``,
+        Eq. 1 by ``factor`` and Eq. 2 by ``decode`` (a calibration's two scales)."""
+        d = factor if decode is None else decode
+        return StepTimeModel(factor * self.prefill_a, factor * self.prefill_b,
+                             factor * self.prefill_c, d * self.decode_a, d * self.decode_b,
+                             d * self.decode_c)
 
 
 def _fit_relative(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, float]:

@@ -1,0 +1,69 @@
+"""Calibrating the step-time model on a served run: the fit recovers the scales that made it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hfx.calibration import fit_scales
+from hfx.clock import run
+from hfx.config import SimConfig
+from hfx.latency import StepTimeModel
+from hfx.sim import load_requests, resolve_profile, run_cluster
+
+CONFIG = SimConfig(workload="four-task", policy="rr", instances=1, qps=4.0,
+                   requests_per_task=40, planner="chunked", step_noise=0.0)
+
+
+def means(model: StepTimeModel) -> tuple[float, float]:
+    profile = replace(resolve_profile(CONFIG), model=model)
+    control, _ = run(run_cluster(CONFIG, load_requests(CONFIG), profile), virtual=True)
+    done = list(control.records.values())
+    return (float(np.mean([r.ttft for r in done])), float(np.mean([r.tpot for r in done])))
+
+
+@pytest.mark.parametrize("prefill, decode", [(1.8, 2.4), (2.5, 1.5)])
+def test_the_fit_recovers_the_scales_of_a_slower_server(prefill, decode):
+    model = resolve_profile(CONFIG).model
+    # The "served" run: prefills and decodes this much slower than the profile says.
+    real_ttft, real_tpot = means(model.scaled(prefill, decode))
+    fit = fit_scales(model, means, real_ttft, real_tpot)
+    # A mean TTFT moves in steps with the scales (batch boundaries), hence a few percent.
+    assert fit.prefill_scale == pytest.approx(prefill, rel=0.04)
+    assert fit.decode_scale == pytest.approx(decode, rel=0.04)
+    assert max(abs(e) for e in fit.error) <= 0.01
+    assert 2 <= fit.rounds <= 12
+    ttft, tpot = means(fit.apply(model))
+    assert (ttft - real_ttft) / real_ttft == pytest.approx(fit.error[0])
+    assert (tpot - real_tpot) / real_tpot == pytest.approx(fit.error[1])
+
+
+def test_a_profile_that_is_right_needs_one_round():
+    model = resolve_profile(CONFIG).model
+    fit = fit_scales(model, means, *means(model))
+    assert (fit.prefill_scale, fit.decode_scale, fit.rounds, fit.error) == (1.0, 1.0, 1, (0, 0))
+
+
+def test_scaled_scales_each_equation_by_its_own_factor():
+    m = StepTimeModel(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    assert m.scaled(2.0, 10.0) == StepTimeModel(2.0, 4.0, 6.0, 40.0, 50.0, 60.0)
+    assert m.scaled(3.0) == StepTimeModel(3.0, 6.0, 9.0, 12.0, 15.0, 18.0)
+
+
+def test_a_real_mean_of_zero_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        fit_scales(StepTimeModel(1, 1, 1, 1, 1, 1), means, 0.0, 0.1)
+
+
+def test_a_fit_that_does_not_converge_returns_its_closest_round():
+    # A simulator whose means jump around the target whatever the scales: the fit keeps the
+    # scales of the round that came closest (round 2), not the last one.
+    answers = iter([(1.2, 1.1), (1.02, 0.99), (0.9, 1.05), (1.08, 0.97)])
+    fit = fit_scales(StepTimeModel(1, 1, 1, 1, 1, 1), lambda m: next(answers), 1.0, 1.0,
+                     max_rounds=4)
+    assert fit.rounds == 4
+    assert fit.error == pytest.approx((0.02, -0.01))
+    assert fit.prefill_scale == pytest.approx(1 / 1.2)
+    assert fit.decode_scale == pytest.approx(1 / 1.1)
