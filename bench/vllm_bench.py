@@ -16,8 +16,8 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    (vLLM's scheduler is chunked prefill, so the simulated engines use the ``chunked`` planner
    with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times. With
    ``--calibrate``, each measured run is preceded by a calibration run (the same rate, other
-   arrivals and lengths) and also predicted with the profile scaled to it
-   (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's requests, so the
+   arrivals and lengths) and also predicted with the decode scale and delivery latency fitted
+   to it (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's requests, so the
    trials show how far the real means move on identical input;
 4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
    ``hfx serve --engine vllm --backend ...`` to the same servers, alternating, p50/p99.
@@ -142,15 +142,25 @@ def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
 
 
 def calibrate(config: SimConfig, requests: list[Request], profile, urls: list[str]
-              ) -> Calibration:
-    """Serve a calibration run and fit the profile's two scales to its mean TTFT and TPOT."""
-    real = serve_policy(config, requests, profile, urls)["stats"]["all"]
+              ) -> tuple[Calibration, dict]:
+    """Serve a calibration run; fit the decode scale and delivery latency to its mean TTFT and
+    TPOT. Returns the fit and the run's real stats."""
+    real = serve_policy(config, requests, profile, urls)["stats"]
 
     def means(model) -> tuple[float, float]:
         sim = simulate(config, requests, replace(profile, model=model))["stats"]["all"]
         return sim["ttft"]["mean"], sim["tpot"]["mean"]
 
-    return fit_scales(profile.model, means, real["ttft"]["mean"], real["tpot"]["mean"])
+    fit = fit_scales(profile.model, means, real["all"]["ttft"]["mean"],
+                     real["all"]["tpot"]["mean"])
+    return fit, real
+
+
+def delivered(stats_: dict, delivery: float) -> dict:
+    """Simulated stats with every token seen ``delivery`` seconds later: TTFT and E2E move by
+    it (mean and p90 alike, a constant), TPOT does not."""
+    return {g: {m: ({k: v + delivery for k, v in x.items()} if m in ("ttft", "e2e") else x)
+                for m, x in s.items()} for g, s in stats_.items()}
 
 
 async def ttft(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]) -> float:
@@ -250,8 +260,8 @@ def main() -> int:
                     if args.calibrate:  # other arrivals and lengths, the same rate
                         cal = with_prompts(generate("four-task", qps, 100 + trial,
                                                     args.requests_per_task), 100 + trial)
-                        fit = calibrate(config.model_copy(update={"seed": 100 + trial}), cal,
-                                        profile, urls)
+                        fit, cal_real = calibrate(config.model_copy(update={"seed": 100 + trial}),
+                                                  cal, profile, urls)
                     real = serve_policy(config, requests, profile, urls)
                     sim = simulate(config, requests, profile)
                     run_ = {"trial": trial, "qps": qps, "policy": policy, "seed": seed,
@@ -262,11 +272,12 @@ def main() -> int:
                             "vllm_side_mean_s": real["vllm_side"],
                             "error": compare(real["stats"], sim["stats"])}
                     if fit is not None:
-                        calibrated = simulate(config, requests,
-                                              replace(profile, model=fit.apply(profile.model)))
-                        run_["calibration"] = asdict(fit)
-                        run_["sim_calibrated"] = calibrated["stats"]
-                        run_["error_calibrated"] = compare(real["stats"], calibrated["stats"])
+                        calibrated = delivered(simulate(
+                            config, requests, replace(profile, model=fit.apply(profile.model)))
+                            ["stats"], fit.delivery)
+                        run_["calibration"] = asdict(fit) | {"real": cal_real}
+                        run_["sim_calibrated"] = calibrated
+                        run_["error_calibrated"] = compare(real["stats"], calibrated)
                     result["runs"].append(run_)
                     e = run_["error"]["all"]
                     print(f"trial {trial} {policy}@{qps:g}: attainment real "
@@ -275,8 +286,8 @@ def main() -> int:
                           f"e2e {e['e2e']['mean']:+.1%}", flush=True)
                     if fit is not None:
                         c = run_["error_calibrated"]["all"]
-                        print(f"  calibrated (prefill x{fit.prefill_scale:.2f}, decode "
-                              f"x{fit.decode_scale:.2f}): ttft {c['ttft']['mean']:+.1%} tpot "
+                        print(f"  calibrated (decode x{fit.decode_scale:.2f}, delivery "
+                              f"{fit.delivery * 1e3:.0f} ms): ttft {c['ttft']['mean']:+.1%} tpot "
                               f"{c['tpot']['mean']:+.1%} e2e {c['e2e']['mean']:+.1%}", flush=True)
                     if args.json:
                         write_json(args.json, result)
