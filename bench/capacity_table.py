@@ -111,6 +111,8 @@ def main() -> int:
     if args.render:
         print(render(args.render))
         return 0
+    if args.series and not args.presets:
+        ap.error("--series picks series of --presets; with --workloads, use --policies")
     if args.presets:
         series = [t for p in args.presets.split(",") for t in preset_tasks(p)]
         if args.series:
@@ -172,7 +174,7 @@ def report(args: argparse.Namespace, found: dict[tuple[str, str], list[dict]]) -
     # The options that shape the results: --jobs does not, and --presets replaces the others.
     skip = {"json", "render", "jobs"} | ({"workloads", "policies"} if args.presets
                                          else {"presets"})
-    if not (args.presets and args.series):
+    if not args.series:
         skip.add("series")
     return {"command": "python bench/capacity_table.py " + " ".join(
                 f"--{k} {shlex.quote(str(v))}" for k, v in vars(args).items() if k not in skip),
