@@ -62,6 +62,8 @@ def stats(records: list[RequestRecord]) -> dict:
     for name, rs in groups.items():
         done = [r for r in rs if r.outcome is Outcome.FINISHED]
         out[name] = {"finished": len(done)}
+        if not done:
+            continue  # nothing to average: compare() skips the group
         for m in METRICS:
             xs = np.array([getattr(r, m) for r in done])
             out[name][m] = {"mean": float(xs.mean()), "p90": float(np.percentile(xs, 90))}
@@ -71,7 +73,7 @@ def stats(records: list[RequestRecord]) -> dict:
 def compare(real: dict, sim: dict) -> dict:
     """Relative error of the simulator's mean and p90, per group and metric."""
     return {g: {m: {k: (sim[g][m][k] - real[g][m][k]) / real[g][m][k] for k in ("mean", "p90")}
-                for m in METRICS} for g in real}
+                for m in METRICS} for g in real if METRICS[0] in real[g] and METRICS[0] in sim[g]}
 
 
 def drift(before: Profile, after: Profile) -> float:

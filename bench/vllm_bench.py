@@ -17,8 +17,8 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times. With
    ``--calibrate``, each measured run is preceded by a calibration run (the same rate, other
    arrivals and lengths) and also predicted with the decode scale and delivery latency fitted
-   to it (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's requests, so the
-   trials show how far the real means move on identical input;
+   to it (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's
+   requests, so the trials show how far the real means move on identical input;
 4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
    ``hfx serve --engine vllm --backend ...`` to the same servers, alternating, p50/p99.
 

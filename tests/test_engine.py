@@ -6,6 +6,7 @@ import pytest
 from conftest import make_engine, seq
 
 from hfx.engine import EngineError, RequestStatus, Role
+from hfx.latency import StepTimeModel
 
 
 async def drain(engine, check=None):
@@ -98,10 +99,15 @@ def test_chunked_step_shape_counts_chunk_over_cached_prefix(vloop):
     assert out2.shape.prefill_tokens == 8 and out2.shape.prefill_sq == 8 * 16
 
 
-@pytest.mark.parametrize("planner", ["prefill-first", "chunked"])
+PREEMPTING = ["prefill-first", "chunked", "tpot-chunked", "deadline-chunked"]
+STEP_MODEL = StepTimeModel(0.01, 1e-4, 0.0, 0.005, 1e-6, 1e-4)
+
+
+@pytest.mark.parametrize("planner", PREEMPTING)
 def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
     # 12 blocks of 4 tokens = 48 tokens of KV for 6 requests that need 20 tokens each.
-    engine, ex = make_engine(num_blocks=12, block_size=4, planner=planner, watermark=0.0)
+    engine, ex = make_engine(num_blocks=12, block_size=4, planner=planner, watermark=0.0,
+                             step_model=STEP_MODEL)
     seqs = [seq(f"r{i}", 8, 12) for i in range(6)]
     for s in seqs:
         engine.add_request(s)
@@ -215,12 +221,13 @@ def test_requests_that_can_never_run_are_refused():
         engine.add_request(seq("c", 8, 8))
 
 
-@pytest.mark.parametrize("planner", ["prefill-first", "chunked"])
+@pytest.mark.parametrize("planner", PREEMPTING)
 def test_preemption_takes_the_most_recently_admitted_first(vloop, planner):
     # 10 blocks of 4 tokens; four requests of 8 + 12 tokens are admitted in order r0..r3 and
     # outgrow the cache while decoding: the newest admitted loses its KV first (vLLM's rule),
     # the oldest never does.
-    engine, _ = make_engine(num_blocks=10, block_size=4, planner=planner, watermark=0.0)
+    engine, _ = make_engine(num_blocks=10, block_size=4, planner=planner, watermark=0.0,
+                            step_model=STEP_MODEL)
     seqs = [seq(f"r{i}", 8, 12) for i in range(4)]
     for s in seqs:
         engine.add_request(s)

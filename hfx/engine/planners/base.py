@@ -67,6 +67,18 @@ class BatchPlanner(ABC):
             seq.status = RequestStatus.RUNNING
             state.running.append(seq)
 
+    def make_room(self, state: EngineState, seq: Sequence, num_tokens: int,
+                  out: SchedulerOutput) -> bool:
+        """Grow a running ``seq``'s KV to ``num_tokens``, preempting the most recently admitted
+        running sequences (vLLM's victims) until it fits. False if ``seq`` itself was preempted:
+        it was the newest, so nothing after it in ``state.running`` is left to plan."""
+        while state.kv.allocate(seq, num_tokens) is None:
+            victim = state.running.pop()
+            self.preempt(state, victim, out)
+            if victim is seq:
+                return False
+        return True
+
     @staticmethod
     def preempt(state: EngineState, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute preemption: free the KV, keep the generated tokens, requeue at the front."""

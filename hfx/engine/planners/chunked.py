@@ -22,21 +22,20 @@ class ChunkedPlanner(BatchPlanner):
         return out
 
     def _plan_running(self, state: EngineState, out: SchedulerOutput) -> int:
-        kv, running = state.kv, state.running
+        running, block_size = state.running, state.kv.block_size
         budget = self.token_budget
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(seq.num_missing, budget)
-            while kv.allocate(seq, seq.num_computed_tokens + n) is None:
-                victim = running.pop()
-                self.preempt(state, victim, out)
-                if victim is seq:
-                    break
-            else:
-                out.schedule(seq, n)
-                budget -= n
-                i += 1
+            want = seq.num_computed_tokens + n
+            # Most steps cross no block boundary: no KV call then.
+            if want > len(seq.block_table) * block_size and \
+                    not self.make_room(state, seq, want, out):
+                break  # seq itself was preempted, the last of the running list
+            out.schedule(seq, n)
+            budget -= n
+            i += 1
         return budget
 
     def _plan_waiting(self, state: EngineState, out: SchedulerOutput, budget: int) -> None:

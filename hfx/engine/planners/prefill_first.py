@@ -43,18 +43,16 @@ class PrefillFirstPlanner(BatchPlanner):
     def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
         # The hot path of a simulation: every running sequence decodes one token. A decode
         # writes the KV of its last sampled token, so it needs room for num_tokens.
-        kv, running = state.kv, state.running
-        block_size = kv.block_size
+        running, block_size = state.running, state.kv.block_size
         scheduled = out.num_scheduled_tokens
         ctx = 0
         i = 0
         while i < len(running):
             seq = running[i]
             n = seq.num_tokens
-            if n > len(seq.block_table) * block_size and kv.allocate(seq, n) is None:
-                victim = running.pop()  # the most recently admitted
-                self.preempt(state, victim, out)
-                continue  # retry seq, unless it was the victim (then the loop ends)
+            if n > len(seq.block_table) * block_size and \
+                    not self.make_room(state, seq, n, out):
+                break  # seq itself was preempted, the last of the running list
             scheduled[seq] = 1
             ctx += n
             i += 1

@@ -23,33 +23,55 @@ class TPOTChunkedPlanner(BatchPlanner):
 
     def budget(self, state: EngineState) -> int:
         decoding = [s for s in state.running if s.is_decode]
+        return self._budget(decoding, sum(s.num_tokens for s in decoding))
+
+    def _budget(self, decoding: list[Sequence], ctx: int) -> int:
         t0 = min((s.tpot for s in decoding if s.tpot), default=None)
         if t0 is None:
             return self.token_budget
-        ctx = sum(s.num_tokens for s in decoding)
         return max(1, time2bs(self.model, t0, ctx, len(decoding)))
 
     def plan(self, state: EngineState) -> SchedulerOutput:
+        # The hot path of an HFX simulation: one pass sorts the running sequences, decodes
+        # skip the KV call unless they cross into a new block.
         out = SchedulerOutput()
-        budget = self.budget(state)
-        kv = state.kv
-        # Decodes first, every step (preempting the newest when KV runs out).
-        for seq in [s for s in state.running if s.is_decode]:
-            while kv.allocate(seq, seq.num_tokens) is None:
-                victim = state.running.pop()
-                self.preempt(state, victim, out)
-                if victim is seq:
-                    break
+        running, kv = state.running, state.kv
+        decoding: list[Sequence] = []
+        started: list[Sequence] = []
+        ctx = 0
+        for s in running:
+            n = s.num_tokens
+            if s.num_computed_tokens == n - 1 and s.output_token_ids:  # Sequence.is_decode
+                decoding.append(s)
+                ctx += n
             else:
-                out.schedule(seq, 1)
+                started.append(s)
+        budget = self._budget(decoding, ctx)
+        # Decodes first, every step (preempting the newest when KV runs out).
+        block_size = kv.block_size
+        scheduled = out.num_scheduled_tokens
+        ctx = 0
+        for seq in decoding:
+            if out.preempted and seq.status is not RequestStatus.RUNNING:
+                continue  # preempted for an earlier decode: it waits, and holds no KV
+            n = seq.num_tokens
+            if n > len(seq.block_table) * block_size and \
+                    not self.make_room(state, seq, n, out):
+                continue  # seq itself was preempted (the newest): it waits
+            scheduled[seq] = 1
+            ctx += n
+        out.shape.decode_ctx += ctx
+        out.shape.num_decode += len(scheduled)
+        if out.preempted:  # a preempted prompt went back to the waiting queue
+            started = [s for s in started if s.status is RequestStatus.RUNNING]
         # Then prompts: those already started, then new ones, in order.
-        for seq in _prompts(state):
+        for seq in _prompts(started, state):
             if budget <= 0:
                 break
             remaining = seq.num_missing
             whole = self.runs_whole(seq, budget, state)
             n = remaining if whole else budget
-            if seq.status is RequestStatus.WAITING and len(state.running) >= \
+            if seq.status is RequestStatus.WAITING and len(running) >= \
                     self.config.max_num_seqs:
                 break
             if kv.allocate(seq, seq.num_computed_tokens + n) is None:
@@ -67,11 +89,11 @@ class TPOTChunkedPlanner(BatchPlanner):
         return seq.num_missing < 2 * budget
 
 
-def _prompts(state: EngineState) -> Iterator[Sequence]:
+def _prompts(started: list[Sequence], state: EngineState) -> Iterator[Sequence]:
     """Prompts in order: those already started, then the waiting queue from its head — one at
     a time, since the caller admits each or stops (a copy of the queue per step grew with the
     backlog, issue 18)."""
-    yield from [s for s in state.running if not s.is_decode]
+    yield from started
     waiting = state.waiting
     while waiting:
         seq = waiting[0]
