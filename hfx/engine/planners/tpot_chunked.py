@@ -26,7 +26,7 @@ class TPOTChunkedPlanner(BatchPlanner):
         return self._budget(decoding, sum(s.num_tokens for s in decoding))
 
     def _budget(self, decoding: list[Sequence], ctx: int) -> int:
-        t0 = min((s.tpot for s in decoding if s.tpot), default=None)
+        t0 = min([s.tpot for s in decoding if s.tpot], default=None)  # a list: faster here
         if t0 is None:
             return self.token_budget
         return max(1, time2bs(self.model, t0, ctx, len(decoding)))
