@@ -35,11 +35,19 @@ class Stage:
         now = self.view.now = loop.time()
         decision = self.policy.schedule(self.view)
         self._apply(decision, now)
-        if self._timer is not None:
-            self._timer.cancel()
+        when = None if decision.wake_at is None else max(decision.wake_at, now)
+        timer = self._timer
+        if timer is not None:
+            if when == timer.when():
+                return  # already armed for that time: a new timer would only churn the heap
+            timer.cancel()
             self._timer = None
-        if decision.wake_at is not None:
-            self._timer = loop.call_at(max(decision.wake_at, now), self.schedule)
+        if when is not None:
+            self._timer = loop.call_at(when, self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None  # fired: a decision asking for this same time must arm a new one
+        self.schedule()
 
     def schedule_if_queued(self) -> None:
         if self.policy.num_queued():
