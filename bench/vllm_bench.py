@@ -17,8 +17,10 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times. With
    ``--calibrate``, each measured run is preceded by a calibration run (the same rate, other
    arrivals and lengths) and also predicted with the decode scale and delivery latency fitted
-   to it (hfx/calibration.py); with ``--same-requests`` every trial serves trial 0's
-   requests, so the trials show how far the real means move on identical input;
+   to it (hfx/calibration.py); ``--pooled-calibration K`` serves K calibration runs per policy
+   before the trials and predicts every trial with one fit on all of them; with
+   ``--same-requests`` every trial serves trial 0's requests, so the trials show how far the
+   real means move on identical input;
 4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
    ``hfx serve --engine vllm --backend ...`` to the same servers, alternating, p50/p99.
 
@@ -141,19 +143,44 @@ def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
     return {"summary": summarize(records, [(0.0, 0.0)]), "stats": stats(records)}
 
 
-def calibrate(config: SimConfig, requests: list[Request], profile, urls: list[str]
-              ) -> tuple[Calibration, dict]:
-    """Serve a calibration run; fit the decode scale and delivery latency to its mean TTFT and
-    TPOT. Returns the fit and the run's real stats."""
-    real = serve_policy(config, requests, profile, urls)["stats"]
+def pooled(runs: list[dict]) -> tuple[float, float]:
+    """Mean TTFT and TPOT over every finished request of several runs' stats."""
+    n = sum(r["all"]["finished"] for r in runs)
+    return tuple(sum(r["all"][m]["mean"] * r["all"]["finished"] for r in runs) / n
+                 for m in ("ttft", "tpot"))  # type: ignore[return-value]
+
+
+def calibrate(runs: list[tuple[SimConfig, list[Request]]], profile, urls: list[str]
+              ) -> tuple[Calibration, list[dict]]:
+    """Serve calibration runs; fit the decode scale and delivery latency to their pooled mean
+    TTFT and TPOT. Returns the fit and each run's real stats."""
+    real = [serve_policy(config, requests, profile, urls)["stats"] for config, requests in runs]
 
     def means(model) -> tuple[float, float]:
-        sim = simulate(config, requests, replace(profile, model=model))["stats"]["all"]
-        return sim["ttft"]["mean"], sim["tpot"]["mean"]
+        scaled = replace(profile, model=model)
+        return pooled([simulate(config, requests, scaled)["stats"] for config, requests in runs])
 
-    fit = fit_scales(profile.model, means, real["all"]["ttft"]["mean"],
-                     real["all"]["tpot"]["mean"])
-    return fit, real
+    return fit_scales(profile.model, means, *pooled(real)), real
+
+
+def calibration_runs(config: SimConfig, seeds: range, per_task: int
+                     ) -> list[tuple[SimConfig, list[Request]]]:
+    """The measured run's workload and rate with other arrivals and lengths (seeds >= 100)."""
+    return [(config.model_copy(update={"seed": s}),
+             with_prompts(generate("four-task", config.qps, s, per_task), s)) for s in seeds]
+
+
+def vllm_config(policy: str, qps: float, seed: int) -> SimConfig:
+    """The simulated twin of the two servers: vLLM's chunked prefill and token budget."""
+    return SimConfig(policy=policy, qps=qps, instances=2, seed=seed, max_num_seqs=MAX_SEQS,
+                     kv_capacity_tokens=KV_TOKENS, block_size=BLOCK, planner="chunked",
+                     max_num_batched_tokens=VLLM_TOKEN_BUDGET, step_noise=0.0)
+
+
+def predict(config: SimConfig, requests: list[Request], profile, fit: Calibration) -> dict:
+    """Simulated stats under a calibration: the scaled model, then the delivery latency."""
+    scaled = replace(profile, model=fit.apply(profile.model))
+    return delivered(simulate(config, requests, scaled)["stats"], fit.delivery)
 
 
 def delivered(stats_: dict, delivery: float) -> dict:
@@ -217,6 +244,9 @@ def main() -> int:
     ap.add_argument("--overhead-requests", type=int, default=100)
     ap.add_argument("--calibrate", action="store_true",
                     help="a calibration run before each measured run (hfx/calibration.py)")
+    ap.add_argument("--pooled-calibration", type=int, default=0, metavar="K",
+                    help="K calibration runs per policy and rate before the trials, one fit on "
+                         "all of them, every trial predicted with it")
     ap.add_argument("--same-requests", action="store_true",
                     help="every trial serves trial 0's requests (the real system's spread)")
     ap.add_argument("--no-scale-out", action="store_true", help="skip the scale-out timing")
@@ -245,23 +275,31 @@ def main() -> int:
         profile_path = str(work / "mini@vllm.json")
         profile.save(profile_path)
         result["profile"] = {"model": asdict(profile.model), "fit_mape": profile.fit_mape}
+        pools: dict[tuple[float, str], tuple[Calibration, list[dict]]] = {}
+        for qps in args.qps if args.pooled_calibration else ():
+            for policy in args.policies.split(","):
+                base = vllm_config(policy, qps, 0)
+                fit, real = calibrate(calibration_runs(
+                    base, range(200, 200 + args.pooled_calibration), args.requests_per_task),
+                    profile, urls)
+                pools[qps, policy] = fit, real
+                print(f"pooled calibration {policy}@{qps:g} over {len(real)} runs: decode "
+                      f"x{fit.decode_scale:.2f}, delivery {fit.delivery * 1e3:.0f} ms", flush=True)
+        result["pooled_calibration"] = [
+            {"qps": q, "policy": p, **asdict(fit), "real": real}
+            for (q, p), (fit, real) in pools.items()]
         for trial in range(args.trials):
             for qps in args.qps:
                 seed = 0 if args.same_requests else trial
                 requests = with_prompts(generate("four-task", qps, seed, args.requests_per_task),
                                         seed)
                 for policy in args.policies.split(","):
-                    config = SimConfig(policy=policy, qps=qps, instances=2, seed=seed,
-                                       max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS,
-                                       block_size=BLOCK, planner="chunked",
-                                       max_num_batched_tokens=VLLM_TOKEN_BUDGET,
-                                       step_noise=0.0)
+                    config = vllm_config(policy, qps, seed)
                     fit = None
                     if args.calibrate:  # other arrivals and lengths, the same rate
-                        cal = with_prompts(generate("four-task", qps, 100 + trial,
-                                                    args.requests_per_task), 100 + trial)
-                        fit, cal_real = calibrate(config.model_copy(update={"seed": 100 + trial}),
-                                                  cal, profile, urls)
+                        fit, (cal_real,) = calibrate(calibration_runs(
+                            config, range(100 + trial, 101 + trial), args.requests_per_task),
+                            profile, urls)
                     real = serve_policy(config, requests, profile, urls)
                     sim = simulate(config, requests, profile)
                     run_ = {"trial": trial, "qps": qps, "policy": policy, "seed": seed,
@@ -272,12 +310,17 @@ def main() -> int:
                             "vllm_side_mean_s": real["vllm_side"],
                             "error": compare(real["stats"], sim["stats"])}
                     if fit is not None:
-                        calibrated = delivered(simulate(
-                            config, requests, replace(profile, model=fit.apply(profile.model)))
-                            ["stats"], fit.delivery)
+                        calibrated = predict(config, requests, profile, fit)
                         run_["calibration"] = asdict(fit) | {"real": cal_real}
                         run_["sim_calibrated"] = calibrated
                         run_["error_calibrated"] = compare(real["stats"], calibrated)
+                    if (qps, policy) in pools:
+                        calibrated = predict(config, requests, profile, pools[qps, policy][0])
+                        run_["sim_pooled"] = calibrated
+                        run_["error_pooled"] = compare(real["stats"], calibrated)
+                        c = run_["error_pooled"]["all"]
+                        print(f"  pooled calibration: ttft {c['ttft']['mean']:+.1%} tpot "
+                              f"{c['tpot']['mean']:+.1%} e2e {c['e2e']['mean']:+.1%}", flush=True)
                     result["runs"].append(run_)
                     e = run_["error"]["all"]
                     print(f"trial {trial} {policy}@{qps:g}: attainment real "
@@ -300,7 +343,7 @@ def main() -> int:
             s.kill()
     if args.json:
         write_json(args.json, result)
-    for key in ("error", "error_calibrated"):
+    for key in ("error", "error_calibrated", "error_pooled"):
         runs = [r for r in result["runs"] if key in r]
         if runs:
             print(f"median |mean {key}| over runs: " + ", ".join(
