@@ -346,3 +346,25 @@ def test_pd_with_no_decode_instance_left_prefilled_and_new_requests_fail_clearly
                and r.num_tokens == 1 for r in waiting)
     assert late.outcome is Outcome.FAILED and late.finish_time == late.request.arrival
     assert cp.instances[0].engine.kv.num_used_blocks == 0  # the held KV was freed
+
+
+@pytest.mark.parametrize("policy", ["polyserve", "hfx", "rr"])
+def test_a_request_no_instance_can_ever_hold_fails_at_once_and_the_rest_go_on(policy):
+    # 512 blocks of 16 = 8,192 tokens of KV per instance. PolyServe and HFX hold a request
+    # until an instance has room for it: one that needs 9,000 tokens would wait forever (the
+    # simulation stalled on it) unless the control plane refuses it at submit.
+    async def main():
+        cp = cluster(policy, n=2)
+        await cp.start()
+        cp.submit(req(0))
+        cp.submit(req(1, prompt=8990, out=10))
+        cp.submit(req(2))
+        await asyncio.wait_for(cp.wait_idle(), timeout=60)
+        await cp.stop()
+        return cp.records
+
+    records = run(main(), virtual=True)
+    big = records["r1"]
+    assert big.outcome is Outcome.FAILED and big.instance is None
+    assert big.finish_time == 0.0 and "exceeds the KV cache (8192 tokens)" in big.error
+    assert [records[r].outcome for r in ("r0", "r2")] == [Outcome.FINISHED] * 2

@@ -201,7 +201,7 @@ class ControlPlane:
                    if request.priority is not None else "request has no SLO or priority")
             self._finish(record, Outcome.REJECTED, request.arrival, why)
             return record
-        why = self.serviceable()
+        why = self.serviceable() or self._never_fits(request)
         if why is not None:
             self._finish(record, Outcome.FAILED, request.arrival, f"no instance can serve: {why}")
             return record
@@ -284,6 +284,27 @@ class ControlPlane:
             if self.scaler is not None and self.scaler.launching(role):
                 continue
             return role
+        return None
+
+    def _never_fits(self, request: Request) -> str | None:
+        """Why no instance of a stage the request passes through could ever run it (its size
+        against their context and KV), else None. Checked at submit: a policy that holds
+        requests until an instance has room (PolyServe, HFX's Q_W) would hold it forever. The
+        first instance that fits ends the walk, so a homogeneous fleet costs one check."""
+        for role in (Role.PREFILL, Role.DECODE) if self.pd else (Role.COLOCATED,):
+            why = None
+            for i, instance in self.instances.items():
+                if self.fleet.role_of(i) is not role:
+                    continue
+                try:
+                    instance.check(request)
+                except EngineError as e:
+                    why = why or str(e)
+                    continue
+                why = None
+                break
+            if why is not None:
+                return why
         return None
 
     def check_serviceable(self) -> None:

@@ -39,6 +39,10 @@ class Instance(Protocol):
         A best-effort request runs on leftover capacity (planners that know the tier)."""
         ...
 
+    def check(self, request: Request) -> None:
+        """Raise hfx.engine.EngineError if ``request`` can never run here (its size)."""
+        ...
+
     def abort(self, request_id: str) -> None: ...
 
     def migration_state(self, request_id: str) -> Sequence: ...
@@ -81,6 +85,9 @@ class LocalInstance:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def check(self, request: Request) -> None:
+        self.engine.check(request.prompt_len, request.max_tokens)
 
     def submit(self, request: Request, best_effort: bool = False) -> None:
         slo = request.slo

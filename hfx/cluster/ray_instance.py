@@ -219,6 +219,9 @@ class RayInstance:
             self._pump = None
         ray.kill(self.actor, no_restart=True)
 
+    def check(self, request: Request) -> None:
+        self.admission.check_size(request.prompt_len, request.max_tokens)
+
     def submit(self, request: Request, best_effort: bool = False) -> None:
         self.admission.check(request.id, request.prompt_len, request.max_tokens,
                              request.prompt_token_ids)

@@ -24,7 +24,8 @@ class Stage:
         self.policy = policy
         self.view = view  # the instances of this stage's role, updated in place
         self._apply = apply
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_when = 0.0
 
     def enqueue(self, request: Request, now: float) -> None:
         self.policy.enqueue(request, now)
@@ -36,14 +37,14 @@ class Stage:
         decision = self.policy.schedule(self.view)
         self._apply(decision, now)
         when = None if decision.wake_at is None else max(decision.wake_at, now)
-        timer = self._timer
-        if timer is not None:
-            if when == timer.when():
+        if self._timer is not None:
+            if when == self._timer_when:
                 return  # already armed for that time: a new timer would only churn the heap
-            timer.cancel()
+            self._timer.cancel()
             self._timer = None
         if when is not None:
-            self._timer = loop.call_at(when, self._wake)
+            # Its time kept here: uvloop's handle for a time already due has no when().
+            self._timer, self._timer_when = loop.call_at(when, self._wake), when
 
     def _wake(self) -> None:
         self._timer = None  # fired: a decision asking for this same time must arm a new one

@@ -129,6 +129,9 @@ class VLLMInstance:
                 await self.process.stop()
 
     # ---- the Instance protocol --------------------------------------------------------------
+    def check(self, request: Request) -> None:
+        self.info.check(request.id, request.prompt_len, request.max_tokens)
+
     def submit(self, request: Request, best_effort: bool = False) -> None:
         if self._failed is not None:
             raise EngineError(f"instance {self.id}: {self._failed}")
