@@ -46,7 +46,7 @@ from fidelity import compare, stats
 from live_server import hfx_serve
 
 from hfx.assembly import build_cluster
-from hfx.calibration import Calibration, fit_scales
+from hfx.calibration import Calibration, fit_calibration
 from hfx.clock import run
 from hfx.cluster.provisioner import Plan
 from hfx.cluster.vllm_metrics import parse_metrics
@@ -160,7 +160,7 @@ def calibrate(runs: list[tuple[SimConfig, list[Request]]], profile, urls: list[s
         scaled = replace(profile, model=model)
         return pooled([simulate(config, requests, scaled)["stats"] for config, requests in runs])
 
-    return fit_scales(profile.model, means, *pooled(real)), real
+    return fit_calibration(profile.model, means, *pooled(real)), real
 
 
 def calibration_runs(config: SimConfig, seeds: range, per_task: int

@@ -36,7 +36,7 @@ class Calibration:
         return model.scaled(1.0, self.decode_scale)
 
 
-def fit_scales(model: StepTimeModel, simulate: Simulate, real_ttft: float, real_tpot: float,
+def fit_calibration(model: StepTimeModel, simulate: Simulate, real_ttft: float, real_tpot: float,
                max_rounds: int = 12, tolerance: float = 0.005) -> Calibration:
     """Fixed-point iteration: each round multiplies the decode scale by real / simulated TPOT
     and sets the delivery latency to real − simulated TTFT (never below 0: a simulator that is

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hfx.calibration import fit_scales
+from hfx.calibration import fit_calibration
 from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.latency import StepTimeModel
@@ -31,7 +31,7 @@ def test_the_fit_recovers_the_decode_scale_and_delivery_of_a_server(decode, deli
     # ``delivery`` seconds after its step.
     ttft, real_tpot = means(model.scaled(1.0, decode))
     real_ttft = ttft + delivery
-    fit = fit_scales(model, means, real_ttft, real_tpot)
+    fit = fit_calibration(model, means, real_ttft, real_tpot)
     # A mean moves in steps with the scale (batch boundaries), hence a few percent.
     assert fit.decode_scale == pytest.approx(decode, rel=0.03)
     assert fit.delivery == pytest.approx(delivery, abs=0.01)
@@ -44,14 +44,14 @@ def test_the_fit_recovers_the_decode_scale_and_delivery_of_a_server(decode, deli
 
 def test_a_profile_that_is_right_needs_one_round():
     model = resolve_profile(CONFIG).model
-    fit = fit_scales(model, means, *means(model))
+    fit = fit_calibration(model, means, *means(model))
     assert (fit.decode_scale, fit.delivery, fit.rounds, fit.error) == (1.0, 0.0, 1, (0, 0))
 
 
 def test_a_simulator_slower_than_the_server_gets_no_negative_delivery():
     model = resolve_profile(CONFIG).model
     ttft, tpot = means(model)
-    fit = fit_scales(model, means, ttft * 0.5, tpot)
+    fit = fit_calibration(model, means, ttft * 0.5, tpot)
     assert fit.delivery == 0.0 and fit.error[0] == pytest.approx(1.0)
 
 
@@ -63,14 +63,14 @@ def test_scaled_scales_each_equation_by_its_own_factor():
 
 def test_a_real_mean_of_zero_is_refused():
     with pytest.raises(ValueError, match="positive"):
-        fit_scales(StepTimeModel(1, 1, 1, 1, 1, 1), means, 0.0, 0.1)
+        fit_calibration(StepTimeModel(1, 1, 1, 1, 1, 1), means, 0.0, 0.1)
 
 
 def test_a_fit_that_does_not_converge_returns_its_closest_round():
     # A simulator whose TPOT jumps around the target whatever the scale: the fit keeps the
     # round that came closest (round 2), not the last one.
     answers = iter([(0.5, 1.1), (0.4, 0.99), (0.6, 1.05), (0.5, 0.97)])
-    fit = fit_scales(StepTimeModel(1, 1, 1, 1, 1, 1), lambda m: next(answers), 1.0, 1.0,
+    fit = fit_calibration(StepTimeModel(1, 1, 1, 1, 1, 1), lambda m: next(answers), 1.0, 1.0,
                      max_rounds=4)
     assert fit.rounds == 4
     assert fit.error == pytest.approx((0.0, -0.01))

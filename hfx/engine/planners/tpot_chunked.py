@@ -21,11 +21,8 @@ class TPOTChunkedPlanner(BatchPlanner):
     default_token_budget = 2048
     needs_model = True
 
-    def budget(self, state: EngineState) -> int:
-        decoding = [s for s in state.running if s.is_decode]
-        return self._budget(decoding, sum(s.num_tokens for s in decoding))
-
     def _budget(self, decoding: list[Sequence], ctx: int) -> int:
+        """The step's prefill tokens: what keeps it within the tightest decoding TPOT."""
         t0 = min([s.tpot for s in decoding if s.tpot], default=None)  # a list: faster here
         if t0 is None:
             return self.token_budget
