@@ -12,9 +12,10 @@ from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import LocalInstance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
-from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.cluster.tl_manager import TLManager
+from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.latency import Profile, StepTimeModel
-from hfx.policies import make_policy
+from hfx.policies import make_pd_policies, make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request, RequestRecord
 
@@ -368,3 +369,27 @@ def test_a_request_no_instance_can_ever_hold_fails_at_once_and_the_rest_go_on(po
     assert big.outcome is Outcome.FAILED and big.instance is None
     assert big.finish_time == 0.0 and "exceeds the KV cache (8192 tokens)" in big.error
     assert [records[r].outcome for r in ("r0", "r2")] == [Outcome.FINISHED] * 2
+
+
+def test_in_pd_a_request_the_decode_stage_can_never_hold_fails_at_submit():
+    # Prefill instances hold 8,192 tokens of KV, the decode instance 1,024: a 2,000-token
+    # request would prefill and then wait for the Migrator forever.
+    def instance(i: int, role: Role, blocks: int) -> LocalInstance:
+        cfg = EngineConfig(num_kv_blocks=blocks, block_size=16, role=role)
+        return LocalInstance(i, EngineCore(cfg, SimExecutor(MODEL)))
+
+    async def main():
+        dispatcher, migrator = make_pd_policies("rr-pd")
+        cp = ControlPlane([instance(0, Role.PREFILL, 512), instance(1, Role.DECODE, 64)],
+                          dispatcher, PROFILE, migrator=migrator, tl_manager=TLManager(1024))
+        await cp.start()
+        cp.submit(req(0))
+        cp.submit(req(1, prompt=1990, out=10))
+        await asyncio.wait_for(cp.wait_idle(), timeout=60)
+        await cp.stop()
+        return cp.records
+
+    records = run(main(), virtual=True)
+    assert records["r1"].outcome is Outcome.FAILED and records["r1"].instance is None
+    assert "exceeds the KV cache (1024 tokens)" in records["r1"].error
+    assert records["r0"].outcome is Outcome.FINISHED

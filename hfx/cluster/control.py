@@ -291,11 +291,12 @@ class ControlPlane:
         against their context and KV), else None. Checked at submit: a policy that holds
         requests until an instance has room (PolyServe, HFX's Q_W) would hold it forever. The
         first instance that fits ends the walk, so a homogeneous fleet costs one check."""
-        for role in (Role.PREFILL, Role.DECODE) if self.pd else (Role.COLOCATED,):
+        for stage in self._stages():
             why = None
-            for i, instance in self.instances.items():
-                if self.fleet.role_of(i) is not role:
-                    continue
+            for view in stage.view.instances:
+                instance = self.instances.get(view.id)
+                if instance is None:
+                    continue  # left since the view was taken
                 try:
                     instance.check(request)
                 except EngineError as e:
