@@ -3,6 +3,7 @@ error, and the CLI starts without importing the engine, the policies or numpy (i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -39,3 +40,17 @@ def test_cli_start_imports_no_engine_policy_or_numpy() -> None:
             "('hfx.engine.core', 'hfx.policies.', 'hfx.engine.planners.', 'hfx.latency'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_hfx_list_into_a_closed_pipe_stops_quietly() -> None:
+    # `hfx list | head -1` where head has already left: the CLI stops without a traceback,
+    # with the shell's status for a tool whose pipe closed (128 + SIGPIPE).
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        cli = subprocess.run([sys.executable, "-m", "hfx.cli", "list"], stdout=write,
+                             stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert "Traceback" not in cli.stderr and "Exception ignored" not in cli.stderr, cli.stderr
+    assert cli.returncode == 141
