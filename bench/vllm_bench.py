@@ -146,8 +146,11 @@ def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
 def pooled(runs: list[dict]) -> tuple[float, float]:
     """Mean TTFT and TPOT over every finished request of several runs' stats."""
     n = sum(r["all"]["finished"] for r in runs)
-    return tuple(sum(r["all"][m]["mean"] * r["all"]["finished"] for r in runs) / n
-                 for m in ("ttft", "tpot"))  # type: ignore[return-value]
+
+    def mean(metric: str) -> float:
+        return sum(r["all"][metric]["mean"] * r["all"]["finished"] for r in runs) / n
+
+    return mean("ttft"), mean("tpot")
 
 
 def calibrate(runs: list[tuple[SimConfig, list[Request]]], profile, urls: list[str]

@@ -17,7 +17,7 @@ a held-out test of the calibration, not a fit to the run being predicted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hfx.latency import StepTimeModel
 
@@ -57,4 +57,4 @@ def fit_calibration(model: StepTimeModel, simulate: Simulate, real_ttft: float, 
             break
         decode *= real_tpot / tpot
     assert best is not None
-    return Calibration(best.decode_scale, best.delivery, rounds, best.error)
+    return replace(best, rounds=rounds)

@@ -292,20 +292,19 @@ class ControlPlane:
         requests until an instance has room (PolyServe, HFX's Q_W) would hold it forever. The
         first instance that fits ends the walk, so a homogeneous fleet costs one check."""
         for stage in self._stages():
-            why = None
+            refusals: list[str] = []
             for view in stage.view.instances:
                 instance = self.instances.get(view.id)
                 if instance is None:
                     continue  # left since the view was taken
                 try:
                     instance.check(request)
+                    break  # this one fits: the stage can serve it
                 except EngineError as e:
-                    why = why or str(e)
-                    continue
-                why = None
-                break
-            if why is not None:
-                return why
+                    refusals.append(str(e))
+            else:
+                if refusals:
+                    return refusals[0]
         return None
 
     def check_serviceable(self) -> None:

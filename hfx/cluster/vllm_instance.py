@@ -135,7 +135,7 @@ class VLLMInstance:
     def submit(self, request: Request, best_effort: bool = False) -> None:
         if self._failed is not None:
             raise EngineError(f"instance {self.id}: {self._failed}")
-        self.info.check(request.id, request.prompt_len, request.max_tokens)
+        self.check(request)
         if request.prompt_token_ids is None:
             raise EngineError(f"{request.id}: a vLLM instance needs the prompt's token ids")
         self._send(request, best_effort)
