@@ -16,10 +16,11 @@ a held-out test of the calibration, not a fit to the run being predicted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from hfx.latency import StepTimeModel
+from hfx.request import SLO, Request
 
 # Simulated (mean TTFT, mean TPOT) in seconds of the calibration run's requests under a model.
 Simulate = Callable[[StepTimeModel], tuple[float, float]]
@@ -58,3 +59,79 @@ def fit_calibration(model: StepTimeModel, simulate: Simulate, real_ttft: float, 
         decode *= real_tpot / tpot
     assert best is not None
     return replace(best, rounds=rounds)
+
+
+# ---- calibrating on what a gateway served (hfx serve --calibrate-every) -----------------------
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One finished request as its instance served it: times on the serving loop's clock."""
+
+    instance: int
+    dispatched: float  # when the control plane sent it to the instance
+    prompt_len: int
+    output_len: int
+    ttft: float  # first token − dispatched: what the instance (and the way back) took
+    tpot: float
+    slo: SLO  # deadline-aware planners order prefills by it
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayEngine:
+    """The engine a replay simulates: the served instances' planner and limits."""
+
+    planner: str
+    max_num_batched_tokens: int | None
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    block_size: int
+
+
+def replay(model: StepTimeModel, served: Sequence[Served], engine: ReplayEngine,
+           scored: Collection[int]) -> tuple[float, float]:
+    """Mean TTFT (from dispatch) and TPOT that ``model`` gives the ``scored`` indices of
+    ``served`` when each instance's requests are replayed on one simulated engine at the times
+    they were dispatched: the policy's choices are the served ones, only the engine is
+    simulated."""
+    from hfx.clock import run
+    from hfx.config import SimConfig
+    from hfx.latency import Profile
+    from hfx.sim import run_cluster
+
+    config = SimConfig(policy="rr", instances=1, planner=engine.planner, step_noise=0.0,
+                       max_num_batched_tokens=engine.max_num_batched_tokens,
+                       max_num_seqs=engine.max_num_seqs,
+                       kv_capacity_tokens=engine.kv_capacity_tokens,
+                       block_size=engine.block_size)
+    profile = Profile("replay", model, engine.kv_capacity_tokens, engine.block_size)
+    by_instance: dict[int, list[int]] = {}
+    for i, s in enumerate(served):
+        by_instance.setdefault(s.instance, []).append(i)
+    ttft = tpot = 0.0
+    for indices in by_instance.values():
+        t0 = min(served[i].dispatched for i in indices)
+        requests = sorted((Request(str(i), served[i].dispatched - t0, served[i].prompt_len,
+                                   served[i].output_len, served[i].slo) for i in indices),
+                          key=lambda r: r.arrival)
+        control, _ = run(run_cluster(config, requests, profile), virtual=True)
+        for i in indices:
+            if i in scored:
+                record = control.records[str(i)]
+                ttft += record.ttft or 0.0
+                tpot += record.tpot or 0.0
+    return ttft / len(scored), tpot / len(scored)
+
+
+def fit_served(model: StepTimeModel, served: Sequence[Served], engine: ReplayEngine,
+               warmup: float = 0.25) -> Calibration:
+    """``fit_calibration`` on what was served: the replay of each instance's requests against
+    their measured TTFT (from dispatch) and TPOT. The first ``warmup`` of the requests (by
+    dispatch time) run in the replay but are not scored: requests served before the window
+    shared their batches, and the replay starts empty."""
+    order = sorted(range(len(served)), key=lambda i: served[i].dispatched)
+    scored = frozenset(order[int(len(order) * warmup):])
+    if not scored:
+        raise ValueError("no served requests to calibrate on")
+    real_ttft = sum(served[i].ttft for i in scored) / len(scored)
+    real_tpot = sum(served[i].tpot for i in scored) / len(scored)
+    return fit_calibration(model, lambda m: replay(m, served, engine, scored), real_ttft,
+                           real_tpot)

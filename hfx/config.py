@@ -329,6 +329,12 @@ class GatewaySection(Section):
                                      "call from (CORS); default: none")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body; a larger "
                                 "one is a 413 before it is read whole (default 8 MiB)")
+    calibrate_every: float = Field(60.0, ge=0, allow_inf_nan=False, description=(
+        "real engines: every this many seconds, refit the dispatcher's decode-step scale on "
+        "the requests served since (a replay of each instance's requests on the simulator; "
+        "hfx/serving/calibrator.py); 0: plan with the profile as measured"))
+    calibrate_window: int = Field(400, ge=40, description="served requests a calibration "
+                                  "fits on at most (the latest)")
     shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
                                     "in-flight requests finish (new ones get 503); a second "
                                     "signal exits at once")

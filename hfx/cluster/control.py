@@ -149,6 +149,14 @@ class ControlPlane:
         self.scaler = scaler
         self.fleet.on_drained = scaler.on_drained
 
+    def set_step_model(self, model: StepTimeModel) -> None:
+        """The dispatcher's predictions from now on (a calibration while serving); policies
+        read the view's model on each decision, and PolyServe rebuilds its table when it
+        changes."""
+        self.step_model = model
+        for stage in self._stages():
+            stage.view.step_model = model
+
     async def start(self) -> None:
         fleet = self.fleet
         now = asyncio.get_running_loop().time()

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hfx.assembly import build_cluster
+from hfx.calibration import ReplayEngine
+from hfx.cluster.control import ControlPlane
 from hfx.config import ServeConfig
 from hfx.evaluation.workloads import TASKS
 from hfx.latency import Profile, load_profile
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO
+from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.engine_spec import EngineSpec
 from hfx.serving.server import ServeOptions, Server
 
@@ -24,6 +27,10 @@ if TYPE_CHECKING:
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
 PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
+# vLLM 0.32's default max_num_batched_tokens for its OpenAI server on CPU: what the servers HFX
+# starts use unless --max-num-batched-tokens is given (then passed to them). Servers attached
+# with --backend may run another; give it as --max-num-batched-tokens.
+VLLM_TOKEN_BUDGET = 2048
 
 
 def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
@@ -78,6 +85,8 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
             atexit.register(shutil.rmtree, storage, ignore_errors=True)  # the KV files left
             connector = example_connector(storage)
         extra += ["--kv-transfer-config", connector]
+    if config.max_num_batched_tokens is not None:  # the budget the calibration replays
+        extra += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
     if config.checkpoint is not None:
         launch = VLLMLaunch.of(config, config.checkpoint, name, max_len, config.max_num_seqs,
                                config.kv_capacity_tokens, config.block_size, config.device,
@@ -152,9 +161,25 @@ def build_server(config: ServeConfig) -> Server:
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,
         eos_token_id=eos, priority_levels=config.priorities)
-    server = Server(control, tokenizer, options, profile.model)
+    calibrator = None
+    if config.executor == "torch":
+        engine = ReplayEngine(config.planner or control.policy.planner,
+                              config.max_num_batched_tokens, config.max_num_seqs,
+                              profile.kv_capacity_tokens, profile.block_size)
+        calibrator = _calibrator(config, control, profile, engine)
+    server = Server(control, tokenizer, options, calibrator)
     server.placement = placement
     return server
+
+
+def _calibrator(config: ServeConfig, control: ControlPlane, profile: Profile,
+                engine: ReplayEngine) -> LiveCalibrator | None:
+    """The step-time calibration of a real-engine gateway, unless --calibrate-every 0; P/D
+    requests cannot be replayed on one engine, so none there."""
+    if not config.calibrate_every or config.mode == "pd":
+        return None
+    return LiveCalibrator(control, profile.model, engine, config.calibrate_every,
+                          config.calibrate_window)
 
 
 def _build_vllm(config: ServeConfig) -> Server:
@@ -208,6 +233,9 @@ def _build_vllm(config: ServeConfig) -> Server:
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         eos_token_id=eos, priority_levels=config.priorities)
-    server = Server(control, tokenizer, options, profile.model)
+    # vLLM's scheduler, as the replay simulates it: chunked prefill (V1) with its token budget.
+    engine = ReplayEngine("chunked", config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,
+                          config.max_num_seqs, profile.kv_capacity_tokens, profile.block_size)
+    server = Server(control, tokenizer, options, _calibrator(config, control, profile, engine))
     server.placement = placement
     return server

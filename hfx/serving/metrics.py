@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from hfx.cluster.control import ControlPlane
 from hfx.request import Outcome, RequestRecord
+from hfx.serving.calibrator import LiveCalibrator
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds; spans sub-ms CPU steps to multi-second queues.
@@ -28,11 +29,23 @@ SCALING_ACTIONS = ("scale_out", "scale_in", "switch_role", "launch_failed")
 class _ControlPlaneCollector(Collector):
     """What the control plane knows at scrape time."""
 
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None) -> None:
         self.control = control
+        self.calibrator = calibrator
 
     def collect(self) -> Iterator[Metric]:
         control = self.control
+        if self.calibrator is not None:
+            fit = self.calibrator.last
+            yield _gauge("hfx_step_model_decode_scale", "Decode-step scale the dispatcher "
+                         "applies to its profile, fitted on served requests (1: none yet).",
+                         fit.decode_scale if fit is not None else 1.0)
+            yield _gauge("hfx_token_delivery_seconds", "Fitted time from an engine's step to "
+                         "the gateway's record of its token (reported, not planned with).",
+                         fit.delivery if fit is not None else 0.0)
+            yield CounterMetricFamily("hfx_calibrations", "Step-time model fits on served "
+                                      "requests (applied or not).",
+                                      value=self.calibrator.rounds)
         yield _gauge("hfx_queued_requests", "Requests in the dispatcher's queue.",
                      control.policy.num_queued())
         ledger = control.ledger
@@ -78,7 +91,8 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
 
 
 class Metrics:
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None = None
+                 ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self._requests = Counter("hfx_requests", "Requests ended, by task and outcome "
@@ -96,7 +110,7 @@ class Metrics:
                                  ("tpot", "Time per output token"),
                                  ("e2e", "End-to-end latency"),
                                  ("queue", "Time from arrival to dispatch"))}
-        r.register(_ControlPlaneCollector(control))
+        r.register(_ControlPlaneCollector(control, calibrator))
 
     def observe(self, record: RequestRecord) -> None:
         """A request ended: count it, and its latencies if it finished."""

@@ -18,6 +18,7 @@ from hfx.latency import StepTimeModel
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sampling import SamplingParams
+from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.metrics import Metrics
 from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
 
@@ -63,24 +64,34 @@ class Stream:
 
 class Server:
     def __init__(self, control: ControlPlane, tokenizer: Tokenizer, options: ServeOptions,
-                 step_model: StepTimeModel) -> None:
+                 calibrator: LiveCalibrator | None = None) -> None:
         self.control = control
         self.tokenizer = tokenizer
         self.options = options
-        self.step_model = step_model
-        self.metrics = Metrics(control)
+        # Keeps the dispatcher's step-time model calibrated on what is served (real engines).
+        self.calibrator = calibrator
+        self.metrics = Metrics(control, calibrator)
         self.draining = False  # shutting down: in-flight requests finish, new ones get 503
         # Where the instances run, when it holds more than they do (vLLM's warm pool): for
         # operators and tests; its close() runs after the control plane stops.
         self.placement: Any = None
         self._ids = itertools.count()
 
+    @property
+    def step_model(self) -> StepTimeModel:
+        """The dispatcher's step-time model, calibrated while serving if a calibrator runs."""
+        return self.control.step_model
+
     async def start(self) -> None:
         await self.control.start()
         if self.control.scaler is not None:
             self.control.scaler.start()
+        if self.calibrator is not None:
+            self.calibrator.start()
 
     async def stop(self) -> None:
+        if self.calibrator is not None:
+            await self.calibrator.stop()
         await self.control.stop()
         close = getattr(self.placement, "close", None)
         if close is not None:
@@ -209,6 +220,8 @@ class Server:
         record = self.control.forget(request_id)
         if record is not None:
             self.metrics.observe(record)
+            if self.calibrator is not None:
+                self.calibrator.observe(record)
 
     def abort(self, stream: Stream) -> None:
         """The client went away: stop the request, free its KV (outcome aborted)."""
