@@ -12,8 +12,8 @@ serve --engine vllm`` measures at start). Then the same four-task trace is serve
 For every run: attainment and mean latencies, the fits the live calibrator applied, and a
 held-out test of calibrating on served requests: the run's finished requests split into
 consecutive windows by dispatch time, each window predicted (``hfx.calibration.replay``) with
-the fit on the window before it, against the profile alone. The served requests are kept in
-the JSON (``served``), so other estimators can be tried on them without serving again.
+the fit on the window before it, against the profile alone. The served requests are kept beside
+the JSON (``*.served.jsonl``), so other estimators can be tried on them without serving again.
 
     python bench/live_calibration.py --vllm-python /tmp/vllm/bin/python \
         --json docs/results/vllm-live-calibration.json
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import platform
 import sys
@@ -144,6 +145,7 @@ def main() -> int:
         result["profile"] = {"model": asdict(profile.model), "fit_mape": profile.fit_mape}
         config = vllm_config("hfx", args.qps, 0)
         requests = with_prompts(generate("four-task", args.qps, 0, args.requests_per_task), 0)
+        served_rows: list[dict] = []
         for trial in range(args.trials):
             for mode in ("static", "live"):
                 placement = VLLMPlacement(None, tuple(urls), MAX_SEQS)
@@ -171,8 +173,9 @@ def main() -> int:
                         "summary": summarize(records, [(0.0, seconds)]),
                         "mean_ttft": sum(r.ttft for r in done) / len(done),
                         "mean_tpot": sum(r.tpot for r in done) / len(done),
-                        "fits": fits, "held_out": held_out(data, profile.model, args.windows),
-                        "served": [asdict(s) for s in data]}
+                        "fits": fits, "held_out": held_out(data, profile.model, args.windows)}
+                served_rows += [{"trial": trial, "mode": mode, **rounded(asdict(s))}
+                                for s in data]
                 result["runs"].append(run_)
                 ho = run_["held_out"]
                 print(f"trial {trial} {mode}: attainment {run_['summary']['attainment']:.3f}, "
@@ -187,7 +190,19 @@ def main() -> int:
             s.kill()
     if args.json:
         write_json(args.json, result)
+        rows = Path(args.json).with_suffix(".served.jsonl")
+        rows.write_text("".join(json.dumps(r) + "\n" for r in served_rows))
+        print(f"wrote {rows}")
     return 0
+
+
+def rounded(obj):
+    """Microseconds are enough for latencies of milliseconds, and halve the file."""
+    if isinstance(obj, float):
+        return round(obj, 6)
+    if isinstance(obj, dict):
+        return {k: rounded(v) for k, v in obj.items()}
+    return obj
 
 
 if __name__ == "__main__":

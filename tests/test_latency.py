@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple, replace
+
 import numpy as np
 import pytest
 
@@ -96,7 +98,10 @@ def test_shipped_profiles_are_the_roofline_fits():
     assert load_profile("tiny@cpu").source == "measured"
     for name in names:
         model, hw = name.split("@")
-        assert load_profile(name) == roofline.build_profile(model, hw), (
+        shipped, fitted = load_profile(name), roofline.build_profile(model, hw)
+        # The fit is least squares: its last bits move with numpy's BLAS build.
+        assert replace(shipped, model=fitted.model) == fitted, f"{name} is stale"
+        assert astuple(shipped.model) == pytest.approx(astuple(fitted.model), rel=1e-9), (
             f"{name} is stale: run python -m hfx.roofline")
 
 
