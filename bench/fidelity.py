@@ -13,6 +13,13 @@
 
     python bench/fidelity.py --quick --json results/fidelity.json                # tiny model
     python bench/fidelity.py --quick --shape mini --qps 3 --json results/f.json  # tens of ms
+    python bench/fidelity.py --engine vllm --vllm-python /tmp/vllm/bin/python --qps 3 \
+        --json results/fidelity-vllm.json     # two vLLM servers: bench/vllm_bench.py's runs
+
+With ``--engine vllm`` the real side is two vLLM servers (``bench/vllm_bench.py``, which this
+runs: round robin, the profile measured from the servers, a calibration run before each
+measured one, ``--trials`` trials); the JSON is vllm_bench's, whose ``error`` and
+``error_calibrated`` per run are these comparisons.
 
 This 2-core virtual machine's speed drifts by up to ~25% from one minute to the next, which no
 step-time model can predict: a profile taken the minute before a run is off by that much, one
@@ -107,6 +114,25 @@ def simulate(config: SimConfig, requests: list[Request], profile: Profile) -> tu
     return stats(list(control.records.values())), sim_end
 
 
+def vllm_fidelity(args: argparse.Namespace) -> None:
+    """The comparison against vLLM servers: bench/vllm_bench.py's policy runs, rr alone."""
+    import sys
+
+    import vllm_bench
+
+    argv = ["--policies", "rr", "--trials", str(args.trials), "--no-scale-out",
+            "--overhead-requests", "0", "--calibrate",
+            "--qps", *(str(q) for q in args.qps or [3.0])]
+    if args.vllm_python:
+        argv += ["--vllm-python", args.vllm_python]
+    if args.requests_per_task:
+        argv += ["--requests-per-task", str(args.requests_per_task)]
+    if args.json:
+        argv += ["--json", args.json]
+    sys.argv = ["bench/vllm_bench.py", *argv]
+    vllm_bench.main()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one load, 40 requests per task")
@@ -120,7 +146,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trials", type=int, default=3, help="profile + serve + simulate, repeated")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch",
+                    help="the real engine: HFX's own (TorchExecutor) or two vLLM servers")
+    ap.add_argument("--vllm-python", default=None, help="--engine vllm: Python with vLLM")
     args = ap.parse_args()
+    if args.engine == "vllm":
+        return vllm_fidelity(args)
 
     torch.set_num_threads(args.threads)
     loaded = build_model(args.shape, device="cpu")
