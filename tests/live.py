@@ -42,6 +42,13 @@ class Running:
         loop = self.uv.servers[0].get_loop()
         return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
 
+    def call_async(self, fn, timeout: float = 30.0):
+        """Await ``fn()`` on the server's event loop; its result."""
+        import asyncio
+
+        loop = self.uv.servers[0].get_loop()
+        return asyncio.run_coroutine_threadsafe(fn(), loop).result(timeout)
+
     def engines(self):
         return [inst.engine for inst in self.server.control.instances.values()]
 
