@@ -35,10 +35,10 @@ from pathlib import Path
 from vllm_bench import (
     BLOCK,
     KV_TOKENS,
-    MAX_LEN,
     MAX_SEQS,
     VLLM_TOKEN_BUDGET,
     cold_starts,
+    mini_launch,
     vllm_config,
     with_prompts,
 )
@@ -46,7 +46,7 @@ from vllm_bench import (
 from hfx.assembly import build_cluster
 from hfx.calibration import ReplayEngine, Served, fit_served, replay
 from hfx.cluster.control import ControlPlane, TokenEvent
-from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement
+from hfx.cluster.vllm_process import VLLMPlacement
 from hfx.evaluation import write_json
 from hfx.evaluation.metrics import summarize
 from hfx.evaluation.workloads import generate, workload_tasks
@@ -127,13 +127,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="hfx-live-cal-"))
     checkpoint = str(write_random_checkpoint("mini", work / "mini"))
-    launch = VLLMLaunch(python=args.vllm_python, model=checkpoint, served_name="mini",
-                        max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS,
-                        kv_capacity_tokens=KV_TOKENS, block_size=BLOCK,
-                        extra_args=("--enforce-eager", "--dtype", "float32",
-                                    "--no-enable-prefix-caching",
-                                    "--max-num-batched-tokens", str(VLLM_TOKEN_BUDGET)))
-    servers, _ = cold_starts(launch, 2)
+    servers, _ = cold_starts(mini_launch(args.vllm_python, checkpoint), 2)
     urls = [s.url for s in servers]
     result: dict = {"command": "python bench/live_calibration.py " + " ".join(sys.argv[1:]),
                     "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",

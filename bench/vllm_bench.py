@@ -71,6 +71,17 @@ def with_prompts(requests: list[Request], seed: int) -> list[Request]:
             for r in requests]
 
 
+def mini_launch(vllm_python: str, checkpoint: str) -> VLLMLaunch:
+    """The benches' vLLM servers: the mini checkpoint, float32, eager, no prefix caching (a
+    run after another gets no hits from the same prompts), vLLM's CPU token budget."""
+    return VLLMLaunch(python=vllm_python, model=checkpoint, served_name="mini",
+                      max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS,
+                      block_size=BLOCK,
+                      extra_args=("--enforce-eager", "--dtype", "float32",
+                                  "--no-enable-prefix-caching",
+                                  "--max-num-batched-tokens", str(VLLM_TOKEN_BUDGET)))
+
+
 def cold_starts(launch: VLLMLaunch, n: int) -> tuple[list[VLLMServer], list[float]]:
     """Start ``n`` servers one after another (each alone on the machine while it starts)."""
     servers, seconds = [], []
@@ -258,12 +269,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="hfx-vllm-bench-"))
     checkpoint = str(write_random_checkpoint("mini", work / "mini"))
-    launch = VLLMLaunch(python=args.vllm_python, model=checkpoint, served_name="mini",
-                        max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS,
-                        kv_capacity_tokens=KV_TOKENS, block_size=BLOCK,
-                        extra_args=("--enforce-eager", "--dtype", "float32",
-                                    "--no-enable-prefix-caching",
-                                    "--max-num-batched-tokens", str(VLLM_TOKEN_BUDGET)))
+    launch = mini_launch(args.vllm_python, checkpoint)
     servers, starts = cold_starts(launch, 2)
     urls = [s.url for s in servers]
     result: dict = {"command": "python bench/vllm_bench.py " + " ".join(sys.argv[1:]),
