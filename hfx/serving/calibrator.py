@@ -1,15 +1,15 @@
 """The dispatcher's step-time model, kept calibrated on what the gateway serves (issue 15).
 
 A profile is measured on idle servers before serving. Against vLLM on a shared host its decode
-steps came out 1.2-1.7x too fast once serving loaded the machine (docs/performance.md), and the
-dispatcher plans batches, maturity times and budgets with it. Every ``every`` seconds this task
-takes the requests finished since it last looked (the last ``window`` of them, colocated, not
-resumed), replays each instance's requests on a simulated engine at the times they were
-dispatched (``hfx.calibration.fit_served``: the simulator's code path, the served placement),
-and fits the decode scale that reproduces their mean TPOT. The dispatcher then predicts with
-the base profile's model scaled by it; the delivery latency the fit also finds (the time from
-an engine's step to the gateway's record of the token) is reported, not planned with: it
-does not occupy an engine.
+steps came out 1.2-2.5x too fast once serving loaded the machine (docs/performance.md), and the
+dispatcher plans batches, maturity times and budgets with it. Every ``every`` seconds, once
+enough requests have finished since the last fit, this task takes the latest ``window``
+finished requests (colocated, not resumed), replays each instance's requests on a simulated
+engine at the times they were dispatched (``hfx.calibration.fit_served``: the simulator's code
+path, the served placement), and fits the decode scale that reproduces their mean TPOT. The
+dispatcher then predicts with the base profile's model scaled by it; the delivery latency the
+fit also finds (the time from an engine's step to the gateway's record of the token) is
+reported, not planned with: it does not occupy an engine.
 
 The fit runs in a worker thread: a few simulations of a few hundred requests, tens to hundreds
 of milliseconds of CPU per round, during which the gateway's loop shares the interpreter.
@@ -30,8 +30,9 @@ from hfx.request import SLO, Outcome, RequestRecord
 log = logging.getLogger(__name__)
 
 MIN_REQUESTS = 40  # fewer and one long request moves the means by more than the fit's gain
-# A fitted scale outside this range is a broken measurement (a stalled server, a clock jump),
-# not a slower or faster machine: it is logged and not applied.
+# A fitted scale outside this range is not a slower or faster engine but something the step
+# model cannot hold (a stalled server, outputs of a few tokens whose gaps are all HTTP: 12.9
+# once in the vLLM tier): it is logged and not applied.
 SCALE_RANGE = (0.2, 5.0)
 UNBOUNDED = SLO(1e9, 1e9)
 
