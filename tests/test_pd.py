@@ -211,3 +211,36 @@ def test_pd_config_errors():
     with pytest.raises(ValueError, match="P/D policy"):
         SimConfig(mode="pd", policy="scorpio")
     assert SimConfig(mode="pd", policy="rr").policy == "rr"  # an alias of rr-pd
+
+
+def test_an_aborted_request_leaves_the_migrators_queue_at_once():
+    """Clients that leave while their prefilled requests wait in HFX's Migrator queue: each
+    request leaves the queue as it ends. It used to stay until the Migrator placed it, which
+    counted it in its shadow of the decode instance, where it never arrived nor finished: with
+    four sequence slots, five such aborts stalled the decode stage for good."""
+    cfg = SimConfig(mode="pd", policy="hfx", prefill=2, decode=1, qps=80,
+                    requests_per_task=25, max_num_seqs=4)
+    aborted: list[str] = []
+    lingered: list[str] = []
+
+    def queued(control) -> set[str]:
+        return {r.id for r in control.migration.stage.policy.queue.scan(10**6)}
+
+    async def leave(control) -> None:
+        while True:
+            await asyncio.sleep(0.0005)
+            if control.migration is None:
+                continue
+            waiting = queued(control)
+            lingered.extend(rid for rid in aborted if rid in waiting
+                            and control.records[rid].outcome is not Outcome.PENDING)
+            for rid in sorted(waiting):
+                if len(aborted) < 5 and rid not in aborted:
+                    aborted.append(rid)
+                    control.abort(rid)
+
+    control = _sim_beside(cfg, leave)
+    assert len(aborted) == 5
+    assert {control.records[rid].outcome for rid in aborted} == {Outcome.ABORTED}
+    assert lingered == []
+    assert sum(r.outcome is Outcome.FINISHED for r in control.records.values()) == 95

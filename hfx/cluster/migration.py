@@ -37,6 +37,7 @@ class Migration:
         self.stage = Stage("migrate", migrator, view, self._apply)
         self.sent: dict[str, Request] = {}  # each request as the policies see it
         self.blocked: list[Request] = []  # migrations waiting for decode KV
+        self.unplaced: set[str] = set()  # in the Migrator's queue or blocked: no decode KV yet
         # Prefilled and not yet migrating: (prefilled at, TPOT), for the Scaler's W indicator;
         # tracked, and enqueues and dequeues reported, only when a Scaler listens.
         self.queued: dict[str, tuple[float, float]] = {}
@@ -47,14 +48,23 @@ class Migration:
         yield from self.queued.values()
 
     def forget(self, request_id: str) -> None:
+        """``request_id`` ended (finished, aborted, failed). One still waiting for a decode
+        instance leaves the Migrator's queue now: a Migrator that placed it later would count
+        it in its shadow of that instance, where it never arrives and never finishes (a few
+        client aborts once filled a decode instance's shadow and stalled the stage)."""
         self.sent.pop(request_id, None)
         self.queued.pop(request_id, None)
+        if request_id in self.unplaced:
+            self.unplaced.discard(request_id)
+            self.stage.policy.withdraw(request_id)
+            self.blocked = [r for r in self.blocked if r.id != request_id]
 
     def on_prefilled(self, request_id: str, now: float) -> None:
         """A prefill instance holds ``request_id``'s KV: the Migrator places it."""
         record = self.ledger.records[request_id]
         if record.outcome is Outcome.PENDING:
             request = self.sent[request_id]
+            self.unplaced.add(request_id)
             self.stage.enqueue(request, now)
             if self.on_enqueue is not None:
                 assert request.slo is not None
@@ -87,6 +97,7 @@ class Migration:
                 self.blocked.append(d.request)
                 continue
             record.decode_instance = dst
+            self.unplaced.discard(d.request.id)
             self.queued.pop(d.request.id, None)
             if self.on_dequeue is not None:
                 self.on_dequeue(now)
