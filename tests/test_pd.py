@@ -244,3 +244,24 @@ def test_an_aborted_request_leaves_the_migrators_queue_at_once():
     assert {control.records[rid].outcome for rid in aborted} == {Outcome.ABORTED}
     assert lingered == []
     assert sum(r.outcome is Outcome.FINISHED for r in control.records.values()) == 95
+
+
+def test_a_blocked_migration_leaves_no_request_in_hfxs_decode_shadows():
+    """HFX's Migrator counts a placement in its shadow of the decode instance. When the KV is
+    not free there after all, the migration waits and is placed again later, maybe elsewhere:
+    the first placement must leave that shadow, or it holds a sequence slot for good."""
+    cfg = SimConfig(mode="pd", policy="hfx", prefill=2, decode=2, qps=60,
+                    requests_per_task=25, kv_capacity_tokens=3000, monitor_interval=0.2)
+    blocked: list[int] = []
+
+    async def watch(control) -> None:
+        while True:
+            await asyncio.sleep(0.005)
+            if control.migration is not None:
+                blocked.append(len(control.migration.blocked))
+
+    control = _sim_beside(cfg, watch)
+    assert max(blocked) > 0, "decode KV should have run short and made migrations wait"
+    assert all(r.outcome is Outcome.FINISHED for r in control.records.values())
+    shadows = control.migration.stage.policy.shadow
+    assert {i: list(shadows[i].inflight) for i in (2, 3)} == {2: [], 3: []}

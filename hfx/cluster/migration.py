@@ -95,6 +95,7 @@ class Migration:
                 continue
             if not reserved:  # no KV free there: wait for a finish, never overcommit
                 self.blocked.append(d.request)
+                self.stage.policy.on_unplaced(d.request, dst)
                 continue
             record.decode_instance = dst
             self.unplaced.discard(d.request.id)

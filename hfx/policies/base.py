@@ -111,6 +111,11 @@ class Policy(ABC):
     def on_instance_removed(self, instance_id: int) -> None:  # noqa: B027
         """The instance drains: requests this policy queued for it must go elsewhere."""
 
+    def on_unplaced(self, request: Request, instance_id: int) -> None:  # noqa: B027
+        """A placement this policy decided did not take (a P/D migration found no KV free on
+        the decode instance after all): ``request`` is not on ``instance_id`` and will be
+        offered to the policy again."""
+
 
 class ArrivalOrderPolicy(Policy):
     """A policy that takes requests in arrival order from one queue (``_queue``)."""

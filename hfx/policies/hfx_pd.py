@@ -116,6 +116,12 @@ class HFXMigrator(Policy):
         # Decide again at the end of the next decode iteration.
         self.maturity.set(iid, now + max(model.decode_time(ctx, batch), model.decode_a))
 
+    def on_unplaced(self, request: Request, instance_id: int) -> None:
+        # Undo _serve's add, or the shadow keeps a request that never arrives nor finishes
+        # there: each one a sequence slot lost for good (found under decode KV pressure).
+        if instance_id in self.shadow:
+            self.shadow[instance_id].remove(request.id, request.prompt_len)
+
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         sh = self.shadow.finished(record, record.decode_instance, self.predictor)
         if sh is not None and sh.idle:
