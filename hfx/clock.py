@@ -12,6 +12,7 @@ per second against 78k for this loop (docs/performance.md), too slow for cluster
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -47,6 +48,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._now
+
+
+async def cancel(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended: a background loop's stop."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def run(coro: Coroutine[Any, Any, T], *, virtual: bool) -> T:

@@ -8,10 +8,10 @@ events back through the sink they were given.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from hfx.clock import cancel
 from hfx.engine import (
     EngineCore,
     InstanceStats,
@@ -80,11 +80,8 @@ class LocalInstance:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"instance-{self.id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     def check(self, request: Request) -> None:
         self.engine.check(request.prompt_len, request.max_tokens)

@@ -8,9 +8,9 @@ responsiveness and overhead).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 
+from hfx.clock import cancel
 from hfx.cluster.instance import Instance
 from hfx.engine.stats import InstanceStats
 
@@ -40,8 +40,5 @@ class Monitor:
         self._task = asyncio.get_running_loop().create_task(tick(), name="monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None

@@ -36,6 +36,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from hfx.clock import cancel
 from hfx.cluster.instance import EventSink, LocalInstance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
@@ -212,11 +213,8 @@ class RayInstance:
                                                             name=f"ray-instance-{self.id}")
 
     async def stop(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
-            self._pump = None
+        await cancel(self._pump)
+        self._pump = None
         ray.kill(self.actor, no_restart=True)
 
     def check(self, request: Request) -> None:

@@ -18,11 +18,11 @@ of milliseconds of CPU per round, during which the gateway's loop shares the int
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 
 from hfx.calibration import Calibration, ReplayEngine, Served, fit_served
+from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
 from hfx.latency import StepTimeModel
 from hfx.request import SLO, Outcome, RequestRecord
@@ -78,11 +78,8 @@ class LiveCalibrator:
         self._task = asyncio.get_running_loop().create_task(self._forever())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
 
     async def _forever(self) -> None:
         while True:
