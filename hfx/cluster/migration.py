@@ -37,9 +37,8 @@ class Migration:
         self.stage = Stage("migrate", migrator, view, self._apply)
         self.sent: dict[str, Request] = {}  # each request as the policies see it
         self.blocked: list[Request] = []  # migrations waiting for decode KV
-        self.unplaced: set[str] = set()  # in the Migrator's queue or blocked: no decode KV yet
-        # Prefilled and not yet migrating: (prefilled at, TPOT), for the Scaler's W indicator;
-        # tracked, and enqueues and dequeues reported, only when a Scaler listens.
+        # Prefilled and not yet placed (in the Migrator's queue or blocked): (prefilled at,
+        # TPOT), the Scaler's W indicator; enqueues and dequeues reported when a Scaler listens.
         self.queued: dict[str, tuple[float, float]] = {}
         self.on_enqueue: Callable[[float], None] | None = None
         self.on_dequeue: Callable[[float], None] | None = None
@@ -53,9 +52,7 @@ class Migration:
         it in its shadow of that instance, where it never arrives and never finishes (a few
         client aborts once filled a decode instance's shadow and stalled the stage)."""
         self.sent.pop(request_id, None)
-        self.queued.pop(request_id, None)
-        if request_id in self.unplaced:
-            self.unplaced.discard(request_id)
+        if self.queued.pop(request_id, None) is not None:
             self.stage.policy.withdraw(request_id)
             self.blocked = [r for r in self.blocked if r.id != request_id]
 
@@ -64,11 +61,10 @@ class Migration:
         record = self.ledger.records[request_id]
         if record.outcome is Outcome.PENDING:
             request = self.sent[request_id]
-            self.unplaced.add(request_id)
+            assert request.slo is not None  # P/D requests carry one (submit rejects the rest)
+            self.queued[request_id] = (now, request.slo.tpot)
             self.stage.enqueue(request, now)
             if self.on_enqueue is not None:
-                assert request.slo is not None
-                self.queued[request_id] = (now, request.slo.tpot)
                 self.on_enqueue(now)
 
     def on_finished(self, now: float) -> None:
@@ -98,7 +94,6 @@ class Migration:
                 self.stage.policy.on_unplaced(d.request, dst)
                 continue
             record.decode_instance = dst
-            self.unplaced.discard(d.request.id)
             self.queued.pop(d.request.id, None)
             if self.on_dequeue is not None:
                 self.on_dequeue(now)
