@@ -144,13 +144,17 @@ def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw
     # still generating: tokens reach HFX later than vLLM makes them, and a request vLLM had
     # finished would arrive whole from the socket's buffer after the kill (it did, once). The
     # policy decides whether the other runs beside it or waits.
-    def streaming() -> list:
-        return [b for b in backends(gw) if any(n >= 20 for n in b.in_flight().values())
-                and vllm_metrics(b.url).get("vllm:num_requests_running", 0) >= 1]
+    found: list = []
 
-    wait_for(lambda: streaming(), 60, "a request streaming",
+    def streaming() -> bool:
+        # Kept as found: asked again, vLLM's gauge may read 0 between its updates.
+        found[:] = [b for b in backends(gw) if any(n >= 20 for n in b.in_flight().values())
+                    and vllm_metrics(b.url).get("vllm:num_requests_running", 0) >= 1]
+        return bool(found)
+
+    wait_for(streaming, 60, "a request streaming",
              lambda: [(b.id, b.in_flight()) for b in backends(gw)])
-    victim = streaming()[0]
+    victim = found[0]
     held = len(victim.in_flight())
     others = {b.id for b in backends(gw)}
     os.kill(victim.process.pid, signal.SIGKILL)
