@@ -34,13 +34,10 @@ class Running:
 
     def call(self, fn, timeout: float = 30.0):
         """``fn()`` on the server's event loop (where the control plane lives); its result."""
-        import asyncio
-
         async def run():
             return fn()
 
-        loop = self.uv.servers[0].get_loop()
-        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+        return self.call_async(run, timeout)
 
     def call_async(self, fn, timeout: float = 30.0):
         """Await ``fn()`` on the server's event loop; its result."""
