@@ -277,6 +277,12 @@ class VLLMSection(Section):
                            "e.g. '--enforce-eager --dtype float32'")
     vllm_startup_timeout: float = Field(600.0, gt=0, description="seconds a vLLM server may "
                                         "take to start")
+    upstream_idle_timeout: float = Field(120.0, gt=0, allow_inf_nan=False, description=(
+        "seconds a vLLM stream may be silent before it counts as broken: the request resumes "
+        "elsewhere and the server is health-checked (issue 28)"))
+    backend_check_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description=(
+        "seconds between health checks of --backend servers that left the fleet; one that "
+        "answers again is re-admitted"))
     vllm_kv_transfer_config: str | None = Field(None, description="pd mode: vLLM's "
                                                 "--kv-transfer-config JSON for every server; "
                                                 "default: ExampleConnector over a temporary "
@@ -362,6 +368,29 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
                                 "the sim executor); default tiny@cpu for the tiny shape on CPU, "
                                 "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
                                 "start (hfx profile --quick)")
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_instance_per_backend(cls, values: Any) -> Any:
+        """Every --backend is served: colocated, the instance count follows them unless
+        given (issue 28: a second --backend was silently dropped)."""
+        if (isinstance(values, dict) and values.get("engine") == "vllm"
+                and values.get("mode", "colocated") == "colocated"
+                and values.get("backend") and "instances" not in values):
+            values = {**values, "instances": len(values["backend"])}
+        return values
+
+    @model_validator(mode="after")
+    def _backends_fit(self) -> ServeConfig:
+        if self.engine != "vllm" or not self.backend:
+            return self
+        fleet = self.prefill + self.decode if self.mode == "pd" else self.instances
+        if fleet < len(self.backend):
+            what = ("--prefill + --decode" if self.mode == "pd" else "--instances")
+            raise ValueError(f"{len(self.backend)} --backend URLs given but {what} is {fleet}; "
+                             "every backend must serve (raise the count or drop a URL)")
+        return self
 
 
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (

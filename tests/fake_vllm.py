@@ -43,6 +43,12 @@ class FakeVLLM:
     healthy: bool = True
     dead: bool = False  # streams break off mid-response, as when the process is killed
     fail_prompts_with: int | None = None  # a prompt starting with this id gets an error chunk
+    # Faults on cue (issue 28): a prompt starting with a key gets that fault once, whichever
+    # fake it reaches (share one dict between fakes), after ``FAULT_AFTER`` tokens: "drop"
+    # (the connection closes mid-response), "malformed" (an event that is not JSON),
+    # "status500", "no-finish" (ends with [DONE] and no finish reason), "stall" (goes
+    # silent), "error-event" (vLLM's error chunk).
+    faults: dict[int, str] = field(default_factory=dict)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -79,6 +85,9 @@ class FakeVLLM:
             rid = request.headers.get("x-request-id", f"r{len(self.bodies)}")
             prompt: list[int] = body["prompt"]
             n = body["max_tokens"]
+            fault = self.faults.pop(prompt[0], None)
+            if fault == "status500":
+                return JSONResponse({"error": {"message": "boom"}}, status_code=500)
 
             async def stream():
                 self.running.add(rid)
@@ -92,8 +101,12 @@ class FakeVLLM:
                     seq = list(prompt)
                     for i in range(n):
                         await asyncio.sleep(self.seconds_per_token)
-                        if self.dead:
+                        if self.dead or (fault == "drop" and i == FAULT_AFTER):
                             raise ConnectionAbortedError("killed")  # uvicorn drops the socket
+                        if i == FAULT_AFTER and fault is not None:
+                            async for line in _misbehave(fault):
+                                yield line
+                            return
                         tok = next_token(seq)
                         seq.append(tok)
                         stop = tok in body.get("stop_token_ids", [])
@@ -113,6 +126,22 @@ class FakeVLLM:
             return StreamingResponse(stream(), media_type="text/event-stream")
 
         return app
+
+
+FAULT_AFTER = 3  # tokens streamed before a fault on cue
+
+
+async def _misbehave(fault: str):
+    if fault == "malformed":
+        yield "data: {not json\n\n"
+    elif fault == "no-finish":
+        yield "data: [DONE]\n\n"
+    elif fault == "stall":
+        await asyncio.sleep(3600)
+    elif fault == "error-event":
+        err = {"error": {"message": "EngineCore encountered an issue", "code": 500}}
+        yield f"data: {json.dumps(err)}\n\n"
+        yield "data: [DONE]\n\n"
 
 
 class Served:

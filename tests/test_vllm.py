@@ -112,19 +112,20 @@ def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
     before = total(generated)
     with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=60) as r:
         next(line for line in r.iter_lines() if line.startswith("data: "))
-        running_at_close = total("vllm:num_requests_running") == 1
-    if not running_at_close:  # the tiny model is fast: HFX's side is tested on a fake server
-        pytest.skip("vLLM finished the request before the client left: nothing to abort")
     # HFX's side: the record is aborted and the stream to vLLM closed.
     wait_for(lambda: gw.server.metrics.count("default", "aborted") == 1, 10, "the record", seen)
     wait_for(lambda: not any(b.in_flight() for b in backends(gw)), 10,
              "HFX to close its stream to vLLM", seen)
-    # vLLM's side: it drops the request; no token comes after, far fewer than were asked for.
-    wait_for(lambda: total("vllm:num_requests_running") == 0, 30,
-             "vLLM to drop the aborted request", seen)
-    stopped = total(generated)
-    time.sleep(1.0)
-    assert total(generated) == stopped < before + max_tokens, seen()
+
+    # vLLM's side: its token counter stops, far below what was asked (its running gauge goes
+    # stale once the engine idles, so the counter decides; issue 28: never skipped).
+    def settled() -> bool:
+        count = total(generated)
+        time.sleep(1.0)
+        return total(generated) == count
+
+    wait_for(settled, 30, "vLLM to drop the aborted request", seen)
+    assert total(generated) < before + max_tokens, seen()
 
 
 def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw):

@@ -380,6 +380,10 @@ class ControlPlane:
             self.fleet.check_drained(instance_id)
             if record.outcome is not Outcome.PENDING:
                 continue  # closed by the other instance of a migration aborted in flight
+            if status is RequestStatus.FINISHED_LOST:
+                self._on_lost(record, instance_id, now, out.failure)
+                finished = True  # it left the instance: room for what waits
+                continue
             outcome = _OUTCOME.get(status, Outcome.FINISHED)
             reason = FINISH_REASON[status]
             error = out.failure if status is RequestStatus.FINISHED_FAILED else None
@@ -422,6 +426,24 @@ class ControlPlane:
         self.check_serviceable()
         for stage in self._stages():
             stage.schedule_if_queued()
+
+    def _on_lost(self, record: RequestRecord, instance_id: int, now: float,
+                 why: str | None) -> None:
+        """One request's stream broke on a server that may be fine (issue 28): it costs the
+        request, not the fleet. Resumed elsewhere where that is safe, else failed with why."""
+        rid = record.request.id
+        dst = record.decode_instance
+        if dst is not None and dst != instance_id and dst in self.instances:
+            self.instances[dst].abort(rid)
+        if rid in self._ending:  # it was being ended anyway (a stop string, shed): so be it
+            outcome, reason, error = self._ending[rid]
+            self._finish(record, outcome, now, error, reason=reason)
+        elif self.recovery.resumable(record, instance_id):
+            self.recovery.num_lost_resumed += 1
+            self._resume(record, now)
+        else:
+            self._finish(record, Outcome.FAILED, now, why)
+        self.check_serviceable()
 
     def _resume(self, record: RequestRecord, now: float) -> None:
         if record.num_tokens >= record.request.max_tokens:

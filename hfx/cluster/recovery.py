@@ -24,6 +24,7 @@ class Recovery:
         self.pd = pd
         self.num_instance_failures = 0
         self.num_resumed = 0  # requests resumed elsewhere after their instance failed
+        self.num_lost_resumed = 0  # of those, lost alone on an instance that went on
 
     def resumable(self, record: RequestRecord, instance_id: int, suspect: bool = False) -> bool:
         """``suspect``: it was in the step that broke the instance; it may be the cause, and a

@@ -13,10 +13,13 @@ SLO accounting and metrics are the ones every other instance kind feeds.
 - **Stats**: the control plane's own accounting here (requests sent, their tokens so far) plus
   the server's ``/metrics``, scraped every ``scrape_interval`` seconds (docs/architecture.md
   lists which field comes from where).
-- **Failure**: a server that stops answering (connection refused on a stream or
-  ``FAILED_SCRAPES`` scrapes in a row) fails the instance: every request it held is reported
-  aborted with the reason, and the control plane resumes them elsewhere from the tokens they
-  already have, as for any instance that died.
+- **Faults** (issue 28): a stream that breaks (dropped, a malformed or error event, a 5xx, no
+  finish reason, silent past ``idle_timeout``) costs that request, not the fleet: it is
+  reported lost and the control plane resumes it elsewhere from the tokens it already has.
+  The server leaves the fleet only when its health check fails too, after ``MAX_FAULTS``
+  broken streams in a row, or after ``FAILED_SCRAPES`` unanswered scrapes; then every request
+  it held is reported aborted with the reason and resumed elsewhere. An attached server
+  (``--backend``) that is healthy again is re-admitted (``BackendHealer``).
 - **P/D** (seed 000 §5.1) through vLLM's KV connectors, which every server is started with: a
   prefill instance sends the prompt with ``max_tokens=1``; the connector saves the prompt's KV as
   the prefill ends, and the first token comes back as PREFILLED (the request is held here for
@@ -29,16 +32,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 
 from hfx.cluster.instance import EventSink
-from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics, vllm_client, vllm_stream
+from hfx.cluster.upstream import (
+    DEFAULT_IDLE_TIMEOUT,
+    RequestRefused,
+    ServerUnreachable,
+    UpstreamFault,
+    new_session,
+    stream_completion,
+)
+from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import SLO, Request
 
@@ -49,6 +59,8 @@ log = logging.getLogger(__name__)
 
 SCRAPE_SECONDS = 0.5  # how stale the vLLM half of stats() may get
 FAILED_SCRAPES = 6  # this many unanswered scrapes in a row: the server is gone
+MAX_FAULTS = 5  # this many broken streams in a row, health check or not: the server is out
+HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 BEST_EFFORT_PRIORITY = 1 << 20  # below every SLO'd request in vLLM's priority order
 UNBOUNDED_TTFT = 1e9  # a migrated request's decode has had its first token
 
@@ -72,6 +84,7 @@ class _Sent:
     task: asyncio.Task[None]
     tokens: int = 0
     best_effort: bool = False
+    output: list[int] = field(default_factory=list)  # prefill role: its first token
 
 
 class VLLMInstance:
@@ -79,7 +92,8 @@ class VLLMInstance:
 
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
                  process: ServerProcess | None = None, role: Role = Role.COLOCATED,
-                 scrape_interval: float = SCRAPE_SECONDS) -> None:
+                 scrape_interval: float = SCRAPE_SECONDS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.id = instance_id
         self.role = role
         self.url = url.rstrip("/")
@@ -90,7 +104,11 @@ class VLLMInstance:
         self.on_stop: Callable[[ServerProcess], Awaitable[None]] | None = None
         self.scrape_interval = scrape_interval
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
-        self._client: httpx.AsyncClient | None = None  # made on the serving loop, at start
+        self.idle_timeout = idle_timeout  # a stream silent this long is a broken one
+        self._session: aiohttp.ClientSession | None = None  # made on the serving loop
+        self._probe: asyncio.Future[str | None] | None = None  # a health check under way
+        self._faults = 0  # broken streams since the last whole one
+        self.num_faults = 0  # broken streams, all told (for operators)
         self._sent: dict[str, _Sent] = {}
         self._held: dict[str, Sequence] = {}  # prefill role: prefilled, KV saved, to migrate
         self._incoming: dict[str, Sequence] = {}  # decode role: reserved, KV on its way
@@ -105,8 +123,7 @@ class VLLMInstance:
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self, sink: EventSink) -> None:
         self._sink = sink
-        # No read timeout: a stream waits as long as vLLM queues the request.
-        self._client = vllm_client(httpx.Timeout(None, connect=5.0))
+        self._session = new_session()
         self._stats = self._snapshot({})
         self._scraper = asyncio.get_running_loop().create_task(
             self._scrape_forever(), name=f"vllm-scrape-{self.id}")
@@ -120,8 +137,10 @@ class VLLMInstance:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._client is not None:
-            await self._client.aclose()
+        if self._probe is not None:
+            self._probe.cancel()
+        if self._session is not None:
+            await self._session.close()
         if self.process is not None:
             if self.on_stop is not None and self._failed is None:
                 await self.on_stop(self.process)
@@ -226,61 +245,77 @@ class VLLMInstance:
 
     async def _stream(self, request: Request, best_effort: bool) -> None:
         rid = request.id
-        status = RequestStatus.FINISHED_ABORTED
-        failure: str | None = None
-        assert self._client is not None, "start() the instance first"
+        status, failure = RequestStatus.FINISHED_ABORTED, None
+        assert self._session is not None, "start() the instance first"
+
+        def tokens(ids: list[int], reason: str | None) -> None:
+            if ids:
+                self._tokens(rid, ids)
+
         try:
-            async with vllm_stream(
-                    self._client, f"{self.url}/v1/completions",
-                    json=self.body(request, best_effort),
-                    headers={"X-Request-Id": rid}) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    failure = f"vLLM answered {response.status_code}: {detail}"
-                    status = RequestStatus.FINISHED_FAILED
-                    return
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    done = self._chunk(rid, json.loads(line[6:]))
-                    if done is not None:
-                        status = done
-            if status is RequestStatus.FINISHED_ABORTED and failure is None:
-                failure = "the vLLM stream ended without a finish reason"
-                status = RequestStatus.FINISHED_FAILED
+            reason = await stream_completion(
+                self._session, f"{self.url}/v1/completions", self.body(request, best_effort),
+                {"X-Request-Id": rid}, tokens, self.idle_timeout)
+            status = self._finished(rid, reason)
+            self._faults = 0
         except asyncio.CancelledError:
             status = RequestStatus.FINISHED_ABORTED  # aborted here: the connection is closed
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
-            # The server is gone (or went mid-stream): the instance failed, not the request.
-            self._fail(f"instance {self.id} (vLLM at {self.url}) failed: "
-                       f"{type(e).__name__}: {e}")
-            return
-        except (ValueError, KeyError, httpx.HTTPError) as e:
-            status, failure = RequestStatus.FINISHED_FAILED, f"{type(e).__name__}: {e}"
+        except RequestRefused as e:
+            status, failure = RequestStatus.FINISHED_FAILED, str(e)
+        except (ServerUnreachable, UpstreamFault) as e:
+            # The stream broke: this request is lost here. Whether the server is too, its
+            # health check says; meanwhile every other stream goes on (issue 28).
+            failure = f"instance {self.id} (vLLM at {self.url}): {e}"
+            self.num_faults += 1
+            if not await self._still_healthy(failure):
+                return  # failed as a whole: every request it held is reported with it
+            status = RequestStatus.FINISHED_LOST
         finally:
             if rid in self._sent and self._failed is None:
                 self._end(rid, status, failure)
 
-    def _chunk(self, rid: str, chunk: dict[str, Any]) -> RequestStatus | None:
-        """One SSE chunk: its tokens to the sink; the finish status if it ends the request."""
-        if "error" in chunk and not chunk.get("choices"):
-            raise ValueError(f"vLLM stream error: {chunk['error']}")
-        choice = chunk["choices"][0]
-        tokens: list[int] = choice.get("token_ids") or []
-        reason = choice.get("finish_reason")
-        if tokens:
-            assert self._sink is not None
-            self._sent[rid].tokens += len(tokens)
-            now = asyncio.get_running_loop().time()
-            self._sink(self.id, StepOutput(now, [rid] * len(tokens), list(tokens), []))
-        if reason is None:
-            return None
+    def _tokens(self, rid: str, tokens: list[int]) -> None:
+        """One event's tokens to the sink, stamped with this loop's clock."""
+        assert self._sink is not None
+        sent = self._sent[rid]
+        sent.tokens += len(tokens)
+        if self.role is Role.PREFILL:
+            sent.output += tokens
+        now = asyncio.get_running_loop().time()
+        self._sink(self.id, StepOutput(now, [rid] * len(tokens), tokens, []))
+
+    def _finished(self, rid: str, reason: str) -> RequestStatus:
+        """The terminal status a finish reason means here."""
         sent = self._sent[rid]
         if (self.role is Role.PREFILL and reason == "length"
                 and sent.request.max_tokens > sent.tokens):
-            self._held[rid] = self._prefilled(sent, tokens)
+            self._held[rid] = self._prefilled(sent, sent.output)
             return RequestStatus.PREFILLED
         return _FINISHED.get(reason, RequestStatus.FINISHED_STOPPED)
+
+    async def _still_healthy(self, fault: str) -> bool:
+        """After a broken stream: one health check, shared by every stream that broke while it
+        runs. A failed check, or ``MAX_FAULTS`` broken streams in a row, fails the instance."""
+        self._faults += 1
+        if self._faults >= MAX_FAULTS:
+            self._fail(f"{fault}; {self._faults} broken streams in a row")
+            return False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._health())
+        why = await asyncio.shield(self._probe)
+        if why is not None:
+            self._fail(f"{fault}; its health check failed too: {why}")
+            return False
+        return self._failed is None
+
+    async def _health(self) -> str | None:
+        """None if the server answers its health check, else why not."""
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self.url}/health", timeout=HEALTH_TIMEOUT) as r:
+                return None if r.status == 200 else f"/health answered {r.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return f"{type(e).__name__}: {e}"
 
     @staticmethod
     def _prefilled(sent: _Sent, tokens: list[int]) -> Sequence:
@@ -328,10 +363,13 @@ class VLLMInstance:
     async def scrape(self) -> dict[str, float]:
         """/health (vLLM answers 500 once its engine died, while HTTP still works), then
         /metrics."""
-        assert self._client is not None
-        (await self._client.get(f"{self.url}/health", timeout=5.0)).raise_for_status()
-        response = await self._client.get(f"{self.url}/metrics", timeout=5.0)
-        return parse_metrics(response.raise_for_status().text)
+        assert self._session is not None
+        why = await self._health()
+        if why is not None:
+            raise OSError(why)
+        async with self._session.get(f"{self.url}/metrics", timeout=HEALTH_TIMEOUT) as r:
+            r.raise_for_status()
+            return parse_metrics(await r.text())
 
     async def _scrape_forever(self) -> None:
         misses = 0
@@ -339,7 +377,7 @@ class VLLMInstance:
             try:
                 self.engine_metrics = await self.scrape()
                 misses = 0
-            except (httpx.HTTPError, OSError) as e:
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 misses += 1
                 if misses >= FAILED_SCRAPES or (self.process is not None
                                                  and not self.process.alive()):

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from hfx.cluster.provisioner import Plan
+from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT
 from hfx.cluster.vllm_instance import VLLMInstance
 from hfx.cluster.vllm_metrics import server_info
 from hfx.engine import EngineConfig, Role
@@ -281,7 +282,8 @@ class VLLMPlacement:
 
     def __init__(self, launch: VLLMLaunch | None, backends: tuple[str, ...] = (),
                  max_num_seqs: int = 256, warm_pool: int = 0,
-                 new_server: ServerFactory = VLLMServer) -> None:
+                 new_server: ServerFactory = VLLMServer,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         if launch is None and not backends:
             raise ValueError("a vLLM fleet needs a checkpoint to start servers from, or "
                              "--backend URLs of running ones")
@@ -292,6 +294,8 @@ class VLLMPlacement:
         self.max_num_seqs = launch.max_num_seqs if launch is not None else max_num_seqs
         self.warm_pool = warm_pool
         self.new_server = new_server  # a child process here, or under a Ray actor
+        self.idle_timeout = idle_timeout  # each instance's bound on a silent stream
+        self.attached: dict[str, Role] = {}  # backend URL → the role it serves in
         self.warm: list[ServerProcess] = []  # started, healthy, serving nothing
         self._prepared: list[VLLMInstance] = []
 
@@ -309,6 +313,7 @@ class VLLMPlacement:
         role = dict(members)
         ids = [iid for iid, _ in members]
         attached = list(zip(ids, self.backends, strict=False))
+        self.attached = {url: role[iid] for iid, url in attached}
         to_start = ids[len(attached):]
         if to_start and self.spec is None:
             raise ValueError(f"{len(ids)} instances asked for and {len(self.backends)} "
@@ -334,10 +339,14 @@ class VLLMPlacement:
     def _instance(self, iid: int, url: str, server: ServerProcess | None,
                   role: Role) -> VLLMInstance:
         instance = VLLMInstance(iid, url, server_info(url), self.max_num_seqs, server,
-                                role=role)
+                                role=role, idle_timeout=self.idle_timeout)
         if server is not None:
             instance.on_stop = self._retire
         return instance
+
+    def attach(self, iid: int, url: str, role: Role) -> VLLMInstance:
+        """An instance on a running server someone else owns (``--backend``); blocks."""
+        return self._instance(iid, url, None, role)
 
     def describe_launch(self, plan: Plan) -> str:
         """What ``launch`` will do now: vLLM servers load their own weights, so the

@@ -33,6 +33,9 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = 5
     FINISHED_MIGRATED = 6  # left this instance with its KV
     FINISHED_FAILED = 7  # its step raised in the executor: failed alone, the engine goes on
+    # Its stream from a remote server broke (issue 28): lost here, resumable elsewhere; the
+    # instance goes on unless its health check fails too.
+    FINISHED_LOST = 8
 
     @property
     def finished(self) -> bool:
@@ -46,6 +49,7 @@ FINISH_REASON: dict[RequestStatus, str | None] = {
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_MIGRATED: None,
     RequestStatus.FINISHED_FAILED: "error",
+    RequestStatus.FINISHED_LOST: "error",  # when it cannot be resumed
 }
 
 

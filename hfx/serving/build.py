@@ -106,7 +106,8 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
 
         new_server = ray_server_factory(config.ray_cpus_per_instance,
                                         0 if launch.device == "cpu" else 1)
-    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm, new_server)
+    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm, new_server,
+                         config.upstream_idle_timeout)
 
 
 def build_server(config: ServeConfig) -> Server:
@@ -238,4 +239,8 @@ def _build_vllm(config: ServeConfig) -> Server:
                           config.max_num_seqs, profile.kv_capacity_tokens, profile.block_size)
     server = Server(control, tokenizer, options, _calibrator(config, control, profile, engine))
     server.placement = placement
+    if placement.attached:
+        from hfx.cluster.vllm_healer import BackendHealer
+
+        server.services.append(BackendHealer(control, placement, config.backend_check_interval))
     return server

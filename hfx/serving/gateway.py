@@ -12,11 +12,12 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -106,24 +107,31 @@ class _Generation:
         self._prefix, self._read = self._read, len(self.tokens)
         return new[len(prefix):]
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """One piece per token, empty or not, so that clients can time every token."""
-        async for event in self.stream.events():
-            if event.token is None:
-                self.finish_reason, self.error = event.finish_reason, event.error
+    async def batches(self) -> AsyncIterator[list[str]]:
+        """The text pieces of the tokens that arrived together: one per token, empty or not, so
+        that clients can time every token."""
+        async for events in self.stream.batches():
+            pieces: list[str] = []
+            for event in events:
+                if event.token is None:
+                    self.finish_reason, self.error = event.finish_reason, event.error
+                    break
+                self.tokens.append(event.token)
+                start = max(0, len(self.text) - self._hold)  # a stop string may begin here
+                self.text += self._decode_new()
+                hits = [at for s in self.stop if (at := self.text.find(s, start)) >= 0]
+                if hits:  # a stop string: the output ends before it
+                    self.text = self.text[:min(hits)]
+                    self.finish_reason = "stop"
+                    self.server.stopped(self.stream)  # finished, not abandoned: served
+                    break
+                end = max(self._sent, len(self.text) - self._hold)
+                pieces.append(self.text[self._sent:end])
+                self._sent = end
+            if pieces:
+                yield pieces
+            if self.finish_reason is not None:
                 return
-            self.tokens.append(event.token)
-            start = max(0, len(self.text) - self._hold)  # a stop string may begin in the tail
-            self.text += self._decode_new()
-            hits = [at for s in self.stop if (at := self.text.find(s, start)) >= 0]
-            if hits:  # a stop string: the output ends before it
-                self.text = self.text[:min(hits)]
-                self.finish_reason = "stop"
-                self.server.stopped(self.stream)  # finished, not abandoned: served
-                return
-            end = max(self._sent, len(self.text) - self._hold)
-            piece, self._sent = self.text[self._sent:end], end
-            yield piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +318,7 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
                                                       "finish_reason": finish}], **extra}
 
         if body.stream:
-            return _sse(gen, lambda piece: chunk(piece, None),
+            return _sse(gen, _template(lambda mark: chunk(mark, None)),
                         lambda: chunk(gen.rest, gen.finish_reason, slo=_slo_fields(stream),
                                       timing=_timing(stream)),
                         lambda: chunk("", None, usage=_usage(stream, len(gen.tokens)))
@@ -335,12 +343,14 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
 
         if body.stream:
             first = [True]
+            opening = _template(lambda mark: chunk({"role": "assistant", "content": mark}, None))
+            later = _template(lambda mark: chunk({"content": mark}, None))
 
-            def piece_chunk(piece: str) -> dict[str, Any]:
-                delta = {"role": "assistant", "content": piece} if first[0] else {
-                    "content": piece}
-                first[0] = False
-                return chunk(delta, None)
+            def piece_chunk(piece: str) -> bytes:
+                if first[0]:
+                    first[0] = False
+                    return opening(piece)
+                return later(piece)
 
             return _sse(gen, piece_chunk,
                         lambda: chunk({"content": gen.rest} if gen.rest else {},
@@ -408,7 +418,7 @@ async def _encode(server: Server, prompt: str | list[int]) -> list[int]:
 
 
 async def _drain(gen: _Generation) -> None:
-    async for _ in gen.pieces():
+    async for _ in gen.batches():
         pass
 
 
@@ -417,20 +427,35 @@ async def _watch_disconnect(request: Request) -> None:
         await asyncio.sleep(DISCONNECT_POLL_SECONDS)
 
 
-def _sse(gen: _Generation, piece_chunk, final_chunk, usage_chunk) -> StreamingResponse:
-    async def events() -> AsyncIterator[str]:
+_MARK = "\x00piece\x00"
+
+
+def _template(chunk: Callable[[str], dict[str, Any]]) -> Callable[[str], bytes]:
+    """An SSE event per text piece, from a chunk encoded once: the piece's JSON string is the
+    only part that changes between tokens, so it alone is encoded per token."""
+    head, tail = orjson.dumps(chunk(_MARK)).split(orjson.dumps(_MARK))
+    head, tail = b"data: " + head, tail + b"\n\n"
+    return lambda piece: head + orjson.dumps(piece) + tail
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _sse(gen: _Generation, piece_chunk: Callable[[str], bytes], final_chunk, usage_chunk
+         ) -> StreamingResponse:
+    """The stream as server-sent events: the tokens that arrived together in one write."""
+    async def events() -> AsyncIterator[bytes]:
         try:
-            async for piece in gen.pieces():
-                yield f"data: {json.dumps(piece_chunk(piece))}\n\n"
+            async for pieces in gen.batches():
+                yield b"".join(map(piece_chunk, pieces))
             err = _error_of(gen)
             if err is not None:
-                yield f"data: {json.dumps(err.body())}\n\n"
+                yield _event(err.body())
             else:
-                yield f"data: {json.dumps(final_chunk())}\n\n"
                 extra = usage_chunk()
-                if extra is not None:
-                    yield f"data: {json.dumps(extra)}\n\n"
-            yield "data: [DONE]\n\n"
+                yield _event(final_chunk()) + (b"" if extra is None else _event(extra))
+            yield b"data: [DONE]\n\n"
         finally:
             gen.server.abort(gen.stream)  # the client disconnected: free the request's KV
 

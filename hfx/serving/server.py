@@ -11,7 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hfx.cluster.control import ControlPlane, TokenEvent
 from hfx.latency import StepTimeModel
@@ -25,6 +25,14 @@ from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
 PRIORITY_HEADER = "x-priority"
 TASK_HEADER = "x-task"
+
+
+class Service(Protocol):
+    """A background task of the serving process, started and stopped with it."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +63,20 @@ class Stream:
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
 
     async def events(self) -> AsyncIterator[TokenEvent]:
+        async for batch in self.batches():
+            for event in batch:
+                yield event
+
+    async def batches(self) -> AsyncIterator[list[TokenEvent]]:
+        """The events that arrived together, in order, one wake-up each (issue 28: under load
+        several tokens of a stream arrive between two turns of the loop); the end comes last."""
+        queue = self.queue
         while True:
-            event = await self.queue.get()
-            yield event
-            if event.token is None:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            yield batch
+            if batch[-1].token is None:
                 return
 
 
@@ -75,6 +93,8 @@ class Server:
         # Where the instances run, when it holds more than they do (vLLM's warm pool): for
         # operators and tests; its close() runs after the control plane stops.
         self.placement: Any = None
+        # What else runs beside the control plane while serving (the --backend healer).
+        self.services: list[Service] = []
         self._ids = itertools.count()
 
     @property
@@ -88,8 +108,12 @@ class Server:
             self.control.scaler.start()
         if self.calibrator is not None:
             self.calibrator.start()
+        for service in self.services:
+            service.start()
 
     async def stop(self) -> None:
+        for service in self.services:
+            await service.stop()
         if self.calibrator is not None:
             await self.calibrator.stop()
         await self.control.stop()

@@ -1,0 +1,143 @@
+"""One streamed completion from a vLLM OpenAI server, read at little cost per token (issue 28).
+
+The hot path of HFX over vLLM: every token of the fleet passes here. It uses aiohttp, whose
+HTTP parser is C and whose connection pool does no work per event (httpx's pool checked every
+open connection on each read: O(open streams) per token, and its parser is pure Python). Events
+are split from the raw bytes as they come, several per read under load, and only the two fields
+HFX needs (``token_ids`` and ``finish_reason``) are taken from each (orjson).
+
+What can go wrong is told apart, because it decides who pays for it:
+
+- ``ServerUnreachable``: no connection at all. The server may be gone; its health check says.
+- ``UpstreamFault``: the server answered but this stream broke (dropped mid-response, a
+  malformed or error event, a 5xx, no finish reason, silent past the idle bound). The request
+  is lost on this server; the server itself may be fine.
+- ``RequestRefused``: a 4xx, the request's own fault; no other server would do better.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_TIMEOUT = 120.0  # seconds a stream may be silent (vLLM may queue it that long)
+_DATA = b"data: "
+_DONE = b"[DONE]"
+
+
+class ServerUnreachable(Exception):
+    """No connection could be made to the server."""
+
+
+class UpstreamFault(Exception):
+    """The stream of one request broke; ``kind`` names how (for logs and metrics)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class RequestRefused(Exception):
+    """The server refused the request itself (a 4xx): ``status`` and its answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# (token ids, finish reason or None) of each event, in order.
+OnTokens = Callable[[list[int], "str | None"], None]
+
+
+def new_session() -> aiohttp.ClientSession:
+    """One per server: no connection limit (each stream holds its connection for its whole
+    life), no total timeout (a stream lasts as long as its output)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+        timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+        skip_auto_headers=("User-Agent",), json_serialize=lambda o: orjson.dumps(o).decode())
+
+
+async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                            headers: dict[str, str], on_tokens: OnTokens,
+                            idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> str:
+    """POST a streaming completion and call ``on_tokens`` per event; returns the finish reason.
+    A connection that breaks before any answer is sent once more on a fresh one: the server
+    closed it, idle, just as the request went out (it never saw it)."""
+    data = orjson.dumps(body)
+    timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=idle_timeout)
+    headers = {**headers, "Content-Type": "application/json"}
+    for attempt in range(2):
+        try:
+            response = await session.post(url, data=data, headers=headers, timeout=timeout)
+            break
+        except aiohttp.ClientConnectorError as e:
+            raise ServerUnreachable(f"{type(e).__name__}: {e}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if attempt:
+                raise UpstreamFault("dropped", f"no answer: {type(e).__name__}: {e}") from None
+            log.warning("%s had no answer (%s); sending it again", url, type(e).__name__)
+        except asyncio.TimeoutError:
+            raise UpstreamFault("stalled", f"no answer in {idle_timeout:g} s") from None
+    async with response:
+        if response.status != 200:
+            detail = (await response.read()).decode(errors="replace")[:500]
+            message = f"vLLM answered {response.status}: {detail}"
+            if 400 <= response.status < 500:
+                raise RequestRefused(response.status, message)
+            raise UpstreamFault("status", message)
+        try:
+            return await _events(response, on_tokens)
+        except asyncio.TimeoutError:
+            raise UpstreamFault("stalled", f"the stream was silent for {idle_timeout:g} s"
+                                ) from None
+        except aiohttp.ClientPayloadError as e:
+            raise UpstreamFault("dropped", f"the stream broke off: {e}") from None
+        except (aiohttp.ClientConnectionError, ConnectionError) as e:
+            raise UpstreamFault("dropped", f"the stream broke off: {type(e).__name__}: {e}"
+                                ) from None
+
+
+async def _events(response: aiohttp.ClientResponse, on_tokens: OnTokens) -> str:
+    """The SSE events of one response, split from each read's bytes."""
+    reason: str | None = None
+    rest = b""
+    async for data in response.content.iter_any():
+        events = (rest + data).split(b"\n\n") if rest else data.split(b"\n\n")
+        rest = events.pop()  # an event not yet whole (or b"")
+        for event in events:
+            if not event.startswith(_DATA):
+                continue  # comments, blank keep-alives
+            payload = event[6:]
+            if payload == _DONE:
+                if reason is None:
+                    raise UpstreamFault("no-finish", "the stream ended without a finish reason")
+                return reason
+            reason = _event(payload, on_tokens) or reason
+    if reason is None:
+        raise UpstreamFault("no-finish", "the stream ended without a finish reason")
+    return reason  # a finish reason and then the end, without [DONE]: still whole
+
+
+def _event(payload: bytes, on_tokens: OnTokens) -> str | None:
+    try:
+        chunk = orjson.loads(payload)
+        if "error" in chunk and not chunk.get("choices"):
+            raise UpstreamFault("error-event", f"vLLM stream error: {chunk['error']}")
+        choice = chunk["choices"][0]
+        tokens = choice.get("token_ids") or []
+        reason = choice.get("finish_reason")
+        if not isinstance(tokens, list) or not (reason is None or isinstance(reason, str)):
+            raise TypeError("token_ids must be a list, finish_reason a string")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise UpstreamFault("malformed", f"a malformed event ({type(e).__name__}: {e}): "
+                            f"{payload[:200]!r}") from None
+    on_tokens(tokens, reason)
+    return reason

@@ -1,0 +1,146 @@
+"""An upstream's fault costs the request, not the fleet (issue 28).
+
+Two stand-in vLLM servers behind the real gateway; one stream misbehaves on cue while healthy
+streams run beside it. The faulty request resumes on a server and finishes whole, every healthy
+stream finishes whole, and both servers still serve afterwards. A server whose health check
+fails too leaves the fleet, and is re-admitted once it is healthy again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
+from live import Running  # noqa: E402
+
+from hfx.config import ServeConfig  # noqa: E402
+from hfx.model.build import write_random_checkpoint  # noqa: E402
+from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
+
+TOKENS = 30
+HEALTHY = ("alpha", "beta", "gamma", "delta")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(write_random_checkpoint("tiny", tmp_path_factory.mktemp("ckpt")))
+
+
+def gateway(checkpoint, fakes, **kw) -> Running:
+    return Running(engine="vllm", checkpoint=checkpoint, backend=[f.url for f in fakes],
+                   profile="tiny@cpu", max_model_len=2048, policy="rr", **kw)
+
+
+async def _complete(url: str, model: str, prompts: list[str]) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async def one(prompt: str) -> dict:
+            r = await client.post("/v1/completions", json={
+                "model": model, "prompt": prompt, "max_tokens": TOKENS, "ignore_eos": True})
+            return {"status": r.status_code, **r.json()}
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+
+def expected(prompt: str) -> str:
+    return bytes(generate(ByteTokenizer().encode(prompt), TOKENS)).decode()
+
+
+@pytest.mark.parametrize("fault", ["drop", "malformed", "status500", "no-finish", "stall",
+                                   "error-event"])
+def test_a_broken_stream_resumes_alone_and_the_fleet_stays_whole(checkpoint, fault):
+    faults = {ord("!"): fault}  # shared: the first server to get the prompt misbehaves, once
+    fakes = [Served(FakeVLLM(seconds_per_token=0.005, faults=faults)) for _ in range(2)]
+    gw = gateway(checkpoint, fakes, upstream_idle_timeout=0.5)
+    try:
+        prompts = ["!faulty", *HEALTHY]
+        results = asyncio.run(_complete(gw.url, gw.model, prompts))
+        assert not faults, "the fault was not triggered"
+        for prompt, r in zip(prompts, results, strict=True):
+            assert r["status"] == 200, r
+            assert r["usage"]["completion_tokens"] == TOKENS
+            assert r["choices"][0]["finish_reason"] == "length"
+            assert r["choices"][0]["text"] == expected(prompt)  # resumed exactly
+        control = gw.server.control
+        assert control.num_instance_failures == 0
+        assert control.recovery.num_lost_resumed == 1
+        assert sorted(control.instances) == [0, 1]
+        assert all(control.accepting(i) for i in control.instances)
+        assert sum(i.num_faults for i in control.instances.values()) == 1
+        # Nothing is left running at the servers, and the fleet serves on.
+        after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
+        assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
+    finally:
+        gw.close()
+        for f in fakes:
+            f.stop()
+
+
+def test_a_request_refused_with_a_4xx_fails_alone_and_counts_no_fault(checkpoint):
+    fakes = [Served(FakeVLLM())]
+    gw = gateway(checkpoint, fakes)
+    try:
+        # The fake refuses a non-integer priority with a 400, as vLLM refuses bad bodies.
+        gw.server.control.instances[0].body = lambda request, best_effort: {"priority": 0.5}
+        r = httpx.post(f"{gw.url}/v1/completions", timeout=30,
+                       json={"model": gw.model, "prompt": "x", "max_tokens": 4})
+        assert r.status_code == 500 and "vLLM answered 400" in r.json()["error"]["message"]
+        instance = gw.server.control.instances[0]
+        assert instance.num_faults == 0 and gw.server.control.recovery.num_lost_resumed == 0
+    finally:
+        gw.close()
+        fakes[0].stop()
+
+
+def test_an_unhealthy_server_leaves_and_is_readmitted_when_healthy_again(checkpoint):
+    fakes = [Served(FakeVLLM(seconds_per_token=0.01)) for _ in range(2)]
+    gw = gateway(checkpoint, fakes, backend_check_interval=0.2)
+    try:
+        async def run() -> list[dict]:
+            task = asyncio.ensure_future(_complete(gw.url, gw.model, ["first", "second"]))
+            while not all(f.fake.running for f in fakes):  # one on each server
+                await asyncio.sleep(0.01)
+            fakes[0].fake.healthy = False
+            fakes[0].fake.dead = True  # its streams break off; /health answers 500
+            return await task
+
+        results = asyncio.run(run())
+        assert [r["usage"]["completion_tokens"] for r in results] == [TOKENS, TOKENS]
+        assert [r["choices"][0]["text"] for r in results] == [expected("first"),
+                                                              expected("second")]
+        control = gw.server.control
+        assert control.num_instance_failures == 1
+        healer = gw.server.services[0]
+        time.sleep(1.0)
+        assert healer.readmitted == []  # still unhealthy: not taken back
+        fakes[0].fake.healthy, fakes[0].fake.dead = True, False
+        deadline = time.monotonic() + 10
+        while not healer.readmitted:
+            assert time.monotonic() < deadline, "the healthy server was not re-admitted"
+            time.sleep(0.05)
+        assert healer.readmitted == [(2, fakes[0].url)]
+        assert gw.call(lambda: sorted(i for i in control.instances
+                                      if control.accepting(i))) == [1, 2]
+        before = len(fakes[0].fake.bodies)
+        asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
+        assert len(fakes[0].fake.bodies) > before  # it serves again
+    finally:
+        gw.close()
+        for f in fakes:
+            f.stop()
+
+
+def test_every_backend_is_served_and_a_mismatch_is_an_error():
+    urls = ["http://a:8000", "http://b:8000", "http://c:8000"]
+    assert ServeConfig(engine="vllm", backend=urls).instances == 3
+    assert ServeConfig(engine="vllm", backend=urls, instances=4).instances == 4
+    with pytest.raises(ValueError, match="3 --backend URLs given but --instances is 2"):
+        ServeConfig(engine="vllm", backend=urls, instances=2)
+    with pytest.raises(ValueError, match="--prefill \\+ --decode is 2"):
+        ServeConfig(engine="vllm", backend=urls, mode="pd")
