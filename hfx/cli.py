@@ -245,6 +245,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                else f"{config.executor} executor")
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
           f"({engines}, {config.policy} policy)")
+    workers = config.num_api_workers
+    if workers > 1:  # the control plane here, HTTP and streams in front processes
+        from hfx.serving.tree import ProcessTree
+
+        tree = ProcessTree(server, Access.of(config), config.host, config.port, workers,
+                           config.shutdown_timeout, config.upstream_idle_timeout,
+                           tokens_at_front=config.engine == "vllm")
+        print(f"{workers} front processes on port {tree.port}")
+        code = tree.run()
+        print("stopped")
+        return code
     serve(server, Access.of(config), config.host, config.port, config.shutdown_timeout)
     print("stopped")
     return 0

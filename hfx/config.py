@@ -7,6 +7,7 @@ give one, cited beside the field. A YAML file (``--config``) supplies values tha
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from pathlib import Path
@@ -341,6 +342,10 @@ class GatewaySection(Section):
         "hfx/serving/calibrator.py); 0: plan with the profile as measured"))
     calibrate_window: int = Field(400, ge=40, description="served requests a calibration "
                                   "fits on at most (the latest)")
+    api_workers: str = Field("1", pattern=r"^(auto|[1-9][0-9]*)$", description=(
+        "front processes that carry HTTP, tokenization, SSE and the streams from vLLM servers, "
+        "sharing the port; the control plane decides in one process beside them (issue 28). 1: "
+        "everything in one process; auto: one per core"))
     shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
                                     "in-flight requests finish (new ones get 503); a second "
                                     "signal exits at once")
@@ -369,6 +374,10 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
                                 "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
                                 "start (hfx profile --quick)")
 
+
+    @property
+    def num_api_workers(self) -> int:
+        return (os.cpu_count() or 1) if self.api_workers == "auto" else int(self.api_workers)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,8 +4,8 @@ finish and refuses new ones; a second signal exits at once."""
 from __future__ import annotations
 
 import contextlib
-import os
 import json
+import os
 import signal
 import socket
 import subprocess

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -141,3 +142,102 @@ def _event(payload: bytes, on_tokens: OnTokens) -> str | None:
                             f"{payload[:200]!r}") from None
     on_tokens(tokens, reason)
     return reason
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How one relayed stream ended, as the instance that owns the request is told: ``kind`` is
+    "finished" (``reason``: vLLM's finish reason), "aborted" (cancelled here), "refused" (the
+    request's own fault, ``message``), or "fault" (the stream broke, ``message``)."""
+
+    kind: str
+    reason: str | None = None
+    message: str | None = None
+
+    def wire(self) -> tuple[str, str | None, str | None]:
+        return self.kind, self.reason, self.message
+
+
+ABORTED = Ending("aborted")
+
+
+async def relay(session: aiohttp.ClientSession, url: str, request_id: str,
+                body: dict[str, Any], on_tokens: Callable[[list[int]], None],
+                idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> Ending:
+    """One request's stream from ``url`` to its end, whatever the end is; ``on_tokens`` hears
+    each event's token ids. Cancelling it closes the connection (vLLM then aborts the request
+    and frees its KV) and ends it as aborted."""
+    def tokens(ids: list[int], reason: str | None) -> None:
+        if ids:
+            on_tokens(ids)
+
+    try:
+        reason = await stream_completion(session, f"{url}/v1/completions", body,
+                                         {"X-Request-Id": request_id}, tokens, idle_timeout)
+        return Ending("finished", reason)
+    except asyncio.CancelledError:
+        return ABORTED
+    except RequestRefused as e:
+        return Ending("refused", message=str(e))
+    except (ServerUnreachable, UpstreamFault) as e:
+        return Ending("fault", message=str(e))
+
+
+class LocalRelay:
+    """Streams run in this process: the one-process gateway (``--api-workers 1``)."""
+
+    def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        self.idle_timeout = idle_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
+        if self._session is None:
+            self._session = new_session()
+        task = asyncio.get_running_loop().create_task(self._run(owner, request_id, body),
+                                                      name=f"vllm-{request_id}")
+        self._tasks[request_id] = task
+
+    def cancel(self, request_id: str) -> None:
+        task = self._tasks.get(request_id)
+        if task is not None:
+            task.cancel()
+
+    async def _run(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
+        assert self._session is not None
+        loop = asyncio.get_running_loop()
+        ending = ABORTED
+        try:
+            ending = await relay(self._session, owner.url, request_id, body,
+                                 lambda ids: owner.on_tokens(request_id, ids, loop.time()),
+                                 self.idle_timeout)
+        finally:
+            self._tasks.pop(request_id, None)
+            owner.on_ended(request_id, ending)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+
+class RelayOwner(Protocol):
+    """The instance a relayed stream reports to (``VLLMInstance``)."""
+
+    url: str
+
+    def on_tokens(self, request_id: str, ids: list[int], now: float) -> None: ...
+
+    def on_ended(self, request_id: str, ending: Ending) -> None: ...
+
+
+class Relay(Protocol):
+    """Where an instance's streams run: this process (``LocalRelay``) or a front process
+    (``hfx.serving.hub``); either way the instance hears tokens and the end."""
+
+    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...

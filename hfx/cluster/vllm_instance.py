@@ -40,14 +40,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from hfx.cluster.instance import EventSink
-from hfx.cluster.upstream import (
-    DEFAULT_IDLE_TIMEOUT,
-    RequestRefused,
-    ServerUnreachable,
-    UpstreamFault,
-    new_session,
-    stream_completion,
-)
+from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import SLO, Request
@@ -81,7 +74,6 @@ def vllm_priority(request: Request, best_effort: bool) -> int:
 @dataclass(slots=True)
 class _Sent:
     request: Request
-    task: asyncio.Task[None]
     tokens: int = 0
     best_effort: bool = False
     output: list[int] = field(default_factory=list)  # prefill role: its first token
@@ -93,7 +85,8 @@ class VLLMInstance:
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
                  process: ServerProcess | None = None, role: Role = Role.COLOCATED,
                  scrape_interval: float = SCRAPE_SECONDS,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, relay: Relay | None = None
+                 ) -> None:
         self.id = instance_id
         self.role = role
         self.url = url.rstrip("/")
@@ -104,9 +97,11 @@ class VLLMInstance:
         self.on_stop: Callable[[ServerProcess], Awaitable[None]] | None = None
         self.scrape_interval = scrape_interval
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
-        self.idle_timeout = idle_timeout  # a stream silent this long is a broken one
+        # Where its streams run: this process, or the front processes (issue 28).
+        self.relay: Relay = relay or LocalRelay(idle_timeout)
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop
         self._probe: asyncio.Future[str | None] | None = None  # a health check under way
+        self._checks: set[asyncio.Task[None]] = set()  # broken streams awaiting that check
         self._faults = 0  # broken streams since the last whole one
         self.num_faults = 0  # broken streams, all told (for operators)
         self._sent: dict[str, _Sent] = {}
@@ -129,14 +124,14 @@ class VLLMInstance:
             self._scrape_forever(), name=f"vllm-scrape-{self.id}")
 
     async def stop(self) -> None:
-        tasks = [s.task for s in self._sent.values()]
+        for rid in list(self._sent):
+            self.relay.cancel(rid)
+        if isinstance(self.relay, LocalRelay):
+            await self.relay.close()
         if self._scraper is not None:
-            tasks.append(self._scraper)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+            self._scraper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await self._scraper
         if self._probe is not None:
             self._probe.cancel()
         if self._session is not None:
@@ -160,16 +155,14 @@ class VLLMInstance:
         self._send(request, best_effort)
 
     def _send(self, request: Request, best_effort: bool) -> None:
-        loop = asyncio.get_running_loop()
         if not self._sent:
-            self._busy_since = loop.time()
-        task = loop.create_task(self._stream(request, best_effort), name=f"vllm-{request.id}")
-        self._sent[request.id] = _Sent(request, task, best_effort=best_effort)
+            self._busy_since = asyncio.get_running_loop().time()
+        self._sent[request.id] = _Sent(request, best_effort=best_effort)
+        self.relay.open(self, request.id, self.body(request, best_effort))
 
     def abort(self, request_id: str) -> None:
-        sent = self._sent.get(request_id)
-        if sent is not None:
-            sent.task.cancel()  # closes the connection: vLLM aborts it and frees its KV
+        if request_id in self._sent:
+            self.relay.cancel(request_id)  # closes the connection: vLLM aborts it, frees KV
         elif self._held.pop(request_id, None) or self._incoming.pop(request_id, None):
             self._report(request_id, RequestStatus.FINISHED_ABORTED)
 
@@ -243,46 +236,40 @@ class VLLMInstance:
             body["seed"] = sampling.seed
         return body
 
-    async def _stream(self, request: Request, best_effort: bool) -> None:
-        rid = request.id
-        status, failure = RequestStatus.FINISHED_ABORTED, None
-        assert self._session is not None, "start() the instance first"
-
-        def tokens(ids: list[int], reason: str | None) -> None:
-            if ids:
-                self._tokens(rid, ids)
-
-        try:
-            reason = await stream_completion(
-                self._session, f"{self.url}/v1/completions", self.body(request, best_effort),
-                {"X-Request-Id": rid}, tokens, self.idle_timeout)
-            status = self._finished(rid, reason)
-            self._faults = 0
-        except asyncio.CancelledError:
-            status = RequestStatus.FINISHED_ABORTED  # aborted here: the connection is closed
-        except RequestRefused as e:
-            status, failure = RequestStatus.FINISHED_FAILED, str(e)
-        except (ServerUnreachable, UpstreamFault) as e:
-            # The stream broke: this request is lost here. Whether the server is too, its
-            # health check says; meanwhile every other stream goes on (issue 28).
-            failure = f"instance {self.id} (vLLM at {self.url}): {e}"
-            self.num_faults += 1
-            if not await self._still_healthy(failure):
-                return  # failed as a whole: every request it held is reported with it
-            status = RequestStatus.FINISHED_LOST
-        finally:
-            if rid in self._sent and self._failed is None:
-                self._end(rid, status, failure)
-
-    def _tokens(self, rid: str, tokens: list[int]) -> None:
-        """One event's tokens to the sink, stamped with this loop's clock."""
+    def on_tokens(self, rid: str, tokens: list[int], now: float) -> None:
+        """One event's tokens, stamped with the clock of the loop that read them."""
+        sent = self._sent.get(rid)
+        if sent is None:
+            return  # reported after its end (the instance failed meanwhile)
         assert self._sink is not None
-        sent = self._sent[rid]
         sent.tokens += len(tokens)
         if self.role is Role.PREFILL:
             sent.output += tokens
-        now = asyncio.get_running_loop().time()
         self._sink(self.id, StepOutput(now, [rid] * len(tokens), tokens, []))
+
+    def on_ended(self, rid: str, ending: Ending) -> None:
+        """The relay's word on how a stream ended."""
+        if rid not in self._sent or self._failed is not None:
+            return
+        if ending.kind == "finished":
+            self._faults = 0
+            self._end(rid, self._finished(rid, ending.reason or "stop"), None)
+        elif ending.kind == "refused":
+            self._end(rid, RequestStatus.FINISHED_FAILED, ending.message)
+        elif ending.kind == "fault":
+            # The stream broke: this request is lost here. Whether the server is too, its
+            # health check says; meanwhile every other stream goes on (issue 28).
+            self.num_faults += 1
+            failure = f"instance {self.id} (vLLM at {self.url}): {ending.message}"
+            task = asyncio.get_running_loop().create_task(self._lost(rid, failure))
+            self._checks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._checks.discard)
+        else:
+            self._end(rid, RequestStatus.FINISHED_ABORTED, None)
+
+    async def _lost(self, rid: str, failure: str) -> None:
+        if await self._still_healthy(failure) and rid in self._sent:
+            self._end(rid, RequestStatus.FINISHED_LOST, failure)
 
     def _finished(self, rid: str, reason: str) -> RequestStatus:
         """The terminal status a finish reason means here."""
@@ -349,10 +336,8 @@ class VLLMInstance:
             return
         self._failed = error
         sent, self._sent = self._sent, {}
-        current = asyncio.current_task()
-        for s in sent.values():
-            if s.task is not current:
-                s.task.cancel()
+        for rid in sent:
+            self.relay.cancel(rid)  # its end, when reported, finds nothing left to end
         held = [*sent, *self._held, *self._incoming]
         self._held, self._incoming = {}, {}
         now = asyncio.get_running_loop().time()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from hfx.cluster.provisioner import Plan
-from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT
+from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT, Relay
 from hfx.cluster.vllm_instance import VLLMInstance
 from hfx.cluster.vllm_metrics import server_info
 from hfx.engine import EngineConfig, Role
@@ -296,6 +296,7 @@ class VLLMPlacement:
         self.new_server = new_server  # a child process here, or under a Ray actor
         self.idle_timeout = idle_timeout  # each instance's bound on a silent stream
         self.attached: dict[str, Role] = {}  # backend URL → the role it serves in
+        self.relay: Relay | None = None  # where streams run: the front processes, if any
         self.warm: list[ServerProcess] = []  # started, healthy, serving nothing
         self._prepared: list[VLLMInstance] = []
 
@@ -339,7 +340,7 @@ class VLLMPlacement:
     def _instance(self, iid: int, url: str, server: ServerProcess | None,
                   role: Role) -> VLLMInstance:
         instance = VLLMInstance(iid, url, server_info(url), self.max_num_seqs, server,
-                                role=role, idle_timeout=self.idle_timeout)
+                                role=role, idle_timeout=self.idle_timeout, relay=self.relay)
         if server is not None:
             instance.on_stop = self._retire
         return instance

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -33,7 +34,7 @@ from hfx.serving.protocol import (
     CompletionRequest,
     chat_prompt,
 )
-from hfx.serving.server import Server, Stream
+from hfx.serving.server import ServingCore, Stream
 
 if TYPE_CHECKING:
     from hfx.config import GatewaySection
@@ -84,7 +85,7 @@ class _Generation:
     (``rest``).
     """
 
-    def __init__(self, server: Server, stream: Stream, stop: list[str]) -> None:
+    def __init__(self, server: ServingCore, stream: Stream, stop: list[str]) -> None:
         self.server, self.stream, self.stop = server, stream, stop
         self.tokens: list[int] = []
         self.text = ""  # the output so far, cut at a stop string
@@ -223,7 +224,7 @@ async def _refuse(send: Any, e: APIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(server: Server, access: Access | None = None) -> FastAPI:
+def create_app(server: ServingCore, access: Access | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await server.start()
@@ -294,19 +295,19 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await server.render_metrics(), media_type=CONTENT_TYPE)
 
-    def open_stream(kind: str, body: CompletionRequest | ChatCompletionRequest,
-                    prompt_ids: list[int], max_tokens: int, request: Request) -> Stream:
+    async def open_stream(kind: str, body: CompletionRequest | ChatCompletionRequest,
+                          prompt_ids: list[int], max_tokens: int, request: Request) -> Stream:
         applied = server.resolve_slo(body.slo, body.priority, body.task, request.headers)
         sampling = SamplingParams(body.temperature, body.top_p, body.seed)
-        return server.open(kind, body.model, prompt_ids, max_tokens, sampling, applied,
+        return await server.open_stream(kind, body.model, prompt_ids, max_tokens, sampling, applied,
                            body.ignore_eos)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         ids = await _encode(server, body.prompt)
-        stream = open_stream("cmpl", body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS,
+        stream = await open_stream("cmpl", body, ids, body.max_tokens or DEFAULT_COMPLETION_TOKENS,
                              request)
         gen = _Generation(server, stream, body.stop_strings)
         created = int(time.time())  # the response's timestamp, not a scheduling input
@@ -331,7 +332,7 @@ def create_app(server: Server, access: Access | None = None) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request):
         ids = await _encode(server, chat_prompt(body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_TOKENS
-        stream = open_stream("chatcmpl", body, ids, max_tokens, request)
+        stream = await open_stream("chatcmpl", body, ids, max_tokens, request)
         gen = _Generation(server, stream, body.stop_strings)
         created = int(time.time())
 
@@ -409,7 +410,7 @@ async def _whole(gen: _Generation, request: Request, body) -> JSONResponse:
     return JSONResponse(body(), headers=_slo_headers(gen.stream))
 
 
-async def _encode(server: Server, prompt: str | list[int]) -> list[int]:
+async def _encode(server: ServingCore, prompt: str | list[int]) -> list[int]:
     """Tokenize; a long prompt on a worker thread, so that other streams keep flowing while it
     is tokenized (tokenizers releases the GIL)."""
     if isinstance(prompt, str) and len(prompt) > TOKENIZE_INLINE_CHARS:
@@ -463,7 +464,8 @@ def _sse(gen: _Generation, piece_chunk: Callable[[str], bytes], final_chunk, usa
                              headers=_slo_headers(gen.stream))
 
 
-def serve(server: Server, access: Access, host: str, port: int, shutdown_timeout: float) -> None:
+def serve(server: ServingCore, access: Access, host: str, port: int, shutdown_timeout: float,
+          sockets: list[socket.socket] | None = None) -> None:
     """Run the gateway until a signal. The first SIGTERM or SIGINT drains: new requests get 503,
     in-flight ones have ``shutdown_timeout`` seconds to finish; a second signal exits at once.
     The asyncio loop, not uvloop: uvloop's loop.time() has millisecond resolution, too coarse
@@ -482,4 +484,4 @@ def serve(server: Server, access: Access, host: str, port: int, shutdown_timeout
     config = uvicorn.Config(create_app(server, access), host=host, port=port,
                             log_level="warning", loop="asyncio",
                             timeout_graceful_shutdown=shutdown_timeout)
-    _Server(config).run()
+    _Server(config).run(sockets=sockets)

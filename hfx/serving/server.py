@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hfx.cluster.control import ControlPlane, TokenEvent
+from hfx.cluster.control import ControlPlane, Listener, TokenEvent
 from hfx.latency import StepTimeModel
 from hfx.model.tokenizer import Tokenizer
-from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.request import SLO, Outcome, Request
 from hfx.sampling import SamplingParams
 from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.metrics import Metrics
@@ -55,10 +55,27 @@ class ServeOptions:
     priority_levels: int = 0  # 0: priorities are refused
 
 
+class RecordView(Protocol):
+    """What a response reads of a request's record: ``RequestRecord`` in the process that
+    decides, its copy from the control process in a front (hfx/serving/front.py)."""
+
+    outcome: Outcome
+    error: str | None
+
+    @property
+    def queue_time(self) -> float | None: ...
+
+    @property
+    def ttft(self) -> float | None: ...
+
+    @property
+    def e2e(self) -> float | None: ...
+
+
 @dataclass(slots=True)
 class Stream:
     request: Request
-    record: RequestRecord
+    record: RecordView
     applied: AppliedSLO
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
 
@@ -80,16 +97,131 @@ class Stream:
                 return
 
 
-class Server:
-    def __init__(self, control: ControlPlane, tokenizer: Tokenizer, options: ServeOptions,
-                 calibrator: LiveCalibrator | None = None) -> None:
-        self.control = control
+class ServingCore(Protocol):
+    """What the HTTP gateway (gateway.py) serves from: the embedded ``Server``, or a front
+    process's ``FrontServer`` (front.py) that asks the control process."""
+
+    options: ServeOptions
+    draining: bool
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def readiness(self) -> dict[str, Any]: ...
+
+    async def render_metrics(self) -> bytes: ...
+
+    def resolve_slo(self, body_slo: SLOBody | None, priority: int | None, task: str | None,
+                    headers: Mapping[str, str]) -> AppliedSLO: ...
+
+    def encode(self, prompt: str | list[int]) -> list[int]: ...
+
+    def text(self, tokens: list[int]) -> str: ...
+
+    async def open_stream(self, kind: str, model: str, prompt_ids: list[int], max_tokens: int,
+                          sampling: SamplingParams, applied: AppliedSLO,
+                          ignore_eos: bool = False) -> Stream: ...
+
+    def abort(self, stream: Stream) -> None: ...
+
+    def stopped(self, stream: Stream) -> None: ...
+
+
+class Intake:
+    """What turns an HTTP request into a request for the control plane, with no control plane
+    in reach: SLO resolution, tokenization, the checks that need only the model's limits, and
+    text from tokens. Every process that answers clients has one (the embedded ``Server``, and
+    each front process of ``--api-workers N``)."""
+
+    def __init__(self, tokenizer: Tokenizer, options: ServeOptions) -> None:
         self.tokenizer = tokenizer
         self.options = options
+        self.draining = False  # shutting down: in-flight requests finish, new ones get 503
+
+    # ---- SLOs ------------------------------------------------------------------------------
+    def resolve_slo(self, body_slo: SLOBody | None, priority: int | None, task: str | None,
+                    headers: Mapping[str, str]) -> AppliedSLO:
+        """Body ``slo``, else the x-slo-* headers, else a priority (body or x-priority), else a
+        task class (body or x-task), else the configured default."""
+        task_name = task or headers.get(TASK_HEADER)
+        if task_name is not None and task_name not in self.options.tasks:
+            raise APIError(400, f"unknown task {task_name!r}; configured: "
+                           f"{', '.join(self.options.tasks)}", param="task")
+        label = task_name or "default"
+        if body_slo is not None:
+            return AppliedSLO(SLO(body_slo.ttft_ms / 1e3, body_slo.tpot_ms / 1e3), priority,
+                              label, "body")
+        ttft, tpot = (headers.get(h) for h in SLO_HEADERS)
+        if ttft is not None or tpot is not None:
+            if ttft is None or tpot is None:
+                raise APIError(400, "give both x-slo-ttft-ms and x-slo-tpot-ms", param="slo")
+            try:
+                slo = SLO(float(ttft) / 1e3, float(tpot) / 1e3)
+            except ValueError:
+                raise APIError(400, "x-slo-* headers must be numbers of milliseconds",
+                               param="slo") from None
+            if not (slo.ttft > 0 and slo.tpot > 0):
+                raise APIError(400, "SLO milliseconds must be positive", param="slo")
+            return AppliedSLO(slo, priority, label, "header")
+        if priority is None and PRIORITY_HEADER in headers:
+            try:
+                priority = int(headers[PRIORITY_HEADER])
+            except ValueError:
+                raise APIError(400, "x-priority must be an integer", param="priority") from None
+        if priority is not None:
+            if not 0 <= priority < self.options.priority_levels:
+                raise APIError(400, f"priority must be in [0, {self.options.priority_levels}) "
+                               "(0 is the most important)", param="priority")
+            return AppliedSLO(None, priority, label, "priority")
+        if task_name is not None:
+            return AppliedSLO(self.options.tasks[task_name], None, label, "task")
+        return AppliedSLO(self.options.default_slo, None, label, "default")
+
+    # ---- requests --------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: JSON allows it, UTF-8 not
+                raise APIError(400, f"the prompt is not valid Unicode: {e.reason} at "
+                               f"character {e.start}", param="prompt") from None
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise APIError(400, "prompt is empty", param="prompt")
+            return ids
+        vocab = self.options.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        return prompt
+
+    def check_limits(self, model: str, prompt_len: int, max_tokens: int) -> None:
+        """The model's name and context length: what any process can refuse at once."""
+        if model != self.options.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                           f"{self.options.model_name!r}", param="model", code="model_not_found")
+        if prompt_len + max_tokens > self.options.max_model_len:
+            raise APIError(400, f"this model's maximum context length is "
+                           f"{self.options.max_model_len} tokens; the prompt has "
+                           f"{prompt_len} and max_tokens is {max_tokens}",
+                           param="max_tokens", code="context_length_exceeded")
+
+    def text(self, tokens: list[int]) -> str:
+        if self.options.placeholder_text is not None:
+            return self.options.placeholder_text * len(tokens)
+        return self.tokenizer.decode(tokens)
+
+
+class Server(Intake):
+    """The serving core with the control plane in this process."""
+
+    def __init__(self, control: ControlPlane, tokenizer: Tokenizer, options: ServeOptions,
+                 calibrator: LiveCalibrator | None = None) -> None:
+        super().__init__(tokenizer, options)
+        self.control = control
         # Keeps the dispatcher's step-time model calibrated on what is served (real engines).
         self.calibrator = calibrator
         self.metrics = Metrics(control, calibrator)
-        self.draining = False  # shutting down: in-flight requests finish, new ones get 503
         # Where the instances run, when it holds more than they do (vLLM's warm pool): for
         # operators and tests; its close() runs after the control plane stops.
         self.placement: Any = None
@@ -131,45 +263,10 @@ class Server:
                 "accepting": accepting, "starting": starting,
                 **({"reason": why} if why is not None else {})}
 
-    # ---- SLOs ------------------------------------------------------------------------------
-    def resolve_slo(self, body_slo: SLOBody | None, priority: int | None, task: str | None,
-                    headers: Mapping[str, str]) -> AppliedSLO:
-        """Body ``slo``, else the x-slo-* headers, else a priority (body or x-priority), else a
-        task class (body or x-task), else the configured default."""
-        task_name = task or headers.get(TASK_HEADER)
-        if task_name is not None and task_name not in self.options.tasks:
-            raise APIError(400, f"unknown task {task_name!r}; configured: "
-                           f"{', '.join(self.options.tasks)}", param="task")
-        label = task_name or "default"
-        if body_slo is not None:
-            return AppliedSLO(SLO(body_slo.ttft_ms / 1e3, body_slo.tpot_ms / 1e3), priority,
-                              label, "body")
-        ttft, tpot = (headers.get(h) for h in SLO_HEADERS)
-        if ttft is not None or tpot is not None:
-            if ttft is None or tpot is None:
-                raise APIError(400, "give both x-slo-ttft-ms and x-slo-tpot-ms", param="slo")
-            try:
-                slo = SLO(float(ttft) / 1e3, float(tpot) / 1e3)
-            except ValueError:
-                raise APIError(400, "x-slo-* headers must be numbers of milliseconds",
-                               param="slo") from None
-            if not (slo.ttft > 0 and slo.tpot > 0):
-                raise APIError(400, "SLO milliseconds must be positive", param="slo")
-            return AppliedSLO(slo, priority, label, "header")
-        if priority is None and PRIORITY_HEADER in headers:
-            try:
-                priority = int(headers[PRIORITY_HEADER])
-            except ValueError:
-                raise APIError(400, "x-priority must be an integer", param="priority") from None
-        if priority is not None:
-            if not 0 <= priority < self.options.priority_levels:
-                raise APIError(400, f"priority must be in [0, {self.options.priority_levels}) "
-                               "(0 is the most important)", param="priority")
-            return AppliedSLO(None, priority, label, "priority")
-        if task_name is not None:
-            return AppliedSLO(self.options.tasks[task_name], None, label, "task")
-        return AppliedSLO(self.options.default_slo, None, label, "default")
+    async def render_metrics(self) -> bytes:
+        return self.metrics.render()
 
+    # ---- requests --------------------------------------------------------------------------
     def check_feasible(self, slo: SLO, prompt_len: int) -> None:
         """Refuse an SLO no instance could meet even alone (seed 000 §3's step-time model)."""
         prefill = self.step_model.prefill_one(prompt_len)
@@ -183,34 +280,18 @@ class Server:
                            f"decode step ({decode * 1e3:.1f} ms)", param="slo",
                            code="slo_infeasible")
 
-    # ---- requests --------------------------------------------------------------------------
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate: JSON allows it, UTF-8 not
-                raise APIError(400, f"the prompt is not valid Unicode: {e.reason} at "
-                               f"character {e.start}", param="prompt") from None
-            ids = self.tokenizer.encode(prompt)
-            if not ids:
-                raise APIError(400, "prompt is empty", param="prompt")
-            return ids
-        vocab = self.options.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-        return prompt
+    async def open_stream(self, kind: str, model: str, prompt_ids: list[int], max_tokens: int,
+                          sampling: SamplingParams, applied: AppliedSLO,
+                          ignore_eos: bool = False) -> Stream:
+        """What the gateway calls (a front's version asks the control process)."""
+        return self.open(kind, model, prompt_ids, max_tokens, sampling, applied, ignore_eos)
 
     def open(self, kind: str, model: str, prompt_ids: list[int], max_tokens: int,
-             sampling: SamplingParams, applied: AppliedSLO, ignore_eos: bool = False) -> Stream:
-        if model != self.options.model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                           f"{self.options.model_name!r}", param="model", code="model_not_found")
-        total = len(prompt_ids) + max_tokens
-        if total > self.options.max_model_len:
-            raise APIError(400, f"this model's maximum context length is "
-                           f"{self.options.max_model_len} tokens; the prompt has "
-                           f"{len(prompt_ids)} and max_tokens is {max_tokens}",
-                           param="max_tokens", code="context_length_exceeded")
+             sampling: SamplingParams, applied: AppliedSLO, ignore_eos: bool = False,
+             request_id: str | None = None, listener: Listener | None = None) -> Stream:
+        """Validate and submit a request. Its events go to the returned stream's queue, or to
+        ``listener`` (a front's request: hfx/serving/hub.py)."""
+        self.check_limits(model, len(prompt_ids), max_tokens)
         if applied.slo is not None:
             self.check_feasible(applied.slo, len(prompt_ids))
         why = "shutting down" if self.draining else self.control.serviceable()
@@ -221,14 +302,16 @@ class Server:
         eos = self.options.eos_token_id
         loop = asyncio.get_running_loop()
         request = Request(
-            id=f"{kind}-{next(self._ids)}", arrival=loop.time(), prompt_len=len(prompt_ids),
-            max_tokens=max_tokens, slo=applied.slo, task=applied.task,
+            id=request_id or f"{kind}-{next(self._ids)}", arrival=loop.time(),
+            prompt_len=len(prompt_ids), max_tokens=max_tokens, slo=applied.slo, task=applied.task,
             priority=applied.priority, prompt_token_ids=prompt_ids, sampling=sampling,
             stop_token_ids=frozenset() if ignore_eos or eos is None else frozenset({eos}))
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
+        hear = listener or queue.put_nowait
+
         def listen(event: TokenEvent) -> None:
-            queue.put_nowait(event)
+            hear(event)
             if event.token is None:
                 self._ended(request.id)
 
@@ -257,8 +340,3 @@ class Server:
         output (outcome finished, reason "stop"), not an abort."""
         if stream.record.outcome is Outcome.PENDING:
             self.control.abort(stream.request.id, finished=True)
-
-    def text(self, tokens: list[int]) -> str:
-        if self.options.placeholder_text is not None:
-            return self.options.placeholder_text * len(tokens)
-        return self.tokenizer.decode(tokens)

@@ -1,0 +1,201 @@
+"""The control process's side of the front processes (issue 28).
+
+With ``--api-workers N`` (N > 1) HTTP, tokenization, detokenization, SSE and the streams from
+vLLM servers run in N front processes (hfx/serving/front.py); this process keeps the one place
+that decides: the control plane, its policies, Migrator, Scaler, Monitor, calibration and
+ledger, behind the same ``Server`` as the one-process gateway. The hub turns the fronts'
+messages (hfx/serving/ipc.py) into ``Server`` calls and the control plane's events back into
+messages:
+
+- a front's ``open`` is ``Server.open`` with the front's request id, answered ``opened`` (the
+  SLO applied) or ``refused`` (the same HTTP error the one-process gateway would give);
+- the hub is the vLLM instances' ``Relay``: a request's stream runs in the front that owns the
+  request, which reports the tokens in batches (``progress``) and the end (``ended``); the
+  instance hears them as if it had read the stream itself, so failover, P/D and the Migrator
+  work unchanged;
+- in-process engines' tokens go to the owning front once per step (``tokens``), and every
+  request's end with its record's times (``end``).
+
+A front that dies (``front_died``, from the supervisor) has its requests aborted: queued ones
+end, streams it ran are over (its connections closed with it, and vLLM aborts a request whose
+client went away), in-process engines free their KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import Any
+
+from hfx.clock import cancel
+from hfx.cluster.control import TokenEvent
+from hfx.cluster.upstream import ABORTED, Ending, RelayOwner
+from hfx.request import SLO
+from hfx.sampling import SamplingParams
+from hfx.serving.ipc import STATE_SECONDS, ControlSocket, front_identity
+from hfx.serving.protocol import APIError
+from hfx.serving.server import AppliedSLO, Server, Stream
+
+log = logging.getLogger(__name__)
+
+
+class FrontHub:
+    def __init__(self, server: Server, address: str, tokens_at_front: bool) -> None:
+        self.server = server
+        self.socket = ControlSocket(address)
+        # vLLM fleets: the fronts have every token already (they read the streams).
+        self.tokens_at_front = tokens_at_front
+        self.fronts: set[bytes] = set()
+        self.owner: dict[str, bytes] = {}  # request id → the front that answers its client
+        self.streams: dict[str, Stream] = {}  # request id → its stream here (the record)
+        self.relayed: dict[str, RelayOwner] = {}  # request id → instance whose stream a front runs
+        self._out: dict[bytes, list[list[Any]]] = {}  # per front, in order, sent once a turn
+        self._flush: asyncio.Handle | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.num_dropped = 0  # messages that did not parse or fit (logged)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._receive(), name="hub-receive"),
+                       loop.create_task(self._heartbeat(), name="hub-state")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            await cancel(task)
+        self.socket.close()
+
+    # ---- the vLLM instances' Relay -----------------------------------------------------------
+    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
+        front = self.owner.get(request_id)
+        if front is None or front not in self.fronts:  # its front died meanwhile
+            asyncio.get_running_loop().call_soon(owner.on_ended, request_id, ABORTED)
+            return
+        self.relayed[request_id] = owner
+        self.socket.send(front, ["stream", request_id, owner.url, body])
+
+    def cancel(self, request_id: str) -> None:
+        owner = self.relayed.get(request_id)
+        if owner is None:
+            return
+        front = self.owner.get(request_id)
+        if front is not None and front in self.fronts:
+            self.socket.send(front, ["cancel", request_id])  # its ``ended`` follows
+        else:  # nobody runs it any more: its connection closed with its front
+            del self.relayed[request_id]
+            asyncio.get_running_loop().call_soon(owner.on_ended, request_id, ABORTED)
+
+    # ---- fronts ------------------------------------------------------------------------------
+    def front_died(self, index: int) -> None:
+        """Abort everything the front owned; its clients are gone with it."""
+        front = front_identity(index)
+        self.fronts.discard(front)
+        self._out.pop(front, None)
+        for rid in [rid for rid, f in self.owner.items() if f == front]:
+            stream = self.streams.get(rid)
+            if stream is not None:
+                self.server.abort(stream)
+            owner = self.relayed.pop(rid, None)
+            if owner is not None:
+                owner.on_ended(rid, ABORTED)
+
+    async def _receive(self) -> None:
+        handlers = {"hello": self._hello, "open": self._open, "abort": self._abort,
+                    "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
+        while True:
+            front, message = await self.socket.recv()
+            handler = handlers.get(message[0]) if message else None
+            if handler is None:
+                self.num_dropped += 1
+                if message:
+                    log.warning("dropped an unknown message %.100r", message[0])
+                continue
+            try:
+                handler(front, *message[1:])
+            except Exception:  # a malformed message: that message is lost, nothing else
+                self.num_dropped += 1
+                log.exception("dropped a malformed %r message", message[0])
+
+    async def _heartbeat(self) -> None:
+        while True:
+            state = ["state", self.server.readiness()]
+            for front in self.fronts:
+                self.socket.send(front, state)
+            await asyncio.sleep(STATE_SECONDS)
+
+    def _hello(self, front: bytes) -> None:
+        self.fronts.add(front)
+        self.socket.send(front, ["state", self.server.readiness()])
+
+    def _open(self, front: bytes, rid: str, kind: str, model: str, ids: list[int],
+              max_tokens: int, sampling: list[Any], slo: list[float] | None,
+              priority: int | None, task: str, source: str, ignore_eos: bool) -> None:
+        self.fronts.add(front)
+        applied = AppliedSLO(None if slo is None else SLO(*slo), priority, task, source)
+        self.owner[rid] = front  # before submitting: it may be dispatched at once
+        try:
+            stream = self.server.open(kind, model, ids, max_tokens, SamplingParams(*sampling),
+                                      applied, ignore_eos, request_id=rid,
+                                      listener=partial(self._hear, front, rid))
+        except APIError as e:
+            self.owner.pop(rid, None)
+            self.socket.send(front, ["refused", rid, e.status, e.body(), e.headers])
+            return
+        applied = stream.applied
+        self.socket.send(front, ["opened", rid, None if applied.slo is None else
+                                 [applied.slo.ttft, applied.slo.tpot], applied.source])
+        if rid in self.owner:  # not ended already (rejected at once)
+            self.streams[rid] = stream
+
+    def _abort(self, front: bytes, rid: str, finished: bool) -> None:
+        stream = self.streams.get(rid)
+        if stream is not None and self.owner.get(rid) == front:
+            (self.server.stopped if finished else self.server.abort)(stream)
+
+    def _progress(self, front: bytes, batch: list[list[Any]]) -> None:
+        for rid, ids, now in batch:
+            owner = self.relayed.get(rid)
+            if owner is not None:
+                owner.on_tokens(rid, ids, now)
+
+    def _ended(self, front: bytes, rid: str, kind: str, reason: str | None,
+               message: str | None) -> None:
+        owner = self.relayed.pop(rid, None)
+        if owner is not None:
+            owner.on_ended(rid, Ending(kind, reason, message))
+
+    def _metrics(self, front: bytes, nonce: int) -> None:
+        self.socket.send(front, ["metrics", nonce, self.server.metrics.render()])
+
+    # ---- the control plane's events to the fronts --------------------------------------------
+    def _hear(self, front: bytes, rid: str, event: TokenEvent) -> None:
+        """A request's listener: tokens (in-process engines) batched per front and turn of the
+        loop; the end with the record's times, after its tokens."""
+        box = self._out.setdefault(front, [])
+        if event.token is not None:
+            if self.tokens_at_front:
+                return
+            if not box or box[-1][0] != "tokens":
+                box.append(["tokens", {}])
+            box[-1][1].setdefault(rid, []).append(event.token)
+        else:
+            record = self.server.control.records[rid]  # forgotten right after this call
+            slo = record.slo
+            box.append(["end", rid, event.finish_reason, event.error, record.outcome.value,
+                        record.queue_time, record.ttft, record.e2e,
+                        None if slo is None else [slo.ttft, slo.tpot]])
+            self.owner.pop(rid, None)
+            self.streams.pop(rid, None)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_soon(self._send_out)
+
+    def _send_out(self) -> None:
+        self._flush = None
+        out, self._out = self._out, {}
+        for front, box in out.items():
+            if front not in self.fronts:
+                continue
+            for message in box:
+                if message[0] == "tokens":
+                    message = ["tokens", list(message[1].items())]
+                self.socket.send(front, message)

@@ -1,0 +1,108 @@
+"""The channel between the control process and its front processes (issue 28).
+
+ZeroMQ with msgpack, as vLLM v1's API servers talk to their engine core: the control process
+binds one ROUTER socket; each front connects a DEALER named ``front-<index>``. A message is one
+msgpack array whose first item names it. Delivery is in order per front, so a front's progress
+for a request always precedes its report of the request's end, and the control process's
+tokens for a request precede its end.
+
+Front → control:
+  ``hello``             a front started (or restarted): send it the state at once
+  ``open``              a request to decide on (its metadata and prompt ids)
+  ``abort``             the client left, or a stop string ended the output
+  ``progress``          tokens streamed from vLLM servers: [[rid, ids, time], ...], batched
+  ``ended``             a stream from a vLLM server ended: rid, Ending.wire()
+  ``metrics``           a /metrics page, please (a nonce to match the answer)
+Control → front:
+  ``opened``/``refused`` the decision on an ``open``: the SLO applied, or the HTTP error
+  ``stream``/``cancel`` run (stop) a request's stream from a vLLM server: rid, url, body
+  ``tokens``            tokens of in-process engines: [[rid, [ids]], ...], one batch per step
+  ``end``               a request ended: reason, error and the record's times
+  ``state``             readiness, every ``STATE_SECONDS`` (the fronts' heartbeat too)
+  ``metrics``           the page asked for
+
+A message that does not parse or does not fit is logged and dropped, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+log = logging.getLogger(__name__)
+
+STATE_SECONDS = 0.5  # how often the control process tells the fronts its state
+CONTROL_SILENCE_SECONDS = 3.0  # a front that hears nothing this long: the control plane died
+
+
+def pack(message: list[Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(data: bytes) -> list[Any] | None:
+    """The message, or None (logged) if it is not a msgpack array starting with its kind."""
+    try:
+        message = msgpack.unpackb(data, raw=False)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        log.warning("dropped a message that is not msgpack: %s", e)
+        return None
+    if not isinstance(message, list) or not message or not isinstance(message[0], str):
+        log.warning("dropped a message of unexpected shape: %.200r", message)
+        return None
+    return message
+
+
+def front_identity(index: int) -> bytes:
+    return f"front-{index}".encode()
+
+
+class ControlSocket:
+    """The control process's end: one ROUTER, every front on it."""
+
+    def __init__(self, address: str) -> None:
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front takes its name back
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(address)
+
+    def send(self, front: bytes, message: list[Any]) -> None:
+        # Unawaited: a send that would not block completes at once; one to a front that is
+        # gone is dropped by the ROUTER, which is what a dead front's messages deserve.
+        self.socket.send_multipart((front, pack(message)), copy=False)
+
+    async def recv(self) -> tuple[bytes, list[Any] | None]:
+        frames = await self.socket.recv_multipart()
+        if len(frames) != 2:
+            log.warning("dropped a message of %d frames", len(frames))
+            return (frames[0] if frames else b""), None
+        return frames[0], unpack(frames[1])
+
+    def close(self) -> None:
+        self.socket.close(0)
+        self.context.term()
+
+
+class FrontSocket:
+    """A front's end: one DEALER to the control process."""
+
+    def __init__(self, address: str, index: int) -> None:
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, front_identity(index))
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+
+    def send(self, message: list[Any]) -> None:
+        self.socket.send(pack(message), copy=False)
+
+    async def recv(self) -> list[Any] | None:
+        return unpack(await self.socket.recv())
+
+    def close(self) -> None:
+        self.socket.close(0)
+        self.context.term()

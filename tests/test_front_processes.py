@@ -1,0 +1,387 @@
+"""``hfx serve --api-workers 2`` (issue 28): the control plane in one process, HTTP and the
+streams from vLLM servers in two front processes.
+
+The tree runs as a real process tree in front of stand-in vLLM servers (tests/fake_vllm.py): it
+serves what the one-process gateway serves, token for token; its guards hold; a killed front
+leaves nothing running upstream and is replaced; a dead control plane ends the fronts' streams
+and the fronts exit; a malformed message on the channel is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+httpx = pytest.importorskip("httpx")
+
+from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
+from live import Running  # noqa: E402
+
+from hfx.model.build import write_random_checkpoint  # noqa: E402
+from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(write_random_checkpoint("tiny", tmp_path_factory.mktemp("ckpt")))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tree:
+    """``hfx serve ... --api-workers 2`` as a process."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from hfx.cli import main; sys.exit(main())",
+             "serve", "--port", str(self.port), "--api-workers", "2", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            assert time.monotonic() < deadline, "the tree did not start"
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        key = args[args.index("--api-key") + 1] if "--api-key" in args else "none"
+        self.model = httpx.get(f"{self.url}/v1/models", headers={
+            "Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+
+    def fronts(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+        pids = [int(p) for p in out]
+        # The spawn start method's resource tracker is a child too; fronts run the gateway.
+        return [p for p in pids if "hfx-front" in _cmdline(p) or _is_front(p)]
+
+    def metric(self, name: str) -> float:
+        """A sample's value, summed over labels unless ``name`` gives them."""
+        total = 0.0
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            key, _, value = line.rpartition(" ")
+            if key == name or (key.startswith(name + "{") and "{" not in name):
+                total += float(value)
+        return total
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace")
+    return ""
+
+
+def _is_front(pid: int) -> bool:
+    return "resource_tracker" not in _cmdline(pid)
+
+
+@contextlib.contextmanager
+def tree_over(checkpoint: str, fakes: list[Served], *extra: str) -> Iterator[Tree]:
+    tree = Tree("--engine", "vllm", "--checkpoint", checkpoint, "--profile", "tiny@cpu",
+                "--max-model-len", "2048", "--policy", "rr", "--calibrate-every", "0",
+                *[a for f in fakes for a in ("--backend", f.url)], *extra)
+    try:
+        yield tree
+    finally:
+        tree.close()
+
+
+PROMPTS = [f"request number {i}" for i in range(24)]
+
+
+async def _ask(url: str, model: str, prompts: list[str], stream: bool) -> list[dict]:
+    limits = httpx.Limits(max_keepalive_connections=0)  # a new connection each: both fronts
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def one(i: int, prompt: str) -> dict:
+            n = 8 + i % 9
+            # Every fifth request stops at its own third character: a stop string at work.
+            stop = bytes(generate(ByteTokenizer().encode(prompt), n)).decode()[2]
+            body = {"model": model, "prompt": prompt, "max_tokens": n, "ignore_eos": True,
+                    "stream": stream, "stop": stop if i % 5 == 0 else None}
+            if not stream:
+                r = await client.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                out = r.json()
+                return {"id": out["id"], "text": out["choices"][0]["text"],
+                        "finish": out["choices"][0]["finish_reason"],
+                        "tokens": out["usage"]["completion_tokens"]}
+            text, finish, rid = "", None, ""
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunk = httpx.Response(200, content=line[6:]).json()
+                        rid = chunk["id"]
+                        text += chunk["choices"][0]["text"]
+                        finish = chunk["choices"][0]["finish_reason"] or finish
+            return {"id": rid, "text": text, "finish": finish}
+
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def _front_of(request_id: str) -> str:
+    return request_id.split("-")[1]  # a front's ids carry its pid (hfx/serving/front.py)
+
+
+def test_two_fronts_serve_what_one_process_serves(checkpoint):
+    fake = Served(FakeVLLM(seconds_per_token=0.002))
+    one = Running(engine="vllm", checkpoint=checkpoint, backend=[fake.url], profile="tiny@cpu",
+                  max_model_len=2048, policy="rr", calibrate_every=0)
+    try:
+        want = {s: asyncio.run(_ask(one.url, one.model, PROMPTS, s)) for s in (False, True)}
+    finally:
+        one.close()
+    try:
+        with tree_over(checkpoint, [fake]) as tree:
+            got = {s: asyncio.run(_ask(tree.url, tree.model, PROMPTS, s)) for s in (False, True)}
+            strip = [{k: v for k, v in r.items() if k != "id"} for r in want[True]]
+            assert [{k: v for k, v in r.items() if k != "id"} for r in got[True]] == strip
+            assert [{k: v for k, v in r.items() if k != "id"} for r in got[False]] == [
+                {k: v for k, v in r.items() if k != "id"} for r in want[False]]
+            assert any(r["finish"] == "stop" for r in got[True])  # stop strings held
+            fronts = {_front_of(r["id"]) for r in got[True] + got[False]}
+            assert len(fronts) == 2, "one front served everything"
+            # One /metrics for the tree: every request, whichever front answered it.
+            assert tree.metric("hfx_requests_total") == 2 * len(PROMPTS)
+            assert tree.metric("hfx_in_flight_requests") == 0
+    finally:
+        fake.stop()
+
+
+def test_guards_and_disconnects_hold_with_two_fronts(checkpoint):
+    fake = Served(FakeVLLM(seconds_per_token=0.01))
+    try:
+        with tree_over(checkpoint, [fake], "--api-key", "s3cret", "--max-body-bytes",
+                       "2048") as tree:
+            auth = {"Authorization": "Bearer s3cret"}
+            body = {"model": tree.model, "prompt": "hi", "max_tokens": 3}
+            assert httpx.post(f"{tree.url}/v1/completions", json=body).status_code == 401
+            ok = httpx.post(f"{tree.url}/v1/completions", json=body, headers=auth)
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+            big = {**body, "prompt": "x" * 4096}
+            r = httpx.post(f"{tree.url}/v1/completions", json=big, headers=auth)
+            assert r.status_code == 413
+            bad = httpx.post(f"{tree.url}/v1/completions", headers=auth,
+                             json={**body, "slo": {"ttft_ms": -1, "tpot_ms": 5}})
+            assert bad.status_code == 400
+            unknown = httpx.post(f"{tree.url}/v1/completions", headers=auth,
+                                 json={**body, "model": "nope"})
+            assert unknown.status_code == 404
+            # A client that leaves mid-stream: its request stops at the server.
+            long = {**body, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", f"{tree.url}/v1/completions", json=long, headers=auth,
+                              timeout=30) as s:
+                next(line for line in s.iter_lines() if line.startswith("data: "))
+            _wait(lambda: fake.fake.cancelled and not fake.fake.running, "the abort upstream")
+            _wait(lambda: tree.metric("hfx_in_flight_requests") == 0, "the gauge")
+            assert "aborted" in httpx.get(f"{tree.url}/metrics", headers=auth).text
+    finally:
+        fake.stop()
+
+
+def test_overload_is_shed_by_the_control_plane_behind_two_fronts():
+    from hfx.latency import load_profile
+
+    prompt = [7] * 2000
+    alone = load_profile("qwen2.5-7b@ascend-910b").model.prefill_one(len(prompt))
+    tree = Tree("--executor", "sim", "--instances", "1", "--max-queued", "2", "--max-wait", "0")
+    try:
+        body = {"model": tree.model, "prompt": prompt, "max_tokens": 4,
+                "slo": {"ttft_ms": 1.3 * alone * 1e3, "tpot_ms": 500}}
+
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(base_url=tree.url, timeout=30) as c:
+                answers = await asyncio.gather(*(c.post("/v1/completions", json=body)
+                                                 for _ in range(8)))
+            return sorted(r.status_code for r in answers)
+
+        codes = asyncio.run(burst())
+        assert 429 in codes and 200 in codes, codes
+        assert set(codes) <= {200, 429, 503}
+    finally:
+        tree.close()
+
+
+@contextlib.contextmanager
+def sim_tree() -> Iterator[Tree]:
+    tree = Tree("--executor", "sim", "--profile", "tiny@cpu", "--instances", "1",
+                "--policy", "rr")
+    try:
+        yield tree
+    finally:
+        tree.close()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sim"])
+def test_a_killed_front_aborts_its_requests_and_is_replaced(checkpoint, engine):
+    """vLLM: the streams the front ran die with it; sim: the engine in the control process
+    must be told, or it would finish them."""
+    fake = Served(FakeVLLM(seconds_per_token=0.01))
+    try:
+        with tree_over(checkpoint, [fake]) if engine == "vllm" else sim_tree() as tree:
+            fronts = tree.fronts()
+            assert len(fronts) == 2
+
+            async def run() -> tuple[int, list[dict | str]]:
+                limits = httpx.Limits(max_keepalive_connections=0)
+                async with httpx.AsyncClient(base_url=tree.url, timeout=60,
+                                             limits=limits) as client:
+                    seen: dict[str, int] = {}  # front → streams it holds
+
+                    async def one(i: int) -> dict | str:
+                        body = {"model": tree.model, "prompt": f"p{i}", "max_tokens": 600,
+                                "stream": True, "ignore_eos": True}
+                        rid, n = "", 0
+                        try:
+                            async with client.stream("POST", "/v1/completions",
+                                                     json=body) as r:
+                                async for line in r.aiter_lines():
+                                    if line.startswith("data: {"):
+                                        if not rid:
+                                            rid = line.split('"id":"')[1].split('"')[0]
+                                            seen[_front_of(rid)] = seen.get(
+                                                _front_of(rid), 0) + 1
+                                        n += 1
+                        except httpx.TransportError:
+                            return f"broken {rid}"
+                        return {"id": rid, "chunks": n}
+
+                    # New connections until both fronts hold streams (the kernel picks).
+                    tasks: list[asyncio.Task] = []
+                    while len(seen) < 2 or len(tasks) < 4:
+                        assert len(tasks) < 40, "one front took every connection"
+                        tasks.append(asyncio.create_task(one(len(tasks))))
+                        while sum(seen.values()) < len(tasks):
+                            await asyncio.sleep(0.01)
+                    victim = next(p for p in fronts if f"{p:x}" in seen)
+                    os.kill(victim, signal.SIGKILL)
+                    return victim, await asyncio.gather(*tasks)
+
+            victim, results = asyncio.run(run())
+            killed = f"{victim:x}"
+            broken = [r for r in results if isinstance(r, str)]
+            whole = [r for r in results if isinstance(r, dict)]
+            assert broken and whole, results  # both fronts had streams
+            assert all(_front_of(r.split()[1]) == killed for r in broken if " " in r)
+            assert all(r["chunks"] == 600 + 1 and _front_of(r["id"]) != killed for r in whole)
+            # Nothing of the killed front's runs on; the tree's gauges are back to 0.
+            if engine == "vllm":
+                _wait(lambda: not fake.fake.running, "vLLM to drop the killed front's requests")
+                assert len(fake.fake.cancelled) == len(broken)
+            _wait(lambda: tree.metric("hfx_in_flight_requests") == 0, "the gauge")
+            assert tree.metric("hfx_queued_requests") == 0
+            assert tree.metric('hfx_requests_total{outcome="aborted",task="default"}') == len(
+                broken)
+            assert tree.metric('hfx_requests_total{outcome="finished",task="default"}') == len(
+                whole)
+            # A new front took its place and serves.
+            _wait(lambda: len(tree.fronts()) == 2 and victim not in tree.fronts(),
+                  "the front's restart")
+            out = asyncio.run(_ask(tree.url, tree.model, PROMPTS[:8], False))
+            assert len({_front_of(r["id"]) for r in out} - {killed}) >= 1
+    finally:
+        fake.stop()
+
+
+def test_a_dead_control_plane_ends_the_streams_and_the_fronts_exit(checkpoint):
+    fake = Served(FakeVLLM(seconds_per_token=0.01))
+    try:
+        with tree_over(checkpoint, [fake]) as tree:
+            fronts = tree.fronts()
+            body = {"model": tree.model, "prompt": "p", "max_tokens": 1500, "stream": True,
+                    "ignore_eos": True}
+            t0 = time.monotonic()
+            lines = []
+            with contextlib.suppress(httpx.TransportError), httpx.stream(
+                    "POST", f"{tree.url}/v1/completions", json=body, timeout=30) as s:
+                for line in s.iter_lines():
+                    lines.append(line)
+                    if len(lines) == 2:
+                        os.kill(tree.proc.pid, signal.SIGKILL)
+            assert time.monotonic() - t0 < 15, "the stream hung"
+            assert any("control plane" in line for line in lines), lines[-3:]
+            _wait(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in fronts),
+                  "the fronts to exit")
+    finally:
+        fake.stop()
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+    return False
+
+
+def test_a_malformed_message_on_the_channel_is_dropped():
+    import msgpack
+    import zmq
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.hub import FrontHub
+
+    async def run() -> tuple[list, int]:
+        server = build_server(ServeConfig(executor="sim", instances=1))
+        address = f"ipc://{tempfile.mkdtemp()}/control"
+        hub = FrontHub(server, address, tokens_at_front=False)
+        await server.start()
+        hub.start()
+        ctx = zmq.asyncio.Context()
+        front = ctx.socket(zmq.DEALER)
+        front.setsockopt(zmq.IDENTITY, b"front-0")
+        front.connect(address)
+        model = server.options.model_name
+        for junk in (b"\xc1 not msgpack", msgpack.packb({"a": 1}), msgpack.packb(["bogus"]),
+                     msgpack.packb(["open", "r1"])):  # the last: too few fields
+            await front.send(junk)
+        await front.send_multipart([b"one", b"two"])  # a DEALER adds a third frame: dropped
+        await front.send(msgpack.packb(["open", "r2", "cmpl", model, [1, 2, 3], 3,
+                                        [0.0, 1.0, None], [2.0, 0.5], None, "default", "body",
+                                        True]))
+        got: list = []
+        while not got or got[-1][0] != "end":
+            got.append(msgpack.unpackb(await asyncio.wait_for(front.recv(), 10)))
+        front.close(0)
+        ctx.term()
+        await hub.stop()
+        await server.stop()
+        return got, hub.num_dropped
+
+    got, dropped = asyncio.run(run())
+    kinds = [m[0] for m in got if m[0] != "state"]
+    assert kinds[0] == "opened" and kinds[-1] == "end"
+    assert sum(len(ids) for m in got if m[0] == "tokens" for _, ids in m[1]) == 3
+    assert got[-1][2] == "length"
+    assert dropped == 5
+
+
+def _wait(ok, what: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
