@@ -342,6 +342,9 @@ class GatewaySection(Section):
         "hfx/serving/calibrator.py); 0: plan with the profile as measured"))
     calibrate_window: int = Field(400, ge=40, description="served requests a calibration "
                                   "fits on at most (the latest)")
+    stream_interval: int = Field(1, ge=1, description=(
+        "tokens per streamed chunk (vLLM's --stream-interval): more than 1 coalesces a "
+        "stream's tokens into fewer, multi-token chunks, for clients that accept them"))
     api_workers: str = Field("1", pattern=r"^(auto|[1-9][0-9]*)$", description=(
         "front processes that carry HTTP, tokenization, SSE and the streams from vLLM servers, "
         "sharing the port; the control plane decides in one process beside them (issue 28). 1: "

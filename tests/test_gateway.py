@@ -244,6 +244,28 @@ def test_sim_executor_serves_placeholder_text():
         running.close()
 
 
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_stream_interval_coalesces_tokens_into_fewer_chunks(route):
+    running = Running(executor="sim", instances=1, stream_interval=4)
+    try:
+        body = {"model": running.model, "max_tokens": 10, "stream": True,
+                **({"prompt": "x"} if route == "completions" else
+                   {"messages": [{"role": "user", "content": "x"}]})}
+        events = [json.loads(line[6:]) for line in httpx.post(
+            f"{running.url}/v1/{route}", json=body, timeout=30).text.splitlines()
+            if line.startswith("data: {")]
+
+        def text(e: dict) -> str:
+            c = e["choices"][0]
+            return c["text"] if route == "completions" else c["delta"].get("content", "")
+
+        # 10 tokens: chunks of 4, 4 and the 2 left, then the final chunk (empty text).
+        assert [text(e) for e in events] == [" tok" * 4, " tok" * 4, " tok" * 2, ""]
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+    finally:
+        running.close()
+
+
 def test_hfx_bench_drives_a_live_server(tmp_path):
     from hfx.cli import main
 

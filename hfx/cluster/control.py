@@ -190,10 +190,12 @@ class ControlPlane:
         await self.ledger.wait_idle()
 
     # ---- requests --------------------------------------------------------------------------
-    def submit(self, request: Request, listener: Listener | None = None) -> RequestRecord:
-        """Queue ``request``; ``listener`` hears each token it samples (real executors) and
-        then one final event, also when it is rejected or fails."""
-        record = self.ledger.open(request, listener)
+    def submit(self, request: Request, listener: Listener | None = None,
+               token_events: bool = True) -> RequestRecord:
+        """Queue ``request``; ``listener`` hears each token it samples (real executors;
+        unless ``token_events`` is False) and then one final event, also when it is rejected
+        or fails."""
+        record = self.ledger.open(request, listener, token_events)
         if record.slo is None and request.priority is not None and self.mapper is not None:
             p = request.priority
             try:

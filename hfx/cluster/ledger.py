@@ -34,7 +34,8 @@ class RequestLedger:
     def __init__(self, priority_levels: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}
         self.num_done = 0  # records with a terminal outcome
-        self._listeners: dict[str, Listener] = {}
+        self._listeners: dict[str, Listener] = {}  # hear every token and the end
+        self._enders: dict[str, Listener] = {}  # hear the end only
         # Requests without a first token, tracked for those who read them (see await_first).
         self._awaiting: dict[str, RequestRecord] = {}
         self._awaiting_count = [0] * priority_levels
@@ -43,12 +44,15 @@ class RequestLedger:
         self._idle.set()
 
     # ---- arrival -----------------------------------------------------------------------------
-    def open(self, request: Request, listener: Listener | None) -> RequestRecord:
+    def open(self, request: Request, listener: Listener | None,
+             token_events: bool = True) -> RequestRecord:
+        """``token_events`` False: the listener hears only the end (it has the tokens
+        already: a front process that reads them from vLLM)."""
         if request.id in self.records:
             raise ValueError(f"duplicate request id {request.id!r}")
         record = self.records[request.id] = RequestRecord(request)
         if listener is not None:
-            self._listeners[request.id] = listener
+            (self._listeners if token_events else self._enders)[request.id] = listener
         self._idle.clear()
         return record
 
@@ -74,9 +78,13 @@ class RequestLedger:
         """One step's tokens: their times, the ids a real executor sampled (what a retry resumes
         from), the listeners, first tokens."""
         records = self.records
-        now = out.time
-        for rid in out.request_ids:
-            records[rid].token_times.append(now)
+        if out.token_times is None:
+            now = out.time
+            for rid in out.request_ids:
+                records[rid].token_times.append(now)
+        else:
+            for rid, t in zip(out.request_ids, out.token_times, strict=True):
+                records[rid].token_times.append(t)
         if out.token_ids is not None:
             for rid, token in zip(out.request_ids, out.token_ids, strict=True):
                 record = records[rid]
@@ -116,8 +124,9 @@ class RequestLedger:
         then tell its listener (last: a listener may ``forget`` the record)."""
         if self.num_done == len(self.records):
             self._idle.set()
-        if self._listeners:
-            listener = self._listeners.pop(record.request.id, None)
+        if self._listeners or self._enders:
+            rid = record.request.id
+            listener = self._listeners.pop(rid, None) or self._enders.pop(rid, None)
             if listener is not None:
                 if reason is None:
                     reason = "abort" if record.outcome is Outcome.ABORTED else "error"

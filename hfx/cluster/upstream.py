@@ -209,7 +209,8 @@ class LocalRelay:
         ending = ABORTED
         try:
             ending = await relay(self._session, owner.url, request_id, body,
-                                 lambda ids: owner.on_tokens(request_id, ids, loop.time()),
+                                 lambda ids: owner.on_tokens(request_id, ids,
+                                                             [loop.time()] * len(ids)),
                                  self.idle_timeout)
         finally:
             self._tasks.pop(request_id, None)
@@ -229,7 +230,7 @@ class RelayOwner(Protocol):
 
     url: str
 
-    def on_tokens(self, request_id: str, ids: list[int], now: float) -> None: ...
+    def on_tokens(self, request_id: str, ids: list[int], times: list[float]) -> None: ...
 
     def on_ended(self, request_id: str, ending: Ending) -> None: ...
 

@@ -236,8 +236,8 @@ class VLLMInstance:
             body["seed"] = sampling.seed
         return body
 
-    def on_tokens(self, rid: str, tokens: list[int], now: float) -> None:
-        """One event's tokens, stamped with the clock of the loop that read them."""
+    def on_tokens(self, rid: str, tokens: list[int], times: list[float]) -> None:
+        """Tokens of one stream, each with the time the loop that read it read it."""
         sent = self._sent.get(rid)
         if sent is None:
             return  # reported after its end (the instance failed meanwhile)
@@ -245,7 +245,8 @@ class VLLMInstance:
         sent.tokens += len(tokens)
         if self.role is Role.PREFILL:
             sent.output += tokens
-        self._sink(self.id, StepOutput(now, [rid] * len(tokens), tokens, []))
+        self._sink(self.id, StepOutput(times[-1], [rid] * len(tokens), tokens, [],
+                                       token_times=times))
 
     def on_ended(self, rid: str, ending: Ending) -> None:
         """The relay's word on how a stream ended."""

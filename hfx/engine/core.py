@@ -41,6 +41,9 @@ class StepOutput(NamedTuple):
     suspects: tuple[str, ...] = ()
     # Why the FINISHED_FAILED requests in ``transitions`` failed.
     failure: str | None = None
+    # Each token's own time, where they differ (a relayed stream's batch, issue 28); else
+    # every token is at ``time``.
+    token_times: list[float] | None = None
 
 
 class EngineError(ValueError):

@@ -161,7 +161,8 @@ def build_server(config: ServeConfig) -> Server:
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
         placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,
-        eos_token_id=eos, priority_levels=config.priorities)
+        eos_token_id=eos, priority_levels=config.priorities,
+        stream_interval=config.stream_interval)
     calibrator = None
     if config.executor == "torch":
         engine = ReplayEngine(config.planner or control.policy.planner,
@@ -233,7 +234,8 @@ def _build_vllm(config: ServeConfig) -> Server:
         model_name=name, max_model_len=max_len,
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=vocab,
-        eos_token_id=eos, priority_levels=config.priorities)
+        eos_token_id=eos, priority_levels=config.priorities,
+        stream_interval=config.stream_interval)
     # vLLM's scheduler, as the replay simulates it: chunked prefill (V1) with its token budget.
     engine = ReplayEngine("chunked", config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,
                           config.max_num_seqs, profile.kv_capacity_tokens, profile.block_size)

@@ -82,7 +82,7 @@ class FrontServer(Intake):
         self._prefix = f"{os.getpid():x}"  # ids stay unique across restarts of a front
         self._answers: dict[str | int, asyncio.Future[list[Any]]] = {}
         self._relays: dict[str, asyncio.Task[None]] = {}
-        self._progress: list[list[Any]] = []
+        self._progress: dict[str, tuple[list[int], list[float]]] = {}  # not reported yet
         self._flush: asyncio.TimerHandle | None = None
         self._socket: FrontSocket | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -197,17 +197,18 @@ class FrontServer(Intake):
                     "tokens": self._tokens, "end": self._end, "state": self._on_state}
         loop = asyncio.get_running_loop()
         while True:
-            message = await self._socket.recv()
+            messages = await self._socket.recv()
             self._heard = loop.time()
-            handler = handlers.get(message[0]) if message else None
-            if handler is None:
-                if message:
-                    log.warning("dropped an unknown message %.100r", message[0])
-                continue
-            try:
-                handler(message)
-            except Exception:  # a malformed message: that message is lost, nothing else
-                log.exception("dropped a malformed %r message", message[0])
+            for message in messages:
+                handler = handlers.get(message[0]) if message else None
+                if handler is None:
+                    if message:
+                        log.warning("dropped an unknown message %.100r", message[0])
+                    continue
+                try:
+                    handler(message)
+                except Exception:  # a malformed message: that message is lost, nothing else
+                    log.exception("dropped a malformed %r message", message[0])
 
     def _answered(self, message: list[Any]) -> None:
         future = self._answers.get(message[1])
@@ -257,13 +258,22 @@ class FrontServer(Intake):
     async def _relay(self, rid: str, url: str, body: dict[str, Any]) -> None:
         assert self._session is not None
         loop = asyncio.get_running_loop()
-        stream = self.streams[rid]
+        stream = self.streams.get(rid)
+        if stream is None:  # ended meanwhile (the control plane was lost)
+            self._relays.pop(rid, None)
+            self._send(["ended", rid, *ABORTED.wire()])
+            return
         put = stream.queue.put_nowait
 
         def tokens(ids: list[int]) -> None:
             for token in ids:
                 put(TokenEvent(token))  # to the client now; to the control process in a batch
-            self._progress.append([rid, ids, loop.time()])
+            now = loop.time()
+            pending = self._progress.get(rid)
+            if pending is None:
+                pending = self._progress[rid] = ([], [])
+            pending[0].extend(ids)
+            pending[1].extend([now] * len(ids))
             if self._flush is None:
                 self._flush = loop.call_later(PROGRESS_SECONDS, self._send_progress)
 
@@ -280,8 +290,8 @@ class FrontServer(Intake):
             self._flush.cancel()
             self._flush = None
         if self._progress:
-            batch, self._progress = self._progress, []
-            self._send(["progress", batch])
+            batch, self._progress = self._progress, {}
+            self._send(["progress", [[rid, ids, times] for rid, (ids, times) in batch.items()]])
 
     # ---- the control plane gone --------------------------------------------------------------
     async def _watch(self) -> None:

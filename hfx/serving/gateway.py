@@ -446,10 +446,23 @@ def _event(obj: dict[str, Any]) -> bytes:
 def _sse(gen: _Generation, piece_chunk: Callable[[str], bytes], final_chunk, usage_chunk
          ) -> StreamingResponse:
     """The stream as server-sent events: the tokens that arrived together in one write."""
+    interval = gen.server.options.stream_interval
+
     async def events() -> AsyncIterator[bytes]:
+        held: list[str] = []  # pieces not sent yet (--stream-interval > 1)
         try:
             async for pieces in gen.batches():
-                yield b"".join(map(piece_chunk, pieces))
+                if interval == 1:
+                    yield b"".join(map(piece_chunk, pieces))
+                    continue
+                held += pieces
+                whole = len(held) - len(held) % interval
+                if whole:
+                    yield b"".join(piece_chunk("".join(held[i:i + interval]))
+                                   for i in range(0, whole, interval))
+                    del held[:whole]
+            if held:
+                yield piece_chunk("".join(held))
             err = _error_of(gen)
             if err is not None:
                 yield _event(err.body())

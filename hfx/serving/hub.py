@@ -103,18 +103,19 @@ class FrontHub:
         handlers = {"hello": self._hello, "open": self._open, "abort": self._abort,
                     "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
         while True:
-            front, message = await self.socket.recv()
-            handler = handlers.get(message[0]) if message else None
-            if handler is None:
-                self.num_dropped += 1
-                if message:
-                    log.warning("dropped an unknown message %.100r", message[0])
-                continue
-            try:
-                handler(front, *message[1:])
-            except Exception:  # a malformed message: that message is lost, nothing else
-                self.num_dropped += 1
-                log.exception("dropped a malformed %r message", message[0])
+            front, messages = await self.socket.recv()
+            for message in messages:
+                handler = handlers.get(message[0]) if message else None
+                if handler is None:
+                    self.num_dropped += 1
+                    if message:
+                        log.warning("dropped an unknown message %.100r", message[0])
+                    continue
+                try:
+                    handler(front, *message[1:])
+                except Exception:  # a malformed message: that message is lost, nothing else
+                    self.num_dropped += 1
+                    log.exception("dropped a malformed %r message", message[0])
 
     async def _heartbeat(self) -> None:
         while True:
@@ -136,7 +137,8 @@ class FrontHub:
         try:
             stream = self.server.open(kind, model, ids, max_tokens, SamplingParams(*sampling),
                                       applied, ignore_eos, request_id=rid,
-                                      listener=partial(self._hear, front, rid))
+                                      listener=partial(self._hear, front, rid),
+                                      token_events=not self.tokens_at_front)
         except APIError as e:
             self.owner.pop(rid, None)
             self.socket.send(front, ["refused", rid, e.status, e.body(), e.headers])
@@ -153,10 +155,10 @@ class FrontHub:
             (self.server.stopped if finished else self.server.abort)(stream)
 
     def _progress(self, front: bytes, batch: list[list[Any]]) -> None:
-        for rid, ids, now in batch:
+        for rid, ids, times in batch:
             owner = self.relayed.get(rid)
             if owner is not None:
-                owner.on_tokens(rid, ids, now)
+                owner.on_tokens(rid, ids, times)
 
     def _ended(self, front: bytes, rid: str, kind: str, reason: str | None,
                message: str | None) -> None:
@@ -173,8 +175,6 @@ class FrontHub:
         loop; the end with the record's times, after its tokens."""
         box = self._out.setdefault(front, [])
         if event.token is not None:
-            if self.tokens_at_front:
-                return
             if not box or box[-1][0] != "tokens":
                 box.append(["tokens", {}])
             box[-1][1].setdefault(rid, []).append(event.token)

@@ -53,6 +53,7 @@ class ServeOptions:
     placeholder_text: str | None = None  # simulated executor: the text of every token
     eos_token_id: int | None = None
     priority_levels: int = 0  # 0: priorities are refused
+    stream_interval: int = 1  # tokens per SSE chunk (vLLM's --stream-interval); 1: each token
 
 
 class RecordView(Protocol):
@@ -288,7 +289,8 @@ class Server(Intake):
 
     def open(self, kind: str, model: str, prompt_ids: list[int], max_tokens: int,
              sampling: SamplingParams, applied: AppliedSLO, ignore_eos: bool = False,
-             request_id: str | None = None, listener: Listener | None = None) -> Stream:
+             request_id: str | None = None, listener: Listener | None = None,
+             token_events: bool = True) -> Stream:
         """Validate and submit a request. Its events go to the returned stream's queue, or to
         ``listener`` (a front's request: hfx/serving/hub.py)."""
         self.check_limits(model, len(prompt_ids), max_tokens)
@@ -315,7 +317,7 @@ class Server(Intake):
             if event.token is None:
                 self._ended(request.id)
 
-        record = self.control.submit(request, listen)
+        record = self.control.submit(request, listen, token_events)
         if record.outcome is Outcome.SHED:  # the queue is full: admission.py
             raise APIError(429, f"overloaded: {record.error}", kind="server_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -104,6 +104,9 @@ class ProcessTree:
     def _signal(self) -> None:
         self._stopping += 1
         self.server.draining = True
+        # Our copy of the listening socket goes, so that once the fronts close theirs new
+        # connections are refused rather than left in a backlog nobody accepts.
+        self.sock.close()
         for process in self.fronts.values():
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
