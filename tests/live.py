@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import openai
 import uvicorn
 
@@ -63,3 +70,65 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tree:
+    """``hfx serve ... --api-workers 2`` as a process tree (its own session, killed whole)."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from hfx.cli import main; sys.exit(main())",
+             "serve", "--port", str(self.port), "--api-workers", "2", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            assert time.monotonic() < deadline, "the tree did not start"
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        key = args[args.index("--api-key") + 1] if "--api-key" in args else "none"
+        self.model = httpx.get(f"{self.url}/v1/models", headers={
+            "Authorization": f"Bearer {key}"}).json()["data"][0]["id"]
+
+    def fronts(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True).stdout.split()
+        pids = [int(p) for p in out]
+        # The spawn start method's resource tracker is a child too; fronts run the gateway.
+        return [p for p in pids if "hfx-front" in _cmdline(p) or _is_front(p)]
+
+    def metric(self, name: str) -> float:
+        """A sample's value, summed over labels unless ``name`` gives them."""
+        total = 0.0
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            key, _, value = line.rpartition(" ")
+            if key == name or (key.startswith(name + "{") and "{" not in name):
+                total += float(value)
+        return total
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode(errors="replace")
+    return ""
+
+
+def _is_front(pid: int) -> bool:
+    return "resource_tracker" not in _cmdline(pid)

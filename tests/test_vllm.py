@@ -24,7 +24,7 @@ from vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402  (skips
 
 # isort: split
 import httpx  # noqa: E402
-from live import Running  # noqa: E402
+from live import Running, Tree  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402
@@ -126,6 +126,47 @@ def test_a_client_that_disconnects_stops_the_request_at_vllm(gw):
 
     wait_for(settled, 30, "vLLM to drop the aborted request", seen)
     assert total(generated) < before + max_tokens, seen()
+
+
+def test_two_front_processes_relay_real_vllm_and_abort_it(gw, mini_checkpoint):
+    """Issue 28: ``--api-workers 2`` over the same servers: the fronts read vLLM's streams
+    themselves. The text is the one-process gateway's; a client that leaves stops vLLM."""
+    urls = [b.url for b in backends(gw)]
+    tree = Tree("--engine", "vllm", "--checkpoint", mini_checkpoint, "--profile", "tiny@cpu",
+                "--calibrate-every", "0", "--max-model-len", "2048", "--policy", "rr",
+                *[a for u in urls for a in ("--backend", u)])
+    try:
+        prompt = "The tree relays"
+        want = gw.client.completions.create(model=gw.model, prompt=prompt, max_tokens=24,
+                                            temperature=0, extra_body={"ignore_eos": True})
+        got = httpx.post(f"{tree.url}/v1/completions", timeout=120, json={
+            "model": tree.model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}).json()
+        assert got["choices"][0]["text"] == want.choices[0].text
+        assert got["usage"]["completion_tokens"] == 24
+
+        generated = "vllm:generation_tokens_total"
+
+        def total() -> float:
+            return sum(vllm_metrics(u).get(generated, 0) for u in urls)
+
+        max_tokens, before = 2000, total()
+        body = {"model": tree.model, "prompt": "a long one", "max_tokens": max_tokens,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{tree.url}/v1/completions", json=body, timeout=60) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: {"))
+
+        def settled() -> bool:
+            count = total()
+            time.sleep(1.0)
+            return total() == count
+
+        wait_for(settled, 30, "vLLM to drop the request the front's client left")
+        assert total() < before + max_tokens
+        wait_for(lambda: tree.metric('hfx_requests_total{outcome="aborted",task="default"}')
+                 == 1, 10, "the control process to count the abort")
+    finally:
+        tree.close()
 
 
 def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw):
