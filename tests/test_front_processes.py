@@ -50,11 +50,11 @@ PROMPTS = [f"request number {i}" for i in range(24)]
 
 
 async def _ask(url: str, model: str, prompts: list[str], stream: bool,
-               stops: bool = True) -> list[dict]:
+               stops: bool = True, max_tokens: int | None = None) -> list[dict]:
     limits = httpx.Limits(max_keepalive_connections=0)  # a new connection each: both fronts
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         async def one(i: int, prompt: str) -> dict:
-            n = 8 + i % 9
+            n = max_tokens or 8 + i % 9
             # Every fifth request stops at its own third character: a stop string at work.
             stop = bytes(generate(ByteTokenizer().encode(prompt), n)).decode()[2]
             body = {"model": model, "prompt": prompt, "max_tokens": n, "ignore_eos": True,
@@ -131,6 +131,32 @@ def test_pd_through_two_fronts_prefills_on_one_server_and_decodes_on_the_other(c
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_failover_through_two_fronts_resumes_on_the_other_server(checkpoint):
+    fakes = [Served(FakeVLLM(seconds_per_token=0.01)) for _ in range(2)]
+    try:
+        with tree_over(checkpoint, fakes) as tree:
+            prompts = [f"resume {i}" for i in range(6)]
+
+            async def run() -> list[dict]:
+                task = asyncio.ensure_future(_ask(tree.url, tree.model, prompts, True,
+                                                  stops=False, max_tokens=150))
+                while not all(f.fake.running for f in fakes):  # streams on both servers
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                await asyncio.to_thread(fakes[0].die)
+                return await task
+
+            out = asyncio.run(run())
+            for prompt, r in zip(prompts, out, strict=True):  # whole, as if nothing happened
+                assert r["finish"] == "length"
+                assert r["text"] == bytes(generate(ByteTokenizer().encode(prompt), 150)
+                                          ).decode()
+            assert tree.metric("hfx_instance_failures_total") == 1
+            assert tree.metric("hfx_resumed_requests_total") >= 1
+    finally:
+        fakes[1].stop()
 
 
 def test_guards_and_disconnects_hold_with_two_fronts(checkpoint):
