@@ -342,6 +342,12 @@ class GatewaySection(Section):
         "hfx/serving/calibrator.py); 0: plan with the profile as measured"))
     calibrate_window: int = Field(400, ge=40, description="served requests a calibration "
                                   "fits on at most (the latest)")
+    record: str | None = Field(None, description=(
+        "write one JSONL row per request served to this file (rotated by size), and the "
+        "dispatcher's step-time profile beside it, for hfx sim / hfx whatif to replay"))
+    record_prompts: bool = Field(False, description="--record: add each prompt's token ids")
+    record_max_mb: float = Field(100.0, gt=0, description="--record: rotate the file past "
+                                 "this many MiB (5 older files kept)")
     stream_interval: int = Field(1, ge=1, description=(
         "tokens per streamed chunk (vLLM's --stream-interval): more than 1 coalesces a "
         "stream's tokens into fewer, multi-token chunks, for clients that accept them"))

@@ -171,7 +171,19 @@ def build_server(config: ServeConfig) -> Server:
         calibrator = _calibrator(config, control, profile, engine)
     server = Server(control, tokenizer, options, calibrator)
     server.placement = placement
+    _record(config, server)
     return server
+
+
+def _record(config: ServeConfig, server: Server) -> None:
+    """--record FILE: every request served, as a trace to replay (issue 32)."""
+    if config.record is None:
+        return
+    from hfx.serving.recorder import Recorder
+
+    server.recorder = Recorder(config.record, server.control, config.record_prompts,
+                               int(config.record_max_mb * (1 << 20)))
+    server.services.append(server.recorder)
 
 
 def _calibrator(config: ServeConfig, control: ControlPlane, profile: Profile,
@@ -241,6 +253,7 @@ def _build_vllm(config: ServeConfig) -> Server:
                           config.max_num_seqs, profile.kv_capacity_tokens, profile.block_size)
     server = Server(control, tokenizer, options, _calibrator(config, control, profile, engine))
     server.placement = placement
+    _record(config, server)
     if placement.attached:
         from hfx.cluster.vllm_healer import BackendHealer
 

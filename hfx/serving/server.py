@@ -21,6 +21,7 @@ from hfx.sampling import SamplingParams
 from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.metrics import Metrics
 from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
+from hfx.serving.recorder import Recorder
 
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
 PRIORITY_HEADER = "x-priority"
@@ -228,6 +229,7 @@ class Server(Intake):
         self.placement: Any = None
         # What else runs beside the control plane while serving (the --backend healer).
         self.services: list[Service] = []
+        self.recorder: Recorder | None = None  # --record: every request's row (issue 32)
         self._ids = itertools.count()
 
     @property
@@ -317,6 +319,8 @@ class Server(Intake):
             if event.token is None:
                 self._ended(request.id)
 
+        if self.recorder is not None:  # before submitting: it may end at once
+            self.recorder.opened(request.id, applied.source)
         record = self.control.submit(request, listen, token_events)
         if record.outcome is Outcome.SHED:  # the queue is full: admission.py
             raise APIError(429, f"overloaded: {record.error}", kind="server_error",
@@ -329,6 +333,8 @@ class Server(Intake):
         record = self.control.forget(request_id)
         if record is not None:
             self.metrics.observe(record)
+            if self.recorder is not None:
+                self.recorder.observe(record)
             if self.calibrator is not None:
                 self.calibrator.observe(record)
 

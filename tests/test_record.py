@@ -1,0 +1,93 @@
+"""``hfx serve --record FILE`` (issue 32): every request served becomes a trace row, written off
+the hot path and rotated by size, with the dispatcher's profile beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from live import Running  # noqa: E402
+
+from hfx.latency import load_profile  # noqa: E402
+
+
+def test_every_request_is_recorded_with_its_slo_source_and_the_profile_beside(tmp_path):
+    path = tmp_path / "rec" / "served.jsonl"
+    gw = Running(executor="sim", instances=1, record=str(path))
+    asks = [({"slo": {"ttft_ms": 3000, "tpot_ms": 400}}, {}, "body"),
+            ({}, {"x-slo-ttft-ms": "2500", "x-slo-tpot-ms": "300"}, "header"),
+            ({"task": "gsm8k"}, {}, "task"),
+            ({"priority": 1}, {}, "priority"),
+            ({}, {}, "default")]
+    try:
+        for i, (extra, headers, _) in enumerate(asks):
+            r = httpx.post(f"{gw.url}/v1/completions", headers=headers, timeout=30, json={
+                "model": gw.model, "prompt": "x" * (3 + i), "max_tokens": 2 + i, **extra})
+            assert r.status_code == 200, r.text
+        refused = httpx.post(f"{gw.url}/v1/completions", timeout=30, json={
+            "model": gw.model, "prompt": "x", "max_tokens": 2, "priority": 99})
+        assert refused.status_code == 400  # refused before submission: no row
+        step_model = gw.server.control.step_model
+    finally:
+        gw.close()  # the last rows are flushed when the server stops
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["slo_source"] for r in rows] == [s for _, _, s in asks]
+    assert [r["input_len"] for r in rows] == [3, 4, 5, 6, 7]
+    assert [r["output_len"] for r in rows] == [r["max_tokens"] for r in rows] == [2, 3, 4, 5, 6]
+    assert {r["outcome"] for r in rows} == {"finished"}
+    assert rows[0]["slo"] == {"ttft_ms": 3000.0, "tpot_ms": 400.0}
+    assert rows[1]["slo"] == {"ttft_ms": 2500.0, "tpot_ms": 300.0}
+    assert rows[2]["task"] == "gsm8k" and rows[3]["priority"] == 1
+    assert rows[3]["slo"] is not None  # the SLO HFX-PM mapped it to
+    assert all(r["ttft_s"] > 0 and r["instance"] == 0 for r in rows)
+    assert "prompt_token_ids" not in rows[0]  # no prompts unless asked
+    assert [r["arrival"] for r in rows] == sorted(r["arrival"] for r in rows)
+    assert rows[0]["arrival"] > 1.7e9  # epoch seconds
+    profile = load_profile(str(path) + ".profile.json")
+    assert profile.model == step_model
+
+
+def test_the_record_rotates_by_size_and_keeps_every_row(tmp_path):
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.recorder import KEEP, Recorder
+
+    path = tmp_path / "r.jsonl"
+
+    async def run() -> Recorder:
+        server = build_server(ServeConfig(executor="sim", instances=1))
+        await server.start()
+        recorder = Recorder(path, server.control, max_bytes=2000)
+        recorder.start()
+        model = server.options.model_name
+        from hfx.request import SLO
+        from hfx.sampling import SamplingParams
+        from hfx.serving.server import AppliedSLO
+
+        server.recorder = recorder
+        for i in range(40):
+            stream = server.open("cmpl", model, [1] * (i + 1), 1, SamplingParams(),
+                                 AppliedSLO(SLO(5, 1), None, "default", "body"), True)
+            async for _ in stream.events():
+                pass
+            if i % 5 == 4:
+                await recorder.flush()
+        await recorder.stop()
+        await server.stop()
+        return recorder
+
+    recorder = asyncio.run(run())
+    files = sorted(tmp_path.glob("r.jsonl*"))
+    rotated = [f for f in files if f.name[len("r.jsonl."):].isdigit()]
+    assert 1 <= len(rotated) <= KEEP
+    assert all(f.stat().st_size < 2000 + 1500 for f in [*rotated, path])
+    oldest_first = [*sorted(rotated, reverse=True), path]
+    ids = [json.loads(line)["input_len"] for f in oldest_first
+           for line in f.read_text().splitlines()]
+    # The newest rows, oldest first across the files; nothing lost that a file still holds.
+    assert ids == list(range(41 - len(ids), 41)) and recorder.written == 40
