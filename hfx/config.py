@@ -196,6 +196,28 @@ class WorkloadSection(Section):
         "seconds after the arrivals end to let requests finish; any still unfinished then count"
         " as missed (backlog_at_end); default: 60 with --duration, else until all end"))
 
+    trace_format: str = Field("auto", description=(
+        "a trace file's format: auto (from its extension and columns), hfx (the columns "
+        "above), hfx-record (hfx serve --record), azure (Azure LLM inference traces), burstgpt, "
+        "mooncake"))
+    slo_map: str | None = Field(None, description=(
+        "SLOs for trace rows that carry none, milliseconds: 'default=2000:500,GPT-4=1000:100,"
+        "input<=512=800:80' (a task name, then length classes in order, then default)"))
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
+        "replay a trace this many times faster (its arrivals divided by it)"))
+    trace_qps: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "replay a trace at this mean rate, requests/s (its arrivals rescaled; instead of "
+        "--time-scale)"))
+
+    @field_validator("slo_map")
+    @classmethod
+    def _slo_map_parses(cls, v: str | None) -> str | None:
+        if v is not None:
+            from hfx.evaluation.trace_formats import parse_slo_map
+
+            parse_slo_map(v)  # ValueError with the reason
+        return v
+
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str) -> str:

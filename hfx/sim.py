@@ -41,7 +41,8 @@ STALL_SECONDS = 600.0  # plus the arrival span: far beyond any workload's drain 
 def load_requests(config: SimConfig) -> list[Request]:
     """The config's workload; with priorities, tasks carry a priority instead of an SLO."""
     requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task,
-                             config.duration)
+                             config.duration, config.trace_format, config.slo_map,
+                             config.time_scale, config.trace_qps)
     if config.priorities and not config.workload.endswith((".jsonl", ".csv")):
         of_task, _ = priority_levels(workload_tasks(config.workload), config.priorities)
         requests = with_priorities(requests, of_task)

@@ -113,10 +113,13 @@ class BreakingExecutor(SimExecutor):
         super().__init__(model)
         self.steps, self.breaks_at, self.how = 0, breaks_at, how
         self.instance: LocalInstance | None = None
+        self.before_break: Callable[[], None] | None = None
 
     async def execute(self, out):
         self.steps += 1
         if self.steps == self.breaks_at:
+            if self.before_break is not None:
+                self.before_break()
             if self.how == "raise":
                 raise RuntimeError("device lost")
             assert self.instance is not None
@@ -125,7 +128,7 @@ class BreakingExecutor(SimExecutor):
         return await super().execute(out)
 
 
-def _break_one_of_two(max_retries: int, how: str = "raise"):
+def _break_one_of_two(max_retries: int, how: str = "raise", abort_first: str | None = None):
     """Four requests round-robin over two instances; instance 0 breaks on its third step, a
     decode step of r0 and r2, which have streamed tokens by then; r9 arrives after it."""
     async def main():
@@ -135,6 +138,8 @@ def _break_one_of_two(max_retries: int, how: str = "raise"):
                      LocalInstance(1, EngineCore(cfg, SimExecutor(MODEL)))]
         breaking.instance = instances[0]
         cp = ControlPlane(instances, make_policy("rr"), PROFILE, max_retries=max_retries)
+        if abort_first is not None:  # aborted just before the instance breaks
+            breaking.before_break = lambda: cp.abort(abort_first)
         await cp.start()
         heard: dict[str, list] = {}
         for i in range(4):
@@ -164,6 +169,17 @@ def test_a_broken_instance_fails_its_requests_clearly_and_takes_no_more(how, max
     assert cp.records["r9"].instance == 1
     assert 0 not in cp.instances and 0 in cp.retired  # released after failing
     assert cp.num_instance_failures == 1
+
+
+def test_a_request_aborted_as_its_instance_dies_ends_aborted_and_is_not_resumed():
+    """The abort had not landed when the instance died: what the client left is not served
+    on another instance (issue 28's review: it was, and ended "finished")."""
+    cp, heard = _break_one_of_two(max_retries=1, how="die", abort_first="r0")
+    r0, r2 = cp.records["r0"], cp.records["r2"]
+    assert r0.outcome is Outcome.ABORTED and r0.retries == 0
+    assert heard["r0"][-1].finish_reason == "abort"
+    assert r2.outcome is Outcome.FINISHED and r2.retries == 1  # the other one resumed
+    assert cp.num_resumed == 1
 
 
 def test_a_dead_instances_requests_resume_elsewhere_with_every_token():

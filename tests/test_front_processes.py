@@ -367,6 +367,9 @@ def test_a_malformed_message_on_the_channel_is_dropped():
         front.setsockopt(zmq.IDENTITY, b"front-0")
         front.connect(address)
         model = server.options.model_name
+        await front.send(msgpack.packb([["open", "r0", "cmpl", model, [1], 1, [0.0, 1.0, None],
+                                         [2.0, 0.5], None, "default", "body", True]]))
+        await front.send(msgpack.packb([["hello"]]))  # the open above came from a stranger
         for junk in (b"\xc1 not msgpack", msgpack.packb({"a": 1}), msgpack.packb([["bogus"]]),
                      msgpack.packb([["open", "r1"]]),  # too few fields
                      msgpack.packb([17, ["bogus"]])):  # two in one frame: neither is valid
@@ -389,7 +392,8 @@ def test_a_malformed_message_on_the_channel_is_dropped():
     assert kinds[0] == "opened" and kinds[-1] == "end"
     assert sum(len(ids) for m in got if m[0] == "tokens" for _, ids in m[1]) == 3
     assert got[-1][2] == "length"
-    assert dropped == 7
+    assert dropped == 8
+    assert not any(m[0] in ('opened', 'refused') and m[1] == 'r0' for m in got)
 
 
 def _wait(ok, what: str, seconds: float = 15.0) -> None:

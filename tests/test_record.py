@@ -91,3 +91,41 @@ def test_the_record_rotates_by_size_and_keeps_every_row(tmp_path):
            for line in f.read_text().splitlines()]
     # The newest rows, oldest first across the files; nothing lost that a file still holds.
     assert ids == list(range(41 - len(ids), 41)) and recorder.written == 40
+
+
+def test_a_recorded_run_replays_on_the_simulator_and_sizes_a_fleet(tmp_path):
+    """What was served goes back in: hfx sim reads the record (its format found by itself)
+    with the profile written beside it, and hfx whatif sizes a fleet for it."""
+    from hfx.config import SimConfig
+    from hfx.evaluation.trace_formats import detect_format
+    from hfx.evaluation.whatif import table, whatif
+    from hfx.sim import load_requests, simulate
+
+    path = tmp_path / "served.jsonl"
+    gw = Running(executor="sim", instances=1, record=str(path))
+    try:
+        for i in range(12):
+            r = httpx.post(f"{gw.url}/v1/completions", timeout=30, json={
+                "model": gw.model, "prompt": "y" * (5 + i), "max_tokens": 3 + i % 4,
+                "task": "gsm8k" if i % 2 else None})
+            assert r.status_code == 200, r.text
+    finally:
+        gw.close()
+    assert detect_format(path) == "hfx-record"
+    config = SimConfig(workload=str(path), profile=str(path) + ".profile.json", instances=1,
+                       policy="rr")
+    requests = load_requests(config)
+    assert [r.prompt_len for r in requests] == [5 + i for i in range(12)]
+    assert [r.max_tokens for r in requests] == [3 + i % 4 for i in range(12)]
+    assert requests[0].arrival == 0.0 and requests[1].arrival > 0
+    assert [r.task for r in requests[:2]] == ["default", "gsm8k"]
+    result = simulate(config)
+    assert result["finished"] == 12 and result["requests"] == 12
+    out = whatif(config, ["rr", "hfx"], [1, 2], 0.9, jobs=1, progress=False)
+    assert [(r["policy"], r["instances"]) for r in out["rows"]] == [
+        ("rr", 1), ("rr", 2), ("hfx", 1), ("hfx", 2)]
+    assert all(r["finished"] == 12 for r in out["rows"])
+    # Twelve sparse requests: one instance meets the target; cost grows with the fleet.
+    assert out["smallest"] == {"rr": 1, "hfx": 1}
+    assert out["rows"][1]["cost_units"] > out["rows"][0]["cost_units"]
+    assert "smallest fleet at attainment >= 0.9: rr 1, hfx 1" in table(out)

@@ -144,3 +144,32 @@ def test_every_backend_is_served_and_a_mismatch_is_an_error():
         ServeConfig(engine="vllm", backend=urls, instances=2)
     with pytest.raises(ValueError, match="--prefill \\+ --decode is 2"):
         ServeConfig(engine="vllm", backend=urls, mode="pd")
+
+
+def test_a_stream_cancelled_before_it_ran_still_reports_its_end():
+    """A dispatch and its abort in one turn of the loop: the stream's task is cancelled before
+    its first step, and must still say it ended, or the request would hang (review of
+    issue 28)."""
+    from hfx.cluster.upstream import LocalRelay
+
+    ended: list[tuple[str, int, str]] = []
+
+    class Owner:
+        url = "http://127.0.0.1:9"
+
+        def on_tokens(self, rid, stream_id, ids, times):
+            raise AssertionError("no tokens expected")
+
+        def on_ended(self, rid, stream_id, ending):
+            ended.append((rid, stream_id, ending.kind))
+
+    async def run() -> None:
+        relay = LocalRelay()
+        relay.open(Owner(), "r1", 7, {"prompt": [1]})
+        relay.cancel("r1", 7)  # the same turn: the task never ran
+        relay.cancel("r1", 8)  # another stream's id: nothing
+        await asyncio.sleep(0.05)
+        await relay.close()
+
+    asyncio.run(run())
+    assert ended == [("r1", 7, "aborted")]

@@ -261,8 +261,9 @@ class ControlPlane:
             self._dispatch.policy.withdraw(rid)
             self._finish(record, outcome, asyncio.get_running_loop().time(), error)
             return
-        if ending is not None:
-            self._ending[rid] = ending
+        # Remembered until the abort lands: a stream that breaks meanwhile, or an instance
+        # that fails, must not resume what was ended (the first reason given wins).
+        self._ending.setdefault(rid, ending or (Outcome.ABORTED, "abort", None))
         self.instances[record.instance].abort(rid)
         if record.decode_instance is not None:
             self.instances[record.decode_instance].abort(rid)
@@ -418,7 +419,10 @@ class ControlPlane:
             dst = record.decode_instance
             if dst is not None and dst != instance_id and dst in self.instances:
                 self.instances[dst].abort(rid)  # its KV was on its way there: free the room
-            if self.recovery.resumable(record, instance_id, suspect=rid in out.suspects):
+            if rid in self._ending:  # it was being ended (aborted, a stop string, shed)
+                outcome, reason, error = self._ending[rid]
+                self._finish(record, outcome, now, error, reason=reason)
+            elif self.recovery.resumable(record, instance_id, suspect=rid in out.suspects):
                 self._resume(record, now)
             else:
                 self._finish(record, Outcome.FAILED, now, out.error)

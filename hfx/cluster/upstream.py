@@ -183,38 +183,50 @@ async def relay(session: aiohttp.ClientSession, url: str, request_id: str,
         return Ending("fault", message=str(e))
 
 
+def ending_of(task: asyncio.Task[Ending]) -> Ending:
+    """How a relay task ended: its result; aborted if it was cancelled, even before it ran
+    (a coroutine cancelled before its first step never enters its ``try``: hence a done
+    callback, not a ``finally``, reports the end); a fault if it raised."""
+    if task.cancelled():
+        return ABORTED
+    error = task.exception()
+    if error is not None:
+        log.error("a relayed stream raised", exc_info=error)
+        return Ending("fault", message=f"{type(error).__name__}: {error}")
+    return task.result()
+
+
 class LocalRelay:
     """Streams run in this process: the one-process gateway (``--api-workers 1``)."""
 
     def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[int, asyncio.Task[Ending]] = {}  # stream id → its task
 
-    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
+    def open(self, owner: RelayOwner, request_id: str, stream_id: int,
+             body: dict[str, Any]) -> None:
         if self._session is None:
             self._session = new_session()
-        task = asyncio.get_running_loop().create_task(self._run(owner, request_id, body),
-                                                      name=f"vllm-{request_id}")
-        self._tasks[request_id] = task
+        loop = asyncio.get_running_loop()
 
-    def cancel(self, request_id: str) -> None:
-        task = self._tasks.get(request_id)
+        def tokens(ids: list[int]) -> None:
+            owner.on_tokens(request_id, stream_id, ids, [loop.time()] * len(ids))
+
+        task = loop.create_task(relay(self._session, owner.url, request_id, body, tokens,
+                                      self.idle_timeout), name=f"vllm-{request_id}")
+        self._tasks[stream_id] = task
+        task.add_done_callback(lambda t: self._done(owner, request_id, stream_id, t))
+
+    def _done(self, owner: RelayOwner, request_id: str, stream_id: int,
+              task: asyncio.Task[Ending]) -> None:
+        self._tasks.pop(stream_id, None)
+        owner.on_ended(request_id, stream_id, ending_of(task))
+
+    def cancel(self, request_id: str, stream_id: int) -> None:
+        task = self._tasks.get(stream_id)
         if task is not None:
             task.cancel()
-
-    async def _run(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
-        assert self._session is not None
-        loop = asyncio.get_running_loop()
-        ending = ABORTED
-        try:
-            ending = await relay(self._session, owner.url, request_id, body,
-                                 lambda ids: owner.on_tokens(request_id, ids,
-                                                             [loop.time()] * len(ids)),
-                                 self.idle_timeout)
-        finally:
-            self._tasks.pop(request_id, None)
-            owner.on_ended(request_id, ending)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -226,19 +238,23 @@ class LocalRelay:
 
 
 class RelayOwner(Protocol):
-    """The instance a relayed stream reports to (``VLLMInstance``)."""
+    """The instance a relayed stream reports to (``VLLMInstance``). A stream id names one
+    stream of a request: a request resumed elsewhere, or decoded after its prefill, has a new
+    one, and word of an older stream is ignored."""
 
     url: str
 
-    def on_tokens(self, request_id: str, ids: list[int], times: list[float]) -> None: ...
+    def on_tokens(self, request_id: str, stream_id: int, ids: list[int],
+                  times: list[float]) -> None: ...
 
-    def on_ended(self, request_id: str, ending: Ending) -> None: ...
+    def on_ended(self, request_id: str, stream_id: int, ending: Ending) -> None: ...
 
 
 class Relay(Protocol):
     """Where an instance's streams run: this process (``LocalRelay``) or a front process
     (``hfx.serving.hub``); either way the instance hears tokens and the end."""
 
-    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None: ...
+    def open(self, owner: RelayOwner, request_id: str, stream_id: int,
+             body: dict[str, Any]) -> None: ...
 
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str, stream_id: int) -> None: ...

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,9 +72,13 @@ def vllm_priority(request: Request, best_effort: bool) -> int:
     return max(0, round(request.slo.tpot * 1e3))
 
 
+_STREAM_IDS = itertools.count()  # unique across instances: a relay may serve several
+
+
 @dataclass(slots=True)
 class _Sent:
     request: Request
+    stream_id: int
     tokens: int = 0
     best_effort: bool = False
     output: list[int] = field(default_factory=list)  # prefill role: its first token
@@ -124,8 +129,8 @@ class VLLMInstance:
             self._scrape_forever(), name=f"vllm-scrape-{self.id}")
 
     async def stop(self) -> None:
-        for rid in list(self._sent):
-            self.relay.cancel(rid)
+        for rid, sent in list(self._sent.items()):
+            self.relay.cancel(rid, sent.stream_id)
         if isinstance(self.relay, LocalRelay):
             await self.relay.close()
         if self._scraper is not None:
@@ -157,12 +162,14 @@ class VLLMInstance:
     def _send(self, request: Request, best_effort: bool) -> None:
         if not self._sent:
             self._busy_since = asyncio.get_running_loop().time()
-        self._sent[request.id] = _Sent(request, best_effort=best_effort)
-        self.relay.open(self, request.id, self.body(request, best_effort))
+        sent = self._sent[request.id] = _Sent(request, next(_STREAM_IDS),
+                                              best_effort=best_effort)
+        self.relay.open(self, request.id, sent.stream_id, self.body(request, best_effort))
 
     def abort(self, request_id: str) -> None:
-        if request_id in self._sent:
-            self.relay.cancel(request_id)  # closes the connection: vLLM aborts it, frees KV
+        sent = self._sent.get(request_id)
+        if sent is not None:  # closing the connection: vLLM aborts it and frees its KV
+            self.relay.cancel(request_id, sent.stream_id)
         elif self._held.pop(request_id, None) or self._incoming.pop(request_id, None):
             self._report(request_id, RequestStatus.FINISHED_ABORTED)
 
@@ -236,11 +243,12 @@ class VLLMInstance:
             body["seed"] = sampling.seed
         return body
 
-    def on_tokens(self, rid: str, tokens: list[int], times: list[float]) -> None:
+    def on_tokens(self, rid: str, stream_id: int, tokens: list[int],
+                  times: list[float]) -> None:
         """Tokens of one stream, each with the time the loop that read it read it."""
         sent = self._sent.get(rid)
-        if sent is None:
-            return  # reported after its end (the instance failed meanwhile)
+        if sent is None or sent.stream_id != stream_id:
+            return  # an older stream's, or after its end (the instance failed meanwhile)
         assert self._sink is not None
         sent.tokens += len(tokens)
         if self.role is Role.PREFILL:
@@ -248,9 +256,10 @@ class VLLMInstance:
         self._sink(self.id, StepOutput(times[-1], [rid] * len(tokens), tokens, [],
                                        token_times=times))
 
-    def on_ended(self, rid: str, ending: Ending) -> None:
+    def on_ended(self, rid: str, stream_id: int, ending: Ending) -> None:
         """The relay's word on how a stream ended."""
-        if rid not in self._sent or self._failed is not None:
+        sent = self._sent.get(rid)
+        if sent is None or sent.stream_id != stream_id or self._failed is not None:
             return
         if ending.kind == "finished":
             self._faults = 0
@@ -262,15 +271,17 @@ class VLLMInstance:
             # health check says; meanwhile every other stream goes on (issue 28).
             self.num_faults += 1
             failure = f"instance {self.id} (vLLM at {self.url}): {ending.message}"
-            task = asyncio.get_running_loop().create_task(self._lost(rid, failure))
+            task = asyncio.get_running_loop().create_task(self._lost(rid, stream_id, failure))
             self._checks.add(task)  # held until done: the loop keeps only weak references
             task.add_done_callback(self._checks.discard)
         else:
             self._end(rid, RequestStatus.FINISHED_ABORTED, None)
 
-    async def _lost(self, rid: str, failure: str) -> None:
-        if await self._still_healthy(failure) and rid in self._sent:
-            self._end(rid, RequestStatus.FINISHED_LOST, failure)
+    async def _lost(self, rid: str, stream_id: int, failure: str) -> None:
+        if await self._still_healthy(failure):
+            sent = self._sent.get(rid)
+            if sent is not None and sent.stream_id == stream_id:
+                self._end(rid, RequestStatus.FINISHED_LOST, failure)
 
     def _finished(self, rid: str, reason: str) -> RequestStatus:
         """The terminal status a finish reason means here."""
@@ -337,8 +348,8 @@ class VLLMInstance:
             return
         self._failed = error
         sent, self._sent = self._sent, {}
-        for rid in sent:
-            self.relay.cancel(rid)  # its end, when reported, finds nothing left to end
+        for rid, s in sent.items():
+            self.relay.cancel(rid, s.stream_id)  # its end, when reported, finds nothing
         held = [*sent, *self._held, *self._incoming]
         self._held, self._incoming = {}, {}
         now = asyncio.get_running_loop().time()

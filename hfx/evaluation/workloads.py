@@ -300,14 +300,22 @@ def load_trace(path: str | Path) -> list[Request]:
 
 def load_workload(workload: str, qps: float, seed: int,
                   requests_per_task: int = DEFAULT_REQUESTS_PER_TASK,
-                  duration: float | None = None) -> list[Request]:
-    """A named task set, the priority ramp, or a trace file (.jsonl, .csv); a task set with
-    ``duration`` is a steady-state stream of that many seconds."""
+                  duration: float | None = None, trace_format: str = "auto",
+                  slo_map: str | None = None, time_scale: float = 1.0,
+                  trace_qps: float | None = None) -> list[Request]:
+    """A named task set, the priority ramp, or a trace file (.jsonl, .csv, in any format
+    hfx/evaluation/trace_formats.py reads); a task set with ``duration`` is a steady-state
+    stream of that many seconds."""
     if workload.endswith((".jsonl", ".csv")) or workload == "ramp":
         if duration is not None:
             raise ValueError(f"{workload}: a trace or the ramp sets its own arrivals; "
                              "--duration applies to task sets")
-        return load_trace(workload) if workload != "ramp" else ramp(qps, seed)
+        if workload == "ramp":
+            return ramp(qps, seed)
+        from hfx.evaluation.trace_formats import parse_slo_map, read_trace
+
+        return read_trace(workload, trace_format,
+                          parse_slo_map(slo_map) if slo_map else None, time_scale, trace_qps)
     if workload in TIERED:
         return tiered(workload, qps, seed, 4 * requests_per_task, duration)
     if workload in BURSTY:  # finite: whole cycles, as many as the task set's requests take

@@ -29,7 +29,7 @@ import aiohttp
 
 from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
-from hfx.cluster.upstream import ABORTED, Ending, new_session, relay
+from hfx.cluster.upstream import ABORTED, Ending, ending_of, new_session, relay
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request
 from hfx.sampling import SamplingParams
@@ -81,8 +81,10 @@ class FrontServer(Intake):
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}"  # ids stay unique across restarts of a front
         self._answers: dict[str | int, asyncio.Future[list[Any]]] = {}
-        self._relays: dict[str, asyncio.Task[None]] = {}
-        self._progress: dict[str, tuple[list[int], list[float]]] = {}  # not reported yet
+        self._relays: dict[tuple[str, int], asyncio.Task[Ending]] = {}  # (rid, stream id)
+        # (rid, stream id) → tokens and their times not reported yet
+        self._progress: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+        self._delivered: dict[str, int] = {}  # request id → tokens its client got
         self._flush: asyncio.TimerHandle | None = None
         self._socket: FrontSocket | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -99,8 +101,8 @@ class FrontServer(Intake):
                        loop.create_task(self._watch(), name="front-watch")]
 
     async def stop(self) -> None:
-        for rid in list(self._relays):
-            self._relays[rid].cancel()
+        for task in list(self._relays.values()):
+            task.cancel()
         await asyncio.gather(*self._relays.values(), return_exceptions=True)
         self._send_progress()
         for task in self._tasks:
@@ -229,6 +231,7 @@ class FrontServer(Intake):
     def _end(self, message: list[Any]) -> None:
         _, rid, reason, error, outcome, queue_time, ttft, e2e, slo = message
         stream = self.streams.pop(rid, None)
+        self._delivered.pop(rid, None)
         if stream is None:
             return
         record = stream.record
@@ -242,48 +245,58 @@ class FrontServer(Intake):
 
     # ---- streams from vLLM servers -----------------------------------------------------------
     def _stream(self, message: list[Any]) -> None:
-        _, rid, url, body = message
-        if rid not in self.streams:  # its client left meanwhile
-            self._send(["ended", rid, *ABORTED.wire()])
-            return
-        task = asyncio.get_running_loop().create_task(self._relay(rid, url, body),
-                                                      name=f"relay-{rid}")
-        self._relays[rid] = task
+        _, rid, stream_id, url, body = message
+        task = asyncio.get_running_loop().create_task(
+            self._relay(rid, stream_id, url, body), name=f"relay-{rid}")
+        self._relays[rid, stream_id] = task
+        # The end is reported from a done callback: a task cancelled before it first runs
+        # never enters the coroutine, whose ``finally`` would then say nothing.
+        task.add_done_callback(lambda t: self._relay_done(rid, stream_id, t))
 
     def _cancel(self, message: list[Any]) -> None:
-        task = self._relays.get(message[1])
+        task = self._relays.get((message[1], message[2]))
         if task is not None:
             task.cancel()
 
-    async def _relay(self, rid: str, url: str, body: dict[str, Any]) -> None:
+    async def _relay(self, rid: str, stream_id: int, url: str, body: dict[str, Any]
+                     ) -> Ending:
         assert self._session is not None
-        loop = asyncio.get_running_loop()
         stream = self.streams.get(rid)
-        if stream is None:  # ended meanwhile (the control plane was lost)
-            self._relays.pop(rid, None)
-            self._send(["ended", rid, *ABORTED.wire()])
-            return
+        if stream is None:  # its client left meanwhile, or the control plane was lost
+            return ABORTED
+        loop = asyncio.get_running_loop()
         put = stream.queue.put_nowait
+        # The control plane resumes a request from the tokens it has heard of; its client may
+        # have more (streamed in the last batch before the stream broke): those it does not
+        # get twice. The prompt sent is the request's prompt plus the tokens resumed from.
+        skip = [max(0, self._delivered.get(rid, 0)
+                    - (len(body.get("prompt", ())) - stream.request.prompt_len))]
+        key = (rid, stream_id)
 
         def tokens(ids: list[int]) -> None:
-            for token in ids:
+            fresh = ids
+            if skip[0]:
+                n = min(skip[0], len(ids))
+                skip[0] -= n
+                fresh = ids[n:]
+            for token in fresh:
                 put(TokenEvent(token))  # to the client now; to the control process in a batch
+            self._delivered[rid] = self._delivered.get(rid, 0) + len(fresh)
             now = loop.time()
-            pending = self._progress.get(rid)
+            pending = self._progress.get(key)
             if pending is None:
-                pending = self._progress[rid] = ([], [])
+                pending = self._progress[key] = ([], [])
             pending[0].extend(ids)
             pending[1].extend([now] * len(ids))
             if self._flush is None:
                 self._flush = loop.call_later(PROGRESS_SECONDS, self._send_progress)
 
-        ending: Ending = ABORTED
-        try:
-            ending = await relay(self._session, url, rid, body, tokens, self.spec.idle_timeout)
-        finally:
-            self._relays.pop(rid, None)
-            self._send_progress()  # every token it streamed before its end, in order
-            self._send(["ended", rid, *ending.wire()])
+        return await relay(self._session, url, rid, body, tokens, self.spec.idle_timeout)
+
+    def _relay_done(self, rid: str, stream_id: int, task: asyncio.Task[Ending]) -> None:
+        self._relays.pop((rid, stream_id), None)
+        self._send_progress()  # every token it streamed before its end, in order
+        self._send(["ended", rid, stream_id, *ending_of(task).wire()])
 
     def _send_progress(self) -> None:
         if self._flush is not None:
@@ -291,7 +304,8 @@ class FrontServer(Intake):
             self._flush = None
         if self._progress:
             batch, self._progress = self._progress, {}
-            self._send(["progress", [[rid, ids, times] for rid, (ids, times) in batch.items()]])
+            self._send(["progress", [[rid, sid, ids, times]
+                                     for (rid, sid), (ids, times) in batch.items()]])
 
     # ---- the control plane gone --------------------------------------------------------------
     async def _watch(self) -> None:
@@ -307,12 +321,11 @@ class FrontServer(Intake):
         """End every stream with the reason, answer 503 from now on, and exit non-zero."""
         log.error("front %d: %s; exiting", self.index, why)
         self.lost = why
-        for rid, stream in list(self.streams.items()):
+        for stream in list(self.streams.values()):
             stream.record.outcome = Outcome.FAILED
             stream.queue.put_nowait(TokenEvent(None, "error", why))
-            task = self._relays.get(rid)
-            if task is not None:
-                task.cancel()
+        for task in self._relays.values():
+            task.cancel()
         self.streams.clear()
         for future in self._answers.values():
             if not future.done():

@@ -49,7 +49,8 @@ class FrontHub:
         self.fronts: set[bytes] = set()
         self.owner: dict[str, bytes] = {}  # request id → the front that answers its client
         self.streams: dict[str, Stream] = {}  # request id → its stream here (the record)
-        self.relayed: dict[str, RelayOwner] = {}  # request id → instance whose stream a front runs
+        # request id → the instance whose stream a front runs, and that stream's id
+        self.relayed: dict[str, tuple[RelayOwner, int]] = {}
         self._out: dict[bytes, list[list[Any]]] = {}  # per front, in order, sent once a turn
         self._flush: asyncio.Handle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -66,24 +67,27 @@ class FrontHub:
         self.socket.close()
 
     # ---- the vLLM instances' Relay -----------------------------------------------------------
-    def open(self, owner: RelayOwner, request_id: str, body: dict[str, Any]) -> None:
+    def open(self, owner: RelayOwner, request_id: str, stream_id: int,
+             body: dict[str, Any]) -> None:
         front = self.owner.get(request_id)
         if front is None or front not in self.fronts:  # its front died meanwhile
-            asyncio.get_running_loop().call_soon(owner.on_ended, request_id, ABORTED)
+            asyncio.get_running_loop().call_soon(owner.on_ended, request_id, stream_id,
+                                                 ABORTED)
             return
-        self.relayed[request_id] = owner
-        self.socket.send(front, ["stream", request_id, owner.url, body])
+        self.relayed[request_id] = (owner, stream_id)
+        self.socket.send(front, ["stream", request_id, stream_id, owner.url, body])
 
-    def cancel(self, request_id: str) -> None:
-        owner = self.relayed.get(request_id)
-        if owner is None:
+    def cancel(self, request_id: str, stream_id: int) -> None:
+        entry = self.relayed.get(request_id)
+        if entry is None or entry[1] != stream_id:
             return
         front = self.owner.get(request_id)
         if front is not None and front in self.fronts:
-            self.socket.send(front, ["cancel", request_id])  # its ``ended`` follows
+            self.socket.send(front, ["cancel", request_id, stream_id])  # ``ended`` follows
         else:  # nobody runs it any more: its connection closed with its front
             del self.relayed[request_id]
-            asyncio.get_running_loop().call_soon(owner.on_ended, request_id, ABORTED)
+            asyncio.get_running_loop().call_soon(entry[0].on_ended, request_id, stream_id,
+                                                 ABORTED)
 
     # ---- fronts ------------------------------------------------------------------------------
     def front_died(self, index: int) -> None:
@@ -95,9 +99,9 @@ class FrontHub:
             stream = self.streams.get(rid)
             if stream is not None:
                 self.server.abort(stream)
-            owner = self.relayed.pop(rid, None)
-            if owner is not None:
-                owner.on_ended(rid, ABORTED)
+            entry = self.relayed.pop(rid, None)
+            if entry is not None:
+                entry[0].on_ended(rid, entry[1], ABORTED)
 
     async def _receive(self) -> None:
         handlers = {"hello": self._hello, "open": self._open, "abort": self._abort,
@@ -105,6 +109,11 @@ class FrontHub:
         while True:
             front, messages = await self.socket.recv()
             for message in messages:
+                if message and message[0] != "hello" and front not in self.fronts:
+                    # A dead front's message read after its death (or a stranger's): what
+                    # it asks for could never be answered.
+                    self.num_dropped += 1
+                    continue
                 handler = handlers.get(message[0]) if message else None
                 if handler is None:
                     self.num_dropped += 1
@@ -131,7 +140,6 @@ class FrontHub:
     def _open(self, front: bytes, rid: str, kind: str, model: str, ids: list[int],
               max_tokens: int, sampling: list[Any], slo: list[float] | None,
               priority: int | None, task: str, source: str, ignore_eos: bool) -> None:
-        self.fronts.add(front)
         applied = AppliedSLO(None if slo is None else SLO(*slo), priority, task, source)
         self.owner[rid] = front  # before submitting: it may be dispatched at once
         try:
@@ -139,8 +147,12 @@ class FrontHub:
                                       applied, ignore_eos, request_id=rid,
                                       listener=partial(self._hear, front, rid),
                                       token_events=not self.tokens_at_front)
-        except APIError as e:
+        except Exception as e:
             self.owner.pop(rid, None)
+            if not isinstance(e, APIError):  # a bug, not the client's doing: still an answer
+                log.exception("opening %s failed", rid)
+                e = APIError(500, f"internal error: {type(e).__name__}: {e}",
+                             kind="server_error", code="internal_error")
             self.socket.send(front, ["refused", rid, e.status, e.body(), e.headers])
             return
         applied = stream.applied
@@ -155,16 +167,22 @@ class FrontHub:
             (self.server.stopped if finished else self.server.abort)(stream)
 
     def _progress(self, front: bytes, batch: list[list[Any]]) -> None:
-        for rid, ids, times in batch:
-            owner = self.relayed.get(rid)
-            if owner is not None:
-                owner.on_tokens(rid, ids, times)
+        for entry in batch:
+            try:
+                rid, stream_id, ids, times = entry
+                relayed = self.relayed.get(rid)
+                if relayed is not None and relayed[1] == stream_id:
+                    relayed[0].on_tokens(rid, stream_id, ids, times)
+            except Exception:  # this entry is lost, not the other requests' tokens
+                self.num_dropped += 1
+                log.exception("dropped a malformed progress entry %.200r", entry)
 
-    def _ended(self, front: bytes, rid: str, kind: str, reason: str | None,
+    def _ended(self, front: bytes, rid: str, stream_id: int, kind: str, reason: str | None,
                message: str | None) -> None:
-        owner = self.relayed.pop(rid, None)
-        if owner is not None:
-            owner.on_ended(rid, Ending(kind, reason, message))
+        relayed = self.relayed.get(rid)
+        if relayed is not None and relayed[1] == stream_id:  # not an older stream's end
+            del self.relayed[rid]
+            relayed[0].on_ended(rid, stream_id, Ending(kind, reason, message))
 
     def _metrics(self, front: bytes, nonce: int) -> None:
         self.socket.send(front, ["metrics", nonce, self.server.metrics.render()])
