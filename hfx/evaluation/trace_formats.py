@@ -51,6 +51,7 @@ class TraceRow:
     priority: int | None = None
     id: str | None = None
     from_priority: bool = False
+    where: str = field(default="", compare=False)  # file:line, for messages about the row
 
 
 @dataclass(slots=True)
@@ -152,7 +153,7 @@ def read_hfx(path: Path) -> TraceReport:
         slo = SLO(ttft, tpot) if ttft is not None else None
         task = str(row.get("task") or "") or None
         report.rows.append(TraceRow(arrival, input_len, output_len, task, slo, priority,
-                                    str(row.get("id") or "") or None))
+                                    str(row.get("id") or "") or None, where=where))
     return report
 
 
@@ -197,7 +198,8 @@ def read_hfx_record(path: Path) -> TraceReport:
         report.rows.append(TraceRow(arrival - first, input_len, output_len,
                                     str(row.get("task") or "") or None,
                                     None if from_priority else slo, priority,
-                                    str(row.get("id") or "") or None, from_priority))
+                                    str(row.get("id") or "") or None, from_priority,
+                                    where=where))
     return report
 
 
@@ -232,7 +234,8 @@ def read_azure(path: Path) -> TraceReport:
             report.skipped += 1
             continue
         _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow((t - first).total_seconds(), input_len, output_len, task))
+        report.rows.append(TraceRow((t - first).total_seconds(), input_len, output_len, task,
+                                    where=where))
     return report
 
 
@@ -249,7 +252,8 @@ def read_burstgpt(path: Path) -> TraceReport:
             report.skipped += 1
             continue
         _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow(arrival, input_len, output_len, row["Model"] or None))
+        report.rows.append(TraceRow(arrival, input_len, output_len, row["Model"] or None,
+                                    where=where))
     return report
 
 
@@ -265,7 +269,7 @@ def read_mooncake(path: Path) -> TraceReport:
             report.skipped += 1
             continue
         _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow(arrival, input_len, output_len, "mooncake"))
+        report.rows.append(TraceRow(arrival, input_len, output_len, "mooncake", where=where))
     return report
 
 
@@ -398,8 +402,9 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
             if slo is None and row.task in TASKS:
                 slo = TASKS[row.task].slo
         if slo is None and row.priority is None:
-            raise TraceError(f"{path}: request {rid} (task {row.task!r}) has no SLO; "
-                             "give --slo-map, e.g. default=2000:500")
+            raise TraceError(f"{row.where or path}: request {rid} (task {row.task!r}) has no "
+                             f"SLO: give ttft and tpot, a priority, a Table 1 task name "
+                             f"({', '.join(TASKS)}), or --slo-map, e.g. default=2000:500")
         requests.append(Request(id=rid, arrival=(row.arrival - origin) / divisor,
                                 prompt_len=row.input_len, max_tokens=row.output_len, slo=slo,
                                 task=row.task or "default", priority=row.priority))

@@ -14,8 +14,6 @@ set does not change the others.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -207,95 +205,14 @@ def tiered(workload: str, qps: float, seed: int, requests: int,
 TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
 
 
-def _row_to_request(row: dict, where: str, index: int) -> Request:
-    unknown = set(row) - set(TRACE_FIELDS) - {"id"}
-    if unknown:
-        raise TraceError(f"{where}: unknown field(s) {sorted(unknown)}; "
-                         f"expected {', '.join(TRACE_FIELDS)}")
-
-    def number(key: str, kind: type, required: bool = True) -> float | int | None:
-        value = row.get(key)
-        if value is None or value == "":
-            if required:
-                raise TraceError(f"{where}: missing required field {key!r}")
-            return None
-        try:
-            out = kind(float(value)) if kind is int else kind(value)
-        except (TypeError, ValueError):
-            raise TraceError(f"{where}: field {key!r} is not a number: {value!r}") from None
-        if kind is int and float(value) != out:
-            raise TraceError(f"{where}: field {key!r} must be a whole number: {value!r}")
-        if not math.isfinite(out) or out < 0:
-            raise TraceError(f"{where}: field {key!r} must be finite and >= 0: {value!r}")
-        return out
-
-    arrival = number("arrival", float)
-    input_len = number("input_len", int)
-    output_len = number("output_len", int)
-    ttft = number("ttft", float, required=False)
-    tpot = number("tpot", float, required=False)
-    priority = number("priority", int, required=False)
-    task = str(row.get("task") or "default")
-    if input_len < 1 or output_len < 1:
-        raise TraceError(f"{where}: input_len and output_len must be >= 1")
-    if (ttft is None) != (tpot is None):
-        raise TraceError(f"{where}: give both ttft and tpot, or neither")
-    if ttft is not None:
-        if ttft <= 0 or tpot <= 0:
-            raise TraceError(f"{where}: ttft and tpot must be > 0")
-        slo = SLO(ttft, tpot)
-    elif task in TASKS:
-        slo = TASKS[task].slo
-    elif priority is not None:
-        slo = None  # mapped from the priority (run with --priorities N)
-    else:
-        raise TraceError(f"{where}: no SLO: give ttft and tpot, a priority, or a Table 1 task "
-                         f"name ({', '.join(TASKS)})")
-    return Request(id=str(row.get("id") or f"trace-{index}"), arrival=arrival,
-                   prompt_len=input_len, max_tokens=output_len, slo=slo, task=task,
-                   priority=priority)
-
-
 def load_trace(path: str | Path) -> list[Request]:
-    """Read a JSONL or CSV trace (fields: arrival [s], input_len, output_len, and optionally
-    ttft [s], tpot [s], task, priority, id). Returns requests sorted by arrival."""
-    path = Path(path)
-    if not path.exists():
-        raise TraceError(f"{path}: no such trace file")
-    requests: list[Request] = []
-    if path.suffix == ".jsonl":
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TraceError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise TraceError(f"{where}: expected a JSON object")
-                requests.append(_row_to_request(row, where, len(requests)))
-    elif path.suffix == ".csv":
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = {"arrival", "input_len", "output_len"} - set(reader.fieldnames or ())
-            if missing:
-                raise TraceError(f"{path}:1: header lacks {sorted(missing)}")
-            for row in reader:
-                where = f"{path}:{reader.line_num}"
-                if None in row:
-                    raise TraceError(f"{where}: more values than header columns")
-                requests.append(_row_to_request(row, where, len(requests)))
-    else:
-        raise TraceError(f"{path}: unsupported trace format; use .jsonl or .csv")
-    if not requests:
-        raise TraceError(f"{path}: the trace has no requests")
-    ids = [r.id for r in requests]
-    if len(set(ids)) != len(ids):
-        raise TraceError(f"{path}: request ids are not unique")
-    requests.sort(key=lambda r: r.arrival)
-    return requests
+    """Read a trace in HFX's own columns, JSONL or CSV (fields: arrival [s], input_len,
+    output_len, and optionally ttft [s], tpot [s], task, priority, id); requests sorted by
+    arrival. A row's SLO is its own, else its Table 1 task's; one with only a priority keeps
+    it. (hfx/evaluation/trace_formats.py reads this and the public formats.)"""
+    from hfx.evaluation.trace_formats import read_trace
+
+    return read_trace(path, "hfx")
 
 
 def load_workload(workload: str, qps: float, seed: int,

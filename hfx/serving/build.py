@@ -181,8 +181,10 @@ def _record(config: ServeConfig, server: Server) -> None:
         return
     from hfx.serving.recorder import Recorder
 
+    calibrator = server.calibrator
     server.recorder = Recorder(config.record, server.control, config.record_prompts,
-                               int(config.record_max_mb * (1 << 20)))
+                               int(config.record_max_mb * (1 << 20)),
+                               lambda: calibrator.last if calibrator is not None else None)
     server.services.append(server.recorder)
 
 

@@ -5,8 +5,10 @@ A row is taken when a request ends, from its record in the deciding process, and
 memory; a background task writes what gathered every ``FLUSH_SECONDS`` on a worker thread, so
 serving never waits on the disk. A file past ``max_bytes`` is rotated (FILE → FILE.1 → … →
 FILE.``KEEP``). Beside it, ``FILE.profile.json`` is the step-time profile the dispatcher plans
-with at the latest flush (calibrated while serving, if it is), so a replay plans as the server
-did. Prompt text is never written; ``--record-prompts`` adds the prompt's token ids.
+with at the latest flush (calibrated while serving, if it is: its ``meta`` then holds the
+decode scale and the token delivery latency fitted, which the simulator does not model), so a
+replay plans as the server did. Prompt text is never written; ``--record-prompts`` adds the
+prompt's token ids.
 
 Row fields: ``id``, ``arrival`` (epoch seconds), ``input_len``, ``output_len`` (tokens the
 request got), ``max_tokens``, ``slo`` ({ttft_ms, tpot_ms} or null), ``slo_source``, ``task``,
@@ -21,10 +23,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hfx.calibration import Calibration
 from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
 from hfx.request import RequestRecord
@@ -38,12 +42,14 @@ DEFAULT_MAX_BYTES = 100 << 20
 
 class Recorder:
     def __init__(self, path: str | Path, control: ControlPlane, prompts: bool = False,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES,
+                 calibration: Callable[[], Calibration | None] = lambda: None) -> None:
         self.path = Path(path)
         self.profile_path = self.path.with_name(self.path.name + ".profile.json")
         self.control = control
         self.prompts = prompts
         self.max_bytes = max_bytes
+        self.calibration = calibration  # the live calibration in force, if any
         self.rows: list[dict[str, Any]] = []
         self.written = 0  # rows written, all files together
         self._sources: dict[str, str] = {}  # request id → where its SLO came from
@@ -92,6 +98,10 @@ class Recorder:
     async def flush(self) -> None:
         rows, self.rows = self.rows, []
         profile = replace(self.control.profile, model=self.control.step_model)
+        fit = self.calibration()
+        if fit is not None:  # what the simulator does not model: said beside the model
+            profile = replace(profile, meta={**profile.meta, "decode_scale": fit.decode_scale,
+                                             "token_delivery_seconds": fit.delivery})
         try:
             await asyncio.to_thread(self._write, rows, profile.to_json())
         except BaseException:
