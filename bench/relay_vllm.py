@@ -594,6 +594,10 @@ def main() -> int:
                     "vllm_api: the API server's own threads; vllm_engine: all its "
                     "descendants (engine core) incl. reaped; hfx: HFX's whole tree; "
                     "hfx_root: the root hfx process alone",
+        "engine_cpu_note": "vLLM's CPU engine (EngineCore + Worker) polls between steps and "
+                           "takes whatever CPU the others leave (the machine reads ~100% busy "
+                           "throughout): its CPU per token is not its compute, and tokens/s "
+                           "follows the share of the cores it gets",
         "phases": [],
     }
     print(f"vLLM: {result['vllm']['command']}\n  env {vllm_env}", flush=True)
