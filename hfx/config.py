@@ -408,7 +408,13 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
 
     @property
     def num_api_workers(self) -> int:
-        return (os.cpu_count() or 1) if self.api_workers == "auto" else int(self.api_workers)
+        """auto: the cores this process may run on (its affinity and cgroup's cpuset, not the
+        machine's count)."""
+        if self.api_workers != "auto":
+            return int(self.api_workers)
+        if hasattr(os, "sched_getaffinity"):
+            return max(1, len(os.sched_getaffinity(0)))
+        return os.cpu_count() or 1
 
     @model_validator(mode="before")
     @classmethod

@@ -401,3 +401,20 @@ def _wait(ok, what: str, seconds: float = 15.0) -> None:
     while not ok():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_api_workers_auto_counts_the_cores_this_process_may_use_and_bad_values_are_refused():
+    import subprocess
+    import sys
+
+    from hfx.config import ServeConfig
+
+    code = ("import os; os.sched_setaffinity(0, {0}); from hfx.config import ServeConfig; "
+            "print(ServeConfig(api_workers='auto').num_api_workers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "1", out.stderr  # pinned to one core: one front
+    assert ServeConfig(api_workers="3").num_api_workers == 3
+    for bad in ("0", "two", "-1", ""):
+        with pytest.raises(ValueError):
+            ServeConfig(api_workers=bad)

@@ -126,7 +126,10 @@ class ProcessTree:
                     continue
                 log.error("front %d exited (%s); its requests are aborted and it restarts",
                           index, process.exitcode)
-                self.hub.front_died(index)
+                try:
+                    self.hub.front_died(index)
+                except Exception:  # a bug there must not stop supervising the others
+                    log.exception("aborting front %d's requests failed", index)
                 now = loop.time()
                 recent = [t for t in self.restarts.get(index, []) if now - t < RESTART_WINDOW]
                 if len(recent) >= MAX_RESTARTS:
