@@ -40,6 +40,7 @@ from hfx.serving.server import AppliedSLO, Intake, ServeOptions, Stream
 log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 0.002  # a front reports streamed tokens to the control process this often
+WATCH_SECONDS = 0.5  # how often a front looks whether its control process is still there
 ASK_TIMEOUT = 10.0  # seconds a front waits for the control process's answer to a question
 EXIT_GRACE_SECONDS = 1.0  # beyond the drain, before a front that lost its control plane exits
 LOST_EXIT_CODE = 3
@@ -311,7 +312,7 @@ class FrontServer(Intake):
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while self.lost is None:
-            await asyncio.sleep(CONTROL_SILENCE_SECONDS / 6)
+            await asyncio.sleep(WATCH_SECONDS)
             if os.getppid() != self.spec.parent:
                 self._control_lost("the control plane exited")
             elif loop.time() - self._heard > CONTROL_SILENCE_SECONDS:

@@ -39,7 +39,11 @@ import zmq.asyncio
 log = logging.getLogger(__name__)
 
 STATE_SECONDS = 0.5  # how often the control process tells the fronts its state
-CONTROL_SILENCE_SECONDS = 3.0  # a front that hears nothing this long: the control plane died
+# A front that hears nothing this long takes the control process for hung. Its death is seen
+# at once (the front's parent changes); silence alone is only a hang, and a control process
+# starved of CPU (a vLLM engine on the same cores) can miss its 0.5 s heartbeats for seconds:
+# declaring it dead then would end every stream for nothing.
+CONTROL_SILENCE_SECONDS = 30.0
 
 
 def pack(messages: list[list[Any]]) -> bytes:
