@@ -416,16 +416,7 @@ class ControlPlane:
             self.fleet.count(instance_id, record.request, -1)
             if record.outcome is not Outcome.PENDING:
                 continue
-            dst = record.decode_instance
-            if dst is not None and dst != instance_id and dst in self.instances:
-                self.instances[dst].abort(rid)  # its KV was on its way there: free the room
-            if rid in self._ending:  # it was being ended (aborted, a stop string, shed)
-                outcome, reason, error = self._ending[rid]
-                self._finish(record, outcome, now, error, reason=reason)
-            elif self.recovery.resumable(record, instance_id, suspect=rid in out.suspects):
-                self._resume(record, now)
-            else:
-                self._finish(record, Outcome.FAILED, now, out.error)
+            self._recover(record, instance_id, now, out.error, suspect=rid in out.suspects)
         self.fleet.check_drained(instance_id)
         if self.scaler is not None:
             self.scaler.on_failed(instance_id, role)
@@ -436,20 +427,29 @@ class ControlPlane:
     def _on_lost(self, record: RequestRecord, instance_id: int, now: float,
                  why: str | None) -> None:
         """One request's stream broke on a server that may be fine (issue 28): it costs the
-        request, not the fleet. Resumed elsewhere where that is safe, else failed with why."""
+        request, not the fleet."""
+        if self._recover(record, instance_id, now, why):
+            self.recovery.num_lost_resumed += 1
+        self.check_serviceable()
+
+    def _recover(self, record: RequestRecord, instance_id: int, now: float, why: str | None,
+                 suspect: bool = False) -> bool:
+        """A request its instance lost (alone, or with the instance): ended as it was being
+        ended (aborted, a stop string, shed), else resumed elsewhere where that is safe, else
+        failed with ``why``. Returns whether it resumed."""
         rid = record.request.id
         dst = record.decode_instance
         if dst is not None and dst != instance_id and dst in self.instances:
-            self.instances[dst].abort(rid)
-        if rid in self._ending:  # it was being ended anyway (a stop string, shed): so be it
+            self.instances[dst].abort(rid)  # its KV was on its way there: free the room
+        if rid in self._ending:
             outcome, reason, error = self._ending[rid]
             self._finish(record, outcome, now, error, reason=reason)
-        elif self.recovery.resumable(record, instance_id):
-            self.recovery.num_lost_resumed += 1
+        elif self.recovery.resumable(record, instance_id, suspect=suspect):
             self._resume(record, now)
+            return True
         else:
             self._finish(record, Outcome.FAILED, now, why)
-        self.check_serviceable()
+        return False
 
     def _resume(self, record: RequestRecord, now: float) -> None:
         if record.num_tokens >= record.request.max_tokens:

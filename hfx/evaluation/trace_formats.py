@@ -63,6 +63,16 @@ class TraceReport:
     rows: list[TraceRow] = field(default_factory=list)
     skipped: int = 0
 
+    def add_public(self, where: str, arrival: float, input_len: int, output_len: int,
+                   task: str | None) -> None:
+        """A public trace's row; one with no output tokens (a request that failed in the
+        trace) is skipped and counted."""
+        if output_len == 0:
+            self.skipped += 1
+            return
+        _check_lengths(where, input_len, output_len)
+        self.rows.append(TraceRow(arrival, input_len, output_len, task, where=where))
+
 
 Reader = Callable[[Path], TraceReport]
 
@@ -228,14 +238,9 @@ def read_azure(path: Path) -> TraceReport:
     for where, row in _csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
         t = _azure_time(row["TIMESTAMP"] or "", where)
         first = t if first is None else first
-        input_len = _number(row, "ContextTokens", where, int)
-        output_len = _number(row, "GeneratedTokens", where, int)
-        if output_len == 0:
-            report.skipped += 1
-            continue
-        _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow((t - first).total_seconds(), input_len, output_len, task,
-                                    where=where))
+        report.add_public(where, (t - first).total_seconds(),
+                          _number(row, "ContextTokens", where, int),
+                          _number(row, "GeneratedTokens", where, int), task)
     return report
 
 
@@ -245,15 +250,9 @@ def read_burstgpt(path: Path) -> TraceReport:
     (failed requests) are skipped and counted."""
     report = TraceReport(path, "burstgpt")
     for where, row in _csv(path, ("Timestamp", "Model", "Request tokens", "Response tokens")):
-        arrival = _number(row, "Timestamp", where)
-        input_len = _number(row, "Request tokens", where, int)
-        output_len = _number(row, "Response tokens", where, int)
-        if output_len == 0:
-            report.skipped += 1
-            continue
-        _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow(arrival, input_len, output_len, row["Model"] or None,
-                                    where=where))
+        report.add_public(where, _number(row, "Timestamp", where),
+                          _number(row, "Request tokens", where, int),
+                          _number(row, "Response tokens", where, int), row["Model"] or None)
     return report
 
 
@@ -262,14 +261,9 @@ def read_mooncake(path: Path) -> TraceReport:
     "hash_ids"}``; task ``mooncake``. ``hash_ids`` (KV-cache block hashes) are ignored."""
     report = TraceReport(path, "mooncake")
     for where, row in _jsonl(path):
-        arrival = _number(row, "timestamp", where) / 1000
-        input_len = _number(row, "input_length", where, int)
-        output_len = _number(row, "output_length", where, int)
-        if output_len == 0:
-            report.skipped += 1
-            continue
-        _check_lengths(where, input_len, output_len)
-        report.rows.append(TraceRow(arrival, input_len, output_len, "mooncake", where=where))
+        report.add_public(where, _number(row, "timestamp", where) / 1000,
+                          _number(row, "input_length", where, int),
+                          _number(row, "output_length", where, int), "mooncake")
     return report
 
 
