@@ -7,7 +7,10 @@ simulator with the profile written beside it, against what was served.
 2. ``hfx sim --workload RECORD --profile RECORD.profile.json``: the same arrivals, lengths and
    SLOs, the policy and fleet that served them, the profile the dispatcher last planned with.
 3. Attainment (Eq. 4: TTFT met and mean TPOT met) and mean TTFT / TPOT, served (from the
-   record's own latencies) against replayed; the relative errors of the means.
+   record's own latencies) against replayed; the relative errors of the means. The replay
+   delays every token by the delivery latency the live calibration fitted (the profile's
+   ``meta.token_delivery_seconds``, as ``hfx sim`` does by default); it runs once more
+   without it (``--token-delivery 0``) to show what that latency is worth.
 
     python bench/replay_fidelity.py --json docs/data/replay_fidelity.json
 """
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 import httpx
@@ -55,7 +58,7 @@ def served_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
             "tpot_mean": mean(r["tpot_s"] for r in done if r["tpot_s"] is not None)}
 
 
-def serve_and_record(args: argparse.Namespace, record: Path) -> None:
+def serve_and_record(args: argparse.Namespace, record: Path, seed: int) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -79,13 +82,43 @@ def serve_and_record(args: argparse.Namespace, record: Path) -> None:
         subprocess.run([sys.executable, "-m", "hfx.cli", "bench", "--target", url,
                         "--workload", "four-task", "--qps", str(args.qps),
                         "--requests-per-task", str(args.requests_per_task), "--seed",
-                        str(args.seed)], check=True, stdout=subprocess.DEVNULL)
+                        str(seed)], check=True, stdout=subprocess.DEVNULL)
     finally:
         server.send_signal(signal.SIGTERM)  # drains; the recorder writes its last rows
         try:
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def replay_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Serve and record one run of ``seed``; replay it with the recorded profile, with its
+    delivery latency (as ``hfx sim`` does by default) and without."""
+    with tempfile.TemporaryDirectory(prefix="hfx-replay-") as tmp:
+        record = Path(tmp) / "served.jsonl"
+        t0 = time.monotonic()
+        serve_and_record(args, record, seed)
+        served_s = time.monotonic() - t0
+        rows = [json.loads(line) for line in record.read_text().splitlines()]
+        profile = json.loads((Path(f"{record}.profile.json")).read_text())
+        config = SimConfig(workload=str(record), profile=f"{record}.profile.json",
+                           instances=1, policy=args.policy)
+        replays = {"replayed": simulate(config),
+                   "replayed_without_delivery": simulate(config.model_copy(
+                       update={"token_delivery": 0.0}))}
+    served = served_metrics(rows)
+    out: dict[str, Any] = {"seed": seed, "served_seconds": round(served_s, 1),
+                           "decode_scale": profile.get("meta", {}).get("decode_scale"),
+                           "token_delivery_seconds": profile.get("meta", {}).get(
+                               "token_delivery_seconds"), "served": served}
+    for name, replay in replays.items():
+        replayed = {"requests": replay["requests"], "finished": replay["finished"],
+                    "attainment": replay["attainment"], "ttft_mean": replay["ttft"]["mean"],
+                    "tpot_mean": replay["tpot"]["mean"]}
+        error = {k: (replayed[k] - served[k]) / served[k] for k in ("ttft_mean", "tpot_mean")}
+        error["attainment_points"] = replayed["attainment"] - served["attainment"]
+        out[name] = {**replayed, "error": error}
+    return out
 
 
 def main() -> None:
@@ -95,46 +128,28 @@ def main() -> None:
     p.add_argument("--policy", default="rr")
     p.add_argument("--qps", type=float, default=4.0)
     p.add_argument("--requests-per-task", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0,1,2", help="workload seeds: one served run each")
     p.add_argument("--calibrate-every", type=float, default=15.0)
     p.add_argument("--json", default="docs/data/replay_fidelity.json")
     args = p.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="hfx-replay-") as tmp:
-        record = Path(tmp) / "served.jsonl"
-        t0 = time.monotonic()
-        serve_and_record(args, record)
-        served_s = time.monotonic() - t0
-        rows = [json.loads(line) for line in record.read_text().splitlines()]
-        profile = json.loads((Path(f"{record}.profile.json")).read_text())
-        config = SimConfig(workload=str(record), profile=f"{record}.profile.json",
-                           instances=1, policy=args.policy)
-        replay = simulate(config)
-    served = served_metrics(rows)
-    replayed = {"requests": replay["requests"], "finished": replay["finished"],
-                "attainment": replay["attainment"], "ttft_mean": replay["ttft"]["mean"],
-                "tpot_mean": replay["tpot"]["mean"]}
-    # The token delivery latency the live calibration fitted (what the simulator does not
-    # model: front end, stream, loop), added to the replayed TTFT as the fidelity bench does.
-    delivery = profile.get("meta", {}).get("token_delivery_seconds")
-    if delivery is not None:
-        replayed["ttft_mean_with_delivery"] = replayed["ttft_mean"] + delivery
-        served["ttft_mean_with_delivery"] = served["ttft_mean"]
-    error = {k: (replayed[k] - served[k]) / served[k]
-             for k in ("ttft_mean", "ttft_mean_with_delivery", "tpot_mean")
-             if k in replayed and served[k]}
-    error["attainment_points"] = replayed["attainment"] - served["attainment"]
-    out = {"what": "a recorded hfx serve run (torch engine, CPU) replayed by hfx sim",
-           "command": sys.argv, "args": vars(args), "served_seconds": round(served_s, 1),
-           "decode_scale": profile.get("meta", {}).get("decode_scale"),
-           "token_delivery_seconds": delivery,
-           "served": served, "replayed": replayed, "error": error}
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        run = replay_once(args, seed)
+        runs.append(run)
+        for name in ("replayed", "replayed_without_delivery"):
+            e = run[name]["error"]
+            print(f"seed {seed} {name:<26} attainment {run['served']['attainment']:.3f} -> "
+                  f"{run[name]['attainment']:.3f}  TTFT {e['ttft_mean']:+.1%}  "
+                  f"TPOT {e['tpot_mean']:+.1%}", flush=True)
+    summary = {name: {k: median(abs(r[name]["error"][k]) for r in runs)
+                      for k in ("ttft_mean", "tpot_mean", "attainment_points")}
+               for name in ("replayed", "replayed_without_delivery")}
+    out = {"what": "recorded hfx serve runs (torch engine, CPU) replayed by hfx sim",
+           "command": sys.argv, "args": vars(args), "runs": runs,
+           "median_abs_error": summary}
     write_json(args.json, out)
-    for k in ("attainment", "ttft_mean", "tpot_mean"):
-        print(f"{k:<11} served {served[k]:.4f}  replayed {replayed[k]:.4f}")
-    print("relative error of the means:",
-          {k: f"{v:+.1%}" for k, v in error.items() if k != "attainment_points"},
-          f"attainment {error['attainment_points']:+.3f}")
+    print("median |error| of the means:", summary)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ def replay(model: StepTimeModel, served: Sequence[Served], engine: ReplayEngine,
                        max_num_batched_tokens=engine.max_num_batched_tokens,
                        max_num_seqs=engine.max_num_seqs,
                        kv_capacity_tokens=engine.kv_capacity_tokens,
-                       block_size=engine.block_size)
+                       block_size=engine.block_size,
+                       token_delivery=0.0)  # the delivery is what the fit measures
     profile = Profile("replay", model, engine.kv_capacity_tokens, engine.block_size)
     by_instance: dict[int, list[int]] = {}
     for i, s in enumerate(served):

@@ -264,6 +264,11 @@ class SimConfig(WorkloadSection, ClusterConfig):
         "prediction (seeded by --seed); the policies still predict with the profile, so they "
         "are no oracle. 0: exact step times (measured on the real engine: bench/"
         "step_noise.py)"))
+    token_delivery: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+        "seconds from a simulated step to the control plane's record of its tokens (what a real "
+        "server's front end, stream and loop add); default: the profile's "
+        "meta.token_delivery_seconds, which hfx serve's live calibration fits and --record "
+        "writes beside the trace, else 0"))
 
 
 class ModelConfig(Section):

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from hfx.assembly import build_cluster, sim_engines
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
-from hfx.cluster.placement import EngineFactory
+from hfx.cluster.placement import EngineFactory, LocalPlacement
 from hfx.cluster.scaler import Scaler
 from hfx.config import SimConfig
 from hfx.engine import Role
@@ -52,10 +52,14 @@ def load_requests(config: SimConfig) -> list[Request]:
 def sim_cluster(config: SimConfig, profile: Profile,
                 make_engine: EngineFactory | None = None) -> ControlPlane:
     """``hfx.assembly.build_cluster`` for a simulated run: priorities map onto the workload's
-    tasks, and the workload's seed drives the provisioner."""
+    tasks, the workload's seed drives the provisioner, and simulated outputs reach the control
+    plane after the token delivery latency (``--token-delivery``, or the profile's)."""
+    delivery = config.token_delivery
+    if delivery is None:  # a real engine given here has a delivery of its own
+        delivery = 0.0 if make_engine else float(profile.meta.get("token_delivery_seconds", 0))
     make_engine = make_engine or sim_engines(profile, config.step_noise, config.seed)
-    return build_cluster(config, profile, make_engine, tasks=workload_tasks(config.workload),
-                         seed=config.seed)
+    return build_cluster(config, profile, placement=LocalPlacement(make_engine, delivery),
+                         tasks=workload_tasks(config.workload), seed=config.seed)
 
 
 async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None,

@@ -129,3 +129,32 @@ def test_a_recorded_run_replays_on_the_simulator_and_sizes_a_fleet(tmp_path):
     assert out["smallest"] == {"rr": 1, "hfx": 1}
     assert out["rows"][1]["cost_units"] > out["rows"][0]["cost_units"]
     assert "smallest fleet at attainment >= 0.9: rr 1, hfx 1" in table(out)
+
+
+def test_a_replay_delays_every_token_by_the_delivery_latency_its_profile_carries(tmp_path):
+    """The live calibration's delivery latency, written into the recorded profile, reaches the
+    simulator: every token is recorded that much later (TTFT and E2E move by it, TPOT does not),
+    and --token-delivery overrides it."""
+    from dataclasses import replace
+
+    from hfx.config import SimConfig
+    from hfx.sim import simulate
+
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(load_profile("tiny@cpu").to_json()))
+    recorded = tmp_path / "recorded.json"
+    profile = load_profile("tiny@cpu")
+    recorded.write_text(json.dumps(replace(
+        profile, meta={**profile.meta, "token_delivery_seconds": 0.025}).to_json()))
+    # Sparse arrivals on two instances under rr: no decision waits on a finish, so the delay
+    # changes no schedule and shows whole in every token.
+    common = dict(workload="four-task", qps=0.5, requests_per_task=3, instances=2,
+                  policy="rr", step_noise=0.0, model="tiny", hardware="cpu")
+    base = simulate(SimConfig(profile=str(plain), **common))
+    late = simulate(SimConfig(profile=str(recorded), **common))
+    off = simulate(SimConfig(profile=str(recorded), token_delivery=0.0, **common))
+    assert base["finished"] == late["finished"] == 12
+    assert late["ttft"]["mean"] == pytest.approx(base["ttft"]["mean"] + 0.025)
+    assert late["ttft"]["p99"] == pytest.approx(base["ttft"]["p99"] + 0.025)
+    assert late["tpot"]["mean"] == pytest.approx(base["tpot"]["mean"])
+    assert off["ttft"] == base["ttft"] and off["tpot"] == base["tpot"]

@@ -179,34 +179,42 @@ def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw
             "model": gw.model, "prompt": f"survive {i}", "max_tokens": 1800,
             "ignore_eos": True}).json()
 
-    generated = "vllm:generation_tokens_total"
-    before = {b.id: vllm_metrics(b.url).get(generated, 0) for b in backends(gw)}
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    # Kill a server whose front end has passed on fewer tokens than HFX's requests there need,
-    # 200 short at least: the rest are in the engine or the front end's queue, die with it, and
-    # must resume. vLLM's running gauge cannot tell: it is stale once the engine goes idle (it
-    # read 1 after both requests had reached HFX's socket whole, in CI), and HFX's own count
-    # lags far behind vLLM on a starved machine. The policy decides where the other runs.
-    found: list = []
+    # Freeze a server that is streaming to HFX (SIGSTOP on its group: API server and engine
+    # core), let HFX read what the server had already written, and kill it only while one of
+    # HFX's requests there is still short of its tokens: its finish never left the server, so
+    # it must resume. vLLM's counters cannot pick that moment: its engine runs far ahead of its
+    # front end (it had counted all 1800 tokens before HFX had its first, in CI), and its gauges
+    # are stale once the engine goes idle. The policy decides where the other request runs.
+    def streaming() -> list:
+        return [b for b in backends(gw) if any(0 < n < 1800 for n in b.in_flight().values())]
 
-    def streaming() -> bool:
-        found[:] = []
-        for b in backends(gw):
-            ours = len(b.in_flight())
-            done = vllm_metrics(b.url).get(generated, 0) - before[b.id]
-            if ours and 1 <= done <= 1800 * ours - 200:
-                found.append(b)
-        return bool(found)
+    def read_all(b) -> bool:
+        seen = b.in_flight()
+        time.sleep(1.0)
+        return b.in_flight() == seen
 
-    wait_for(streaming, 120, "a request streaming", lambda: (
-        [(b.id, b.in_flight(), vllm_metrics(b.url).get(generated, 0) - before[b.id])
-         for b in backends(gw)], results))
-    victim = found[0]
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None:
+        assert time.monotonic() < deadline, ("no request caught streaming", results)
+        found = streaming()
+        if not found:
+            time.sleep(0.05)
+            continue
+        b = found[0]
+        os.killpg(b.process.pid, signal.SIGSTOP)
+        wait_for(lambda b=b: read_all(b), 30, "HFX to read what the frozen server wrote")
+        if b.in_flight():
+            victim = b
+        else:  # everything it owed had been written already: let it go on, try again
+            os.killpg(b.process.pid, signal.SIGCONT)
     held = len(victim.in_flight())
     others = {b.id for b in backends(gw)}
     os.kill(victim.process.pid, signal.SIGKILL)
+    os.killpg(victim.process.pid, signal.SIGCONT)  # its engine core sees its parent gone
     for t in threads:
         t.join(timeout=300)
     assert [r.get("usage", {}).get("completion_tokens") for r in results] == [1800, 1800], \

@@ -65,11 +65,15 @@ class Instance(Protocol):
 
 
 class LocalInstance:
-    """An EngineCore driven by a task on the current loop."""
+    """An EngineCore driven by a task on the current loop. ``delivery`` delays every output
+    that long on its way to the sink: a simulated fleet's stand-in for what a real server's
+    front end, stream and loop add between a step and the control plane's record of its tokens
+    (fitted live by hfx/serving/calibrator.py; 0 for a real engine, which has its own)."""
 
-    def __init__(self, instance_id: int, engine: EngineCore) -> None:
+    def __init__(self, instance_id: int, engine: EngineCore, delivery: float = 0.0) -> None:
         self.id = instance_id
         self.engine = engine
+        self.delivery = delivery
         self.role = engine.config.role
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -152,12 +156,20 @@ class LocalInstance:
             num_steps=e.num_steps,
         )
 
+    def _emit(self, out: StepOutput) -> None:
+        assert self._sink is not None
+        if self.delivery:
+            # Every output alike, failures too, so none overtakes the tokens before it.
+            asyncio.get_running_loop().call_later(
+                self.delivery, self._sink, self.id, out._replace(time=out.time + self.delivery))
+        else:
+            self._sink(self.id, out)
+
     def _fail(self, error: str, suspects: tuple[str, ...] = (),
               before: list[tuple[str, RequestStatus]] | None = None) -> None:
-        assert self._sink is not None
         ids = self.engine.fail_all()
         now = asyncio.get_running_loop().time()
-        self._sink(self.id, StepOutput(
+        self._emit(StepOutput(
             now, [], None,
             [*(before or []), *((rid, RequestStatus.FINISHED_ABORTED) for rid in ids)],
             error, suspects))
@@ -167,12 +179,11 @@ class LocalInstance:
         failed, not the instance (issue 16: one bad request never takes an instance down).
         Otherwise the instance is broken: fail it, and name the step's requests as suspects,
         which are never resumed elsewhere. Returns whether the instance goes on."""
-        assert self._sink is not None
         now = asyncio.get_running_loop().time()
         if len(e.request_ids) == 1 and failures_in_a_row <= MAX_FAILED_STEPS_IN_A_ROW:
             (rid,) = e.request_ids
             self.engine.fail_request(rid)
-            self._sink(self.id, StepOutput(
+            self._emit(StepOutput(
                 now, [], None, [*e.transitions, (rid, RequestStatus.FINISHED_FAILED)],
                 failure=f"request {rid} failed on instance {self.id}: {e}"))
             return True
@@ -180,8 +191,7 @@ class LocalInstance:
         return False
 
     async def _run(self) -> None:
-        engine, sink = self.engine, self._sink
-        assert sink is not None
+        engine = self.engine
         failures_in_a_row = 0
         while True:
             if not engine.has_work():
@@ -201,7 +211,7 @@ class LocalInstance:
                 return
             failures_in_a_row = 0
             if out.request_ids or out.transitions:
-                sink(self.id, out)
+                self._emit(out)
             if engine.num_steps == steps and engine.has_work():
                 # Work is queued but nothing could be planned (KV held for migration):
                 # sleep until something changes here.

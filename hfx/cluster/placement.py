@@ -49,13 +49,15 @@ class Placement(Protocol):
 
 
 class LocalPlacement:
-    """Engines from ``make_engine``, each driven by a task on this process's loop."""
+    """Engines from ``make_engine``, each driven by a task on this process's loop; their
+    outputs reach the control plane ``delivery`` seconds after each step (LocalInstance)."""
 
-    def __init__(self, make_engine: EngineFactory) -> None:
+    def __init__(self, make_engine: EngineFactory, delivery: float = 0.0) -> None:
         self.make_engine = make_engine
+        self.delivery = delivery
 
     def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[Instance]:
-        return [LocalInstance(iid, self.make_engine(cfg)) for iid, cfg in configs]
+        return [LocalInstance(iid, self.make_engine(cfg), self.delivery) for iid, cfg in configs]
 
     def describe_launch(self, plan: Plan) -> str:
         return plan.describe()
@@ -69,4 +71,4 @@ class LocalPlacement:
         else:
             await asyncio.sleep(plan.seconds)
             engine = self.make_engine(config)
-        return LocalInstance(instance_id, engine)
+        return LocalInstance(instance_id, engine, self.delivery)
