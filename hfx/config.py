@@ -71,6 +71,9 @@ class EngineSection(Section):
 
     planner: str | None = Field(None, description=f"engine batch planner ({', '.join(PLANNERS)});"
                                 " default: the policy's own")
+    planner_params: dict[str, float] = Field(default_factory=dict, description=(
+        "planner tunables as key=value,... (slack_share for deadline-chunked, pace for "
+        "slo-paced); default: each planner's own"))
     max_num_seqs: int = Field(256, ge=1, description="running sequences per instance at most")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per step at most;"
                                                " default: the planner's own")

@@ -307,3 +307,21 @@ def test_slo_paced_decodes_a_request_without_a_tpot_on_leftover_budget(vloop):
     tokens, _ = vloop.run_until_complete(drain(engine))
     assert {k: len(v) for k, v in tokens.items()} == {"free": 5, "slo": 5}
     assert ex.plans[0] == {"slo": 8, "free": 8}  # the SLO prompt first, then the other
+
+
+def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones():
+    """What a fair comparison tunes (issue 29): each engine's planner, its class untouched."""
+    from hfx.config import SimConfig
+    from hfx.engine.planners.slo_paced import SLOPacedPlanner
+    from hfx.sim import resolve_profile, sim_cluster
+
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
+    engine, _ = make_engine(planner="slo-paced", step_model=model, planner_params={"pace": 0.7})
+    assert engine.planner.pace == 0.7 and SLOPacedPlanner.pace == 0.9
+    with pytest.raises(ValueError, match="no parameter 'slack_share' .*its parameters: pace"):
+        make_engine(planner="slo-paced", step_model=model, planner_params={"slack_share": 0.5})
+    with pytest.raises(ValueError, match="its parameters: none"):
+        make_engine(planner="prefill-first", planner_params={"pace": 0.5})
+    config = SimConfig(policy="hfx", instances=2, planner_params={"slack_share": 0.25})
+    control = sim_cluster(config, resolve_profile(config))
+    assert [i.engine.planner.slack_share for i in control.instances.values()] == [0.25, 0.25]

@@ -57,9 +57,11 @@ MODEL = StepTimeModel(0.005, 1e-4, 0.0, 0.01, 1e-8, 1e-4)
 PROFILE = Profile("t", MODEL, kv_capacity_tokens=200_000)
 
 
-def view(n: int, now: float = 0.0) -> ClusterView:
+def view(n: int, now: float = 0.0, max_num_seqs: int = 1024) -> ClusterView:
+    # 1024 sequences over 200k KV tokens: a saturated step of 114 ms, above every tier below.
     views = [InstanceView(i, Role.COLOCATED, InstanceStats(
-        i, Role.COLOCATED, now, 0, 0, 0, 0, 0, 12_500, 16, 0, 256, 0.0, 0)) for i in range(n)]
+        i, Role.COLOCATED, now, 0, 0, 0, 0, 0, 12_500, 16, 0, max_num_seqs, 0.0, 0))
+        for i in range(n)]
     return ClusterView(now, views, MODEL, PROFILE)
 
 
@@ -108,6 +110,24 @@ def test_polyserve_never_places_a_tighter_request_on_a_looser_instance():
     # Instance 1 serves its own 100 ms requests (not on the pending list): too loose for it.
     assert pol.schedule(v).dispatch == []
     assert pol.num_queued() == 1
+
+
+def test_polyserve_merges_the_tiers_a_saturated_engine_meets_anyway():
+    """PolyServe §5.1: TPOTs beyond the engine's saturated step are one tier. With 256
+    sequences over 200k KV tokens a step takes at most 37.6 ms, so 50 and 100 ms requests share
+    a tier (and an instance); 20 ms is tighter and keeps its own."""
+    pol = make_policy("polyserve")
+    for rid, tpot in (("a", 0.05), ("b", 0.1), ("c", 0.02)):
+        pol.enqueue(req(rid, tpot), 0.0)
+    d = pol.schedule(view(3, max_num_seqs=256))
+    saturated = MODEL.decode_time(200_000, 256)
+    assert saturated == pytest.approx(0.0376)
+    assert pol.tier(0.05) == pol.tier(0.1) == saturated and pol.tier(0.02) == 0.02
+    placed = {x.request.id: x.instance for x in d.dispatch}
+    assert placed["a"] == placed["b"] != placed["c"]
+    assert sorted(t for t in pol.tier_of.values() if t) == [0.02, saturated]
+    pol.enqueue(req("d", 0.2), 0.0)  # queued by its tier once the engine is known
+    assert list(pol._queues[saturated])[0][1] == "d"
 
 
 def test_dynamic_chunking_runs_a_short_remainder_at_once(vloop):

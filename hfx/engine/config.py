@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hfx.engine.sequence import Role
 
@@ -17,6 +17,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int = 32768  # prompt + output tokens of one request (Qwen2.5's context)
     planner: str = "prefill-first"
+    # The planner's tunables (its ``tunables``) where they differ from its defaults.
+    planner_params: dict[str, float] = field(default_factory=dict)
     role: Role = Role.COLOCATED
     # Fraction of blocks a new admission must leave free, so that running decodes do not need to
     # preempt right away (vLLM v0's watermark, 1%).

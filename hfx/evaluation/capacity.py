@@ -35,7 +35,8 @@ def steady(config: SimConfig) -> SimConfig:
 
 
 def _probe_row(r: dict) -> dict:
-    return {"qps": r["qps"], "attainment": r["attainment"], "shed": r["shed"],
+    return {"qps": r["qps"], "attainment": r["attainment"],
+            "attainment_dslo": r.get("attainment_dslo"), "shed": r["shed"],
             "backlog_at_end": r["backlog_at_end"], "max_wait": r["max_wait"],
             "requests": r["requests"]}
 
@@ -74,9 +75,10 @@ def unreachable(config: SimConfig) -> tuple[float, list[str]]:
 
 
 def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.02,
-                  probe: Probe = simulate) -> dict:
+                  probe: Probe = simulate, metric: str = "attainment") -> dict:
     """The highest rate meeting ``target`` attainment for ``config``'s seed, by bracketing then
-    bisection; with every probe run."""
+    bisection; with every probe run. ``metric``: the result's attainment to score, Eq. 4's
+    (``attainment``) or per-token deadlines (``attainment_dslo``)."""
     if not 0 < target <= 1:
         raise ValueError(f"target attainment must be in (0, 1], got {target}")
     if not 0 < tolerance < 1:
@@ -93,7 +95,7 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
     def meets(qps: float) -> bool:
         r = probe(config.model_copy(update={"qps": qps}))
         probes.append(_probe_row(r))
-        return r["attainment"] >= target
+        return r[metric] >= target
 
     q = config.qps
     lo: float | None

@@ -1,6 +1,9 @@
 """``polyserve``: PolyServe (seed 003) as a policy, colocated mode.
 
-- Binning (§4.2): one queue per TPOT tier, earliest deadline (arrival + TTFT) first.
+- Binning (§4.2): one queue per TPOT tier, earliest deadline (arrival + TTFT) first. TPOTs
+  at or above the engine's saturated step (a decode of ``max_num_seqs`` sequences over a full
+  KV cache: no batch the engine can run is slower) are one tier, as §5.1's tiers stop where
+  "100ms is enough for saturating the engine performance": a looser target buys nothing more.
 - Instances belong to a tier or to the idle pool; all start idle. A tier with pending requests
   takes an idle instance (§4.3; joining a tier is instant, as the seed assumes).
 - Routing (§4.5, §4.6): a request goes to the *highest-load* instance of its tier that can still
@@ -29,6 +32,7 @@ from collections import defaultdict
 
 from hfx.engine.planners.slo_paced import time2bs
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
+from hfx.engine.stats import InstanceStats
 from hfx.latency import StepTimeModel
 from hfx.policies.base import (
     ClusterView,
@@ -95,10 +99,27 @@ class PolyServe(Policy):
         self._waiting_tokens: dict[int, int] = {}
         self._table: IterationTable | None = None
         self._model: StepTimeModel | None = None
+        self._saturated = math.inf  # the engine's saturated step time, once a view shows it
+
+    def tier(self, tpot: float) -> float:
+        """The TPOT tier of a request with this TPOT target."""
+        return min(tpot, self._saturated)
 
     def enqueue(self, request: Request, now: float) -> None:
-        bisect.insort(self._queues[request.slo.tpot],
+        bisect.insort(self._queues[self.tier(request.slo.tpot)],
                       (request.arrival + request.slo.ttft, request.id, request))
+
+    def _saturate(self, model: StepTimeModel, stats: InstanceStats) -> None:
+        """Learn the engine's saturated step time; merge the queues it makes one tier."""
+        saturated = model.decode_time(stats.kv_total_blocks * stats.block_size,
+                                      stats.max_num_seqs)
+        if saturated == self._saturated:
+            return
+        self._saturated = saturated
+        for tpot in [t for t in self._queues if self.tier(t) != t]:
+            merged = self._queues[self.tier(tpot)]
+            merged.extend(self._queues.pop(tpot))
+            merged.sort()
 
     def num_queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -123,7 +144,7 @@ class PolyServe(Policy):
         is False — TTFT?"""
         model, table = self._model, self._table
         assert model is not None and table is not None
-        if req.slo.tpot < tier or sh.free_slots() <= 0:  # the cheap refusals first
+        if self.tier(req.slo.tpot) < tier or sh.free_slots() <= 0:  # the cheap refusals first
             return False
         out_len = self.predictor.predict(req)
         batch = sh.batch_size + 1
@@ -165,6 +186,7 @@ class PolyServe(Policy):
             return decision
         if self._model is not view.step_model:
             self._model, self._table = view.step_model, IterationTable(view.step_model)
+            self._saturate(view.step_model, targets[0].stats)
         if self.shadow.follow(view, targets):  # snapshots or membership moved
             for inst in targets:
                 self.tier_of.setdefault(inst.id, None)
@@ -208,7 +230,7 @@ class PolyServe(Policy):
                 self.shadow[inst.id].add(req, self.predictor.predict(req))
                 self._recent[inst.id].append((now, req.prompt_len))
                 self._recent_tokens[inst.id] += req.prompt_len
-                if self.tier_of[inst.id] == req.slo.tpot:
+                if self.tier_of[inst.id] == tier:
                     self._own[inst.id] += 1
             # Only the head was looked at: replace it in place rather than copy the whole
             # queue (a copy per call grows with the backlog, issue 18).
@@ -237,7 +259,7 @@ class PolyServe(Policy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         iid = record.instance
-        if (iid is not None and self.tier_of.get(iid) == record.request.slo.tpot
+        if (iid is not None and self.tier_of.get(iid) == self.tier(record.request.slo.tpot)
                 and self._own[iid] > 0):
             self._own[iid] -= 1
         self.shadow.finished(record, iid, self.predictor)

@@ -50,11 +50,20 @@ class BatchPlanner(ABC):
     name: ClassVar[str]
     default_token_budget: ClassVar[int]
     needs_model: ClassVar[bool] = False
+    # Class attributes a config may set per engine (``EngineConfig.planner_params``): the knobs
+    # a fair comparison tunes (issue 29).
+    tunables: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: EngineConfig, model: StepTimeModel | None = None) -> None:
         self.config = config
         self.model = model  # the instance's step-time model, for planners that pace by time
         self.token_budget = config.max_num_batched_tokens or self.default_token_budget
+        for key, value in config.planner_params.items():
+            if key not in self.tunables:
+                known = ", ".join(self.tunables) or "none"
+                raise ValueError(f"planner {self.name!r} has no parameter {key!r} "
+                                 f"(its parameters: {known})")
+            setattr(self, key, float(value))
 
     @abstractmethod
     def plan(self, state: EngineState) -> SchedulerOutput: ...

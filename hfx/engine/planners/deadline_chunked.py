@@ -26,6 +26,7 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
     # tiered-4096-1024 at 4.5 QPS (300 s steady state, seeds 0-2) attains 0.83, 0.87, 0.88 and
     # 0.88 with 1.0, 0.7, 0.4 and 0.25.
     slack_share = 0.4
+    tunables = ("slack_share",)
 
     def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
         remaining = seq.num_missing

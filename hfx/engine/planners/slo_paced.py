@@ -32,6 +32,7 @@ class SLOPacedPlanner(BatchPlanner):
     # Decode tokens are due every pace × TPOT: paced exactly at the TPOT, every request sits on
     # the edge of its SLO and any jitter misses it (ours; the seed gives no margin).
     pace = 0.9
+    tunables = ("pace",)
 
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()
