@@ -318,7 +318,7 @@ def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones()
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, _ = make_engine(planner="slo-paced", step_model=model, planner_params={"pace": 0.7})
     assert engine.planner.pace == 0.7 and SLOPacedPlanner.pace == 0.9
-    with pytest.raises(ValueError, match="no parameter 'slack_share' .*its parameters: pace"):
+    with pytest.raises(ValueError, match=r"no parameter 'slack_share' .*its parameters: pace"):
         make_engine(planner="slo-paced", step_model=model, planner_params={"slack_share": 0.5})
     with pytest.raises(ValueError, match="its parameters: none"):
         make_engine(planner="prefill-first", planner_params={"pace": 0.5})

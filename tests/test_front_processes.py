@@ -420,3 +420,38 @@ def test_api_workers_auto_counts_the_cores_this_process_may_use_and_bad_values_a
     for bad in ("0", "two", "-1", ""):
         with pytest.raises(ValueError):
             ServeConfig(api_workers=bad)
+
+
+def test_a_front_reports_first_tokens_at_once_and_the_rest_in_batches(vloop):
+    """Progress to the control process: a request's first token within 2 ms (TTFT is what the
+    dispatcher decides on), later tokens batched for 20 ms, each with its own time, in order."""
+    from hfx.serving.front import FIRST_TOKEN_SECONDS, PROGRESS_SECONDS, Progress
+
+    sent: list[tuple[float, list]] = []
+
+    async def stream() -> None:
+        loop = asyncio.get_running_loop()
+        progress = Progress(lambda batch: sent.append((loop.time(), batch)))
+        t0 = loop.time()
+        progress.add(("a", 0), [1], t0, first=True)
+        await asyncio.sleep(0.003)
+        progress.add(("a", 0), [2, 3], loop.time(), first=False)
+        await asyncio.sleep(0.001)
+        progress.add(("a", 0), [4], loop.time(), first=False)
+        await asyncio.sleep(0.006)  # at 10 ms, b's first token pulls the batch forward
+        progress.add(("b", 7), [9], loop.time(), first=True)
+        await asyncio.sleep(0.05)
+        progress.add(("a", 0), [5], loop.time(), first=False)  # at 60 ms: sent at 80
+        await asyncio.sleep(0.025)
+        progress.add(("a", 0), [6], loop.time(), first=False)
+        progress.flush()  # a stream's end sends what waits at once: at 85 ms
+        await asyncio.sleep(0.05)
+
+    vloop.run_until_complete(stream())
+    t0 = sent[0][0] - FIRST_TOKEN_SECONDS
+    assert [round(t - t0, 6) for t, _ in sent] == [0.002, 0.012, 0.06 + PROGRESS_SECONDS, 0.085]
+    assert sent[0][1] == [["a", 0, [1], [t0]]]
+    assert sent[1][1] == [["a", 0, [2, 3, 4], [t0 + 0.003] * 2 + [t0 + 0.004]],
+                          ["b", 7, [9], [t0 + 0.01]]]
+    assert [b for _, b in sent[2:]] == [[["a", 0, [5], [pytest.approx(t0 + 0.06)]]],
+                                        [["a", 0, [6], [pytest.approx(t0 + 0.085)]]]]

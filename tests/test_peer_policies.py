@@ -127,7 +127,7 @@ def test_polyserve_merges_the_tiers_a_saturated_engine_meets_anyway():
     assert placed["a"] == placed["b"] != placed["c"]
     assert sorted(t for t in pol.tier_of.values() if t) == [0.02, saturated]
     pol.enqueue(req("d", 0.2), 0.0)  # queued by its tier once the engine is known
-    assert list(pol._queues[saturated])[0][1] == "d"
+    assert pol._queues[saturated][0][1] == "d"
 
 
 def test_dynamic_chunking_runs_a_short_remainder_at_once(vloop):

@@ -6,8 +6,9 @@ that need only the model's limits happen here; what needs a decision goes to the
 process (hub.py) over the channel in ipc.py. With vLLM servers the tokens never pass through
 the control process: a front reads each of its requests' streams from vLLM itself
 (``upstream.relay``), writes them to its client at once, and reports them in batches
-(``progress``, at most every ``PROGRESS_SECONDS``) so that the ledger, SLO accounting,
-calibration and failover see every token and its time.
+(``progress``: a request's first token within ``FIRST_TOKEN_SECONDS``, later ones within
+``PROGRESS_SECONDS``) so that the ledger, SLO accounting, calibration and failover see every
+token and its time.
 
 If the control process goes silent (``CONTROL_SILENCE_SECONDS``) or dies, the front ends its
 streams with an error, answers 503 with the reason, and exits non-zero: never a hang.
@@ -22,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +41,50 @@ from hfx.serving.server import AppliedSLO, Intake, ServeOptions, Stream
 
 log = logging.getLogger(__name__)
 
-PROGRESS_SECONDS = 0.002  # a front reports streamed tokens to the control process this often
+# A first token reaches the control process within this: TTFT is what the dispatcher decides
+# on (HFX's queue of requests awaiting one, priorities' pending first tokens).
+FIRST_TOKEN_SECONDS = 0.002
+# Later tokens within this, each with its own time: decode progress, which the dispatcher reads
+# from Monitor snapshots a second apart. Ten times fewer messages than at 2 ms (the control
+# process's cost per token at 32 streams, docs/performance.md "Relay speed").
+PROGRESS_SECONDS = 0.02
 WATCH_SECONDS = 0.5  # how often a front looks whether its control process is still there
 ASK_TIMEOUT = 10.0  # seconds a front waits for the control process's answer to a question
 EXIT_GRACE_SECONDS = 1.0  # beyond the drain, before a front that lost its control plane exits
 LOST_EXIT_CODE = 3
+
+
+class Progress:
+    """Streamed tokens on their way to the control process, batched: one ``progress`` message
+    holds every stream's tokens and their times since the last. A request's first token goes
+    within ``FIRST_TOKEN_SECONDS``, taking whatever else waits with it; later tokens within
+    ``PROGRESS_SECONDS``."""
+
+    def __init__(self, send: Callable[[list[list[Any]]], None]) -> None:
+        self._send = send
+        # (rid, stream id) → tokens and their times not reported yet
+        self._pending: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+        self._flush: asyncio.TimerHandle | None = None
+
+    def add(self, key: tuple[str, int], ids: list[int], now: float, first: bool) -> None:
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = ([], [])
+        pending[0].extend(ids)
+        pending[1].extend([now] * len(ids))
+        due = now + (FIRST_TOKEN_SECONDS if first else PROGRESS_SECONDS)
+        if self._flush is None or self._flush.when() > due:
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush = asyncio.get_running_loop().call_at(due, self.flush)
+
+    def flush(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if self._pending:
+            batch, self._pending = self._pending, {}
+            self._send([[rid, sid, ids, times] for (rid, sid), (ids, times) in batch.items()])
 
 
 @dataclass(slots=True)
@@ -83,10 +124,8 @@ class FrontServer(Intake):
         self._prefix = f"{os.getpid():x}"  # ids stay unique across restarts of a front
         self._answers: dict[str | int, asyncio.Future[list[Any]]] = {}
         self._relays: dict[tuple[str, int], asyncio.Task[Ending]] = {}  # (rid, stream id)
-        # (rid, stream id) → tokens and their times not reported yet
-        self._progress: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+        self._progress = Progress(lambda batch: self._send(["progress", batch]))
         self._delivered: dict[str, int] = {}  # request id → tokens its client got
-        self._flush: asyncio.TimerHandle | None = None
         self._socket: FrontSocket | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -105,7 +144,7 @@ class FrontServer(Intake):
         for task in list(self._relays.values()):
             task.cancel()
         await asyncio.gather(*self._relays.values(), return_exceptions=True)
-        self._send_progress()
+        self._progress.flush()
         for task in self._tasks:
             await cancel(task)
         if self._session is not None:
@@ -282,31 +321,16 @@ class FrontServer(Intake):
                 fresh = ids[n:]
             for token in fresh:
                 put(TokenEvent(token))  # to the client now; to the control process in a batch
-            self._delivered[rid] = self._delivered.get(rid, 0) + len(fresh)
-            now = loop.time()
-            pending = self._progress.get(key)
-            if pending is None:
-                pending = self._progress[key] = ([], [])
-            pending[0].extend(ids)
-            pending[1].extend([now] * len(ids))
-            if self._flush is None:
-                self._flush = loop.call_later(PROGRESS_SECONDS, self._send_progress)
+            before = self._delivered.get(rid, 0)
+            self._delivered[rid] = before + len(fresh)
+            self._progress.add(key, ids, loop.time(), first=before == 0)
 
         return await relay(self._session, url, rid, body, tokens, self.spec.idle_timeout)
 
     def _relay_done(self, rid: str, stream_id: int, task: asyncio.Task[Ending]) -> None:
         self._relays.pop((rid, stream_id), None)
-        self._send_progress()  # every token it streamed before its end, in order
+        self._progress.flush()  # every token it streamed before its end, in order
         self._send(["ended", rid, stream_id, *ending_of(task).wire()])
-
-    def _send_progress(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        if self._progress:
-            batch, self._progress = self._progress, {}
-            self._send(["progress", [[rid, sid, ids, times]
-                                     for (rid, sid), (ids, times) in batch.items()]])
 
     # ---- the control plane gone --------------------------------------------------------------
     async def _watch(self) -> None:
