@@ -112,6 +112,35 @@ def test_polyserve_never_places_a_tighter_request_on_a_looser_instance():
     assert pol.num_queued() == 1
 
 
+def test_polyserve_counts_a_tiers_own_requests_where_they_were_placed():
+    """An instance runs only other tiers' requests → the pending list (PolyServe §4.4). A
+    request promoted onto a tighter instance never counted as that instance's own, so its finish
+    must not uncount the instance's own requests when the instance has since joined its tier."""
+    from hfx.request import RequestRecord
+
+    pol = make_policy("polyserve")
+    v = view(2)
+    pol.enqueue(req("tight", 0.05), 0.0)
+    pol.enqueue(req("loose", 0.1), 0.0)
+    pol.schedule(v)
+    assert pol.tier_of == {0: 0.05, 1: 0.1}
+    saturate(pol, 1, 0.1)
+    pol.enqueue(req("promoted", 0.1), 0.0)
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("promoted", 0)]
+
+    def finish(rid: str, tpot: float, iid: int) -> None:
+        pol.on_finished(RequestRecord(req(rid, tpot), instance=iid), v)
+
+    finish("tight", 0.05, 0)  # instance 0 now runs only a 100 ms request: pending list
+    pol.enqueue(req("joins", 0.1), 0.0)  # its tier is full: the pending instance joins it
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("joins", 0)]
+    assert pol.tier_of[0] == 0.1
+    finish("promoted", 0.1, 0)
+    # "joins" still runs there as the tier's own: instance 0 is not free for the 50 ms tier.
+    pol.enqueue(req("tight2", 0.05), 0.0)
+    assert pol.schedule(v).dispatch == [] and pol.tier_of[0] == 0.1
+
+
 def test_polyserve_merges_the_tiers_a_saturated_engine_meets_anyway():
     """PolyServe §5.1: TPOTs beyond the engine's saturated step are one tier. With 256
     sequences over 200k KV tokens a step takes at most 37.6 ms, so 50 and 100 ms requests share

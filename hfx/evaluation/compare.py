@@ -109,7 +109,8 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     # SLOs-Serve §4: how many instances a request may be routed over, and the decode pace.
     Contender("slos-serve", {"policy": "slos-serve"}, _grid(
         route_limit=(1, 2, 4), planner__pace=(0.7, 0.8, 0.9, 1.0))),
-    # PolyServe §4: the smallest prefill chunk, and misses before a request is promoted.
+    # PolyServe §4: the smallest prefill chunk, and how many of a tier's requests may fail to
+    # place in one call before the rest of the tier waits for the next.
     Contender("polyserve", {"policy": "polyserve"}, _grid(
         min_chunk=(32, 64, 128), max_misses=(4, 8, 16))),
     # The SA scheduler: batch size and the window of queued requests searched.

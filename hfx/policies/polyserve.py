@@ -91,6 +91,7 @@ class PolyServe(Policy):
         self.tier_of: dict[int, float | None] = {}  # instance → TPOT tier, None = idle pool
         self._queues: dict[float, list[tuple[float, str, Request]]] = defaultdict(list)
         self._own: dict[int, int] = defaultdict(int)  # in-flight requests of its own tier
+        self._counted: dict[str, int] = {}  # the requests ``_own`` counts → their instance
         # Prompts dispatched since each instance's last Monitor snapshot: (time, tokens), and
         # their sum; pruned when a new snapshot arrives, not on every call (issue 18).
         self._recent: dict[int, list[tuple[float, int]]] = defaultdict(list)
@@ -232,6 +233,7 @@ class PolyServe(Policy):
                 self._recent_tokens[inst.id] += req.prompt_len
                 if self.tier_of[inst.id] == tier:
                     self._own[inst.id] += 1
+                    self._counted[req.id] = inst.id
             # Only the head was looked at: replace it in place rather than copy the whole
             # queue (a copy per call grows with the backlog, issue 18).
             queue[:looked] = waiting
@@ -259,7 +261,9 @@ class PolyServe(Policy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         iid = record.instance
-        if (iid is not None and self.tier_of.get(iid) == self.tier(record.request.slo.tpot)
-                and self._own[iid] > 0):
-            self._own[iid] -= 1
+        # Uncounted where it was counted when placed, not by the instance's tier now: a
+        # promoted request whose instance later joins the request's tier was never counted.
+        counted = self._counted.pop(record.request.id, None)
+        if counted is not None:
+            self._own[counted] -= 1
         self.shadow.finished(record, iid, self.predictor)
