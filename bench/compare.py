@@ -4,9 +4,11 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
     python bench/compare.py --json docs/data/compare.json          # the whole table
     python bench/compare.py --workloads four-task --seeds 0 --contenders hfx,slos-serve,rr
     python bench/compare.py --render docs/data/compare.json         # the markdown table again
+    python bench/compare.py --tuned docs/data/compare.json ...      # evaluate, tuning from there
 
 The JSON holds the protocol, each contender's tuning (every setting's capacities and the one
-chosen), every search with its probes, and the table; it is rewritten after each phase.
+chosen), every search with its probes, and the table; it is rewritten after tuning and after
+each workload's searches, so a run stopped early keeps what it found.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> int:
     ap.add_argument("--ray-address", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
+    ap.add_argument("--tuned", metavar="JSON", help="take the tuning from this earlier result "
+                    "instead of tuning again")
     args = ap.parse_args()
     if args.render:
         print(headline(json.loads(Path(args.render).read_text())["table"]))
@@ -67,8 +71,14 @@ def main() -> int:
                                         "grid": list(CONTENDERS[n].grid)} for n in names}},
     }
     t0 = time.perf_counter()
-    out["tuning"] = tune(names, regimes, args.jobs, args.ray_address)
-    out["tuning_seconds"] = round(time.perf_counter() - t0)
+    if args.tuned:
+        earlier = json.loads(Path(args.tuned).read_text())
+        out["tuning"] = {n: earlier["tuning"][n] for n in names}
+        out["tuning_seconds"] = earlier.get("tuning_seconds")
+        out["tuned_from"] = args.tuned
+    else:
+        out["tuning"] = tune(names, regimes, args.jobs, args.ray_address)
+        out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():
             print(f"tuned {n:<12} @{regime}: {t['chosen']} (score {max(t['scores']):.1f})",
@@ -76,14 +86,16 @@ def main() -> int:
     if args.json:
         write_json(args.json, out)
     t1 = time.perf_counter()
-    rows = evaluate(out["tuning"], args.workloads.split(","),
-                    [int(s) for s in args.seeds.split(",")], regimes, args.jobs,
-                    args.ray_address)
-    out["evaluation_seconds"] = round(time.perf_counter() - t1)
-    out["searches"] = rows
-    out["table"] = cells(rows)
-    if args.json:
-        write_json(args.json, out)
+    rows: list[dict] = []
+    for workload in args.workloads.split(","):
+        rows += evaluate(out["tuning"], [workload], [int(s) for s in args.seeds.split(",")],
+                         regimes, args.jobs, args.ray_address)
+        out["evaluation_seconds"] = round(time.perf_counter() - t1)
+        out["searches"] = rows
+        out["table"] = cells(rows)
+        print(headline([c for c in out["table"] if c["workload"] == workload]), flush=True)
+        if args.json:
+            write_json(args.json, out)
     print(headline(out["table"]))
     print(f"tuning {out['tuning_seconds']} s, evaluation {out['evaluation_seconds']} s")
     return 0

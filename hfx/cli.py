@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from hfx.config import (
     ProfileConfig,
@@ -23,10 +24,21 @@ from hfx.config import (
 from hfx.evaluation import write_json
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from hfx.latency import Profile
 
+_Schema = TypeVar("_Schema", bound="BaseModel")
 
-def _csv(kind: type) -> callable:
+
+def _config(schema: type[_Schema], args: argparse.Namespace, config_file: str | Path | None,
+            /, **overrides: Any) -> _Schema:
+    """model_from_args, typed: it builds an instance of ``schema`` but its signature says
+    BaseModel."""
+    return cast(_Schema, model_from_args(schema, args, config_file, **overrides))
+
+
+def _csv(kind: type) -> Callable[[str], list]:
     def parse(text: str) -> list:
         try:
             items = [kind(x) for x in text.split(",") if x.strip()]
@@ -63,7 +75,7 @@ def _summary(r: dict) -> str:
 def cmd_sim(args: argparse.Namespace) -> int:
     from hfx.sim import simulate
 
-    config = model_from_args(SimConfig, args, args.config)
+    config = _config(SimConfig, args, args.config)
     result = simulate(config, progress=True)
     print(_summary(result))
     if args.json:
@@ -87,7 +99,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     fixed = {"workload": preset.workload, **preset.config} if preset else {}
     # The base carries the preset's fixed fields only: a series' fields must not leak into the
     # next series. Each series is validated before anything runs.
-    base = model_from_args(SimConfig, args, args.config, **fixed, qps=qps[0])
+    base = _config(SimConfig, args, args.config, **fixed, qps=qps[0])
     for _, fields in series:
         model_from_args(SimConfig, args, args.config, **{**fixed, **fields, "qps": qps[0]})
     results = run_grid(base, series, qps, jobs=args.jobs, seeds=args.seeds,
@@ -107,8 +119,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_whatif(args: argparse.Namespace) -> int:
     from hfx.evaluation.whatif import plot, table, whatif
 
-    config = model_from_args(SimConfig, args, args.config, workload=args.trace,
-                             policy=args.policies[0], instances=args.instances[0])
+    config = _config(SimConfig, args, args.config, workload=args.trace,
+                     policy=args.policies[0], instances=args.instances[0])
     result = whatif(config, args.policies, args.instances, args.target, args.jobs,
                     args.ray_address)
     print(table(result))
@@ -123,7 +135,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     from hfx.evaluation.capacity import capacity
 
-    config = model_from_args(SimConfig, args, args.config)
+    config = _config(SimConfig, args, args.config)
     result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs,
                       args.ray_address)
     for s in result["seeds"]:
@@ -198,7 +210,7 @@ def _profile_vllm(config: ProfileConfig) -> Profile:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    config = model_from_args(ProfileConfig, args, args.config)
+    config = _config(ProfileConfig, args, args.config)
     if config.engine == "vllm":
         profile = _profile_vllm(config)
     else:
@@ -241,7 +253,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     env_key = os.environ.get("HFX_API_KEY") or None  # as vLLM's VLLM_API_KEY
-    config = model_from_args(ServeConfig, args, args.config)
+    config = _config(ServeConfig, args, args.config)
     if config.api_key is None and env_key is not None:
         config = config.model_copy(update={"api_key": env_key})
     try:

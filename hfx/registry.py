@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ class Registry(Mapping[str, T], Generic[T]):
             path = self._paths[name]
         except KeyError:
             raise KeyError(name) from None
-        obj = self._loaded[name] = load(path)
+        obj = self._loaded[name] = cast(T, load(path))  # the entry names a T
         return obj
 
     def get_or_raise(self, name: str) -> T:

@@ -12,14 +12,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
+from typing import cast
 
 from tqdm import tqdm
 
 from hfx.assembly import build_cluster, sim_engines
 from hfx.clock import run
-from hfx.cluster.control import ControlPlane
+from hfx.cluster.control import ControlPlane, ScalerHooks
+from hfx.cluster.instance import LocalInstance
 from hfx.cluster.placement import EngineFactory, LocalPlacement
-from hfx.cluster.scaler import Scaler
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.evaluation.metrics import distribution, summarize
@@ -145,7 +146,7 @@ def instance_spans(control: ControlPlane) -> list[tuple[float, float]]:
     return control.fleet.spans()
 
 
-def scaling_summary(scaler: Scaler) -> dict:
+def scaling_summary(scaler: ScalerHooks) -> dict:
     return {
         "instances_max_used": scaler.state.max_used,
         "scale_events": [asdict(e) for e in scaler.state.events],
@@ -156,7 +157,8 @@ def scaling_summary(scaler: Scaler) -> dict:
 def pd_summary(control: ControlPlane) -> dict:
     """Migration figures of a P/D run: how many, and the delay from first token to KV arrival."""
     records = [r for r in control.records.values() if r.migrated_at is not None]
-    delays = [r.migrated_at - r.first_token_time for r in records if r.first_token_time]
+    delays = [r.migrated_at - r.first_token_time for r in records
+              if r.migrated_at is not None and r.first_token_time]
     assert control.tl is not None
     return {"prefill_instances": sum(i.role is Role.PREFILL for i in control.instances.values()),
             "migrations": len(records), "migration_delay": distribution(delays),
@@ -204,7 +206,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         **summarize(measured, spans),
         **steady_state_summary(config, records, measured, end),
         "sim_seconds": end,
-        "engine_steps": sum(inst.engine.num_steps for inst in
+        "engine_steps": sum(cast(LocalInstance, inst).engine.num_steps for inst in
                             [*control.instances.values(), *control.retired.values()]),
         **(scaling_summary(control.scaler) if control.scaler is not None else {}),
         **(pd_summary(control) if config.mode == "pd" else {}),

@@ -89,3 +89,17 @@ def test_every_contender_fits_the_budget_and_builds():
     for setting in paper.grid:
         config = paper.config(setting, workload="four-task")
         assert config.planner == "prefill-first" and config.policy_params["override"] == "off"
+
+
+def test_slos_serve_admits_with_the_pace_its_engine_runs_at():
+    """A tuned pace reaches both halves of SLOs-Serve: the planner's decode pace and the
+    admission DP's step (t0 = pace × tightest TPOT)."""
+    from hfx.sim import resolve_profile, sim_cluster
+
+    for setting in CONTENDERS["slos-serve"].grid:
+        assert setting["policy_params"]["pace"] == setting["planner_params"]["pace"]
+    config = CONTENDERS["slos-serve"].config(CONTENDERS["slos-serve"].grid[0],
+                                             workload="four-task")
+    control = sim_cluster(config, resolve_profile(config))
+    assert control.policy.pace == 0.7
+    assert {i.engine.planner.pace for i in control.instances.values()} == {0.7}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.fleet import Fleet
@@ -39,6 +39,9 @@ from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, Policy
 from hfx.request import Outcome, Request, RequestRecord
 
+if TYPE_CHECKING:
+    from hfx.cluster.scaler import ScalerState
+
 __all__ = ["ControlPlane", "Listener", "ScalerHooks", "TokenEvent"]
 
 _OUTCOME = {RequestStatus.FINISHED_ABORTED: Outcome.ABORTED,
@@ -48,6 +51,8 @@ _OUTCOME = {RequestStatus.FINISHED_ABORTED: Outcome.ABORTED,
 class ScalerHooks(Protocol):
     """What the control plane tells a Scaler (hfx/cluster/scaler.py)."""
 
+    state: ScalerState  # its scaling events and fleet sizes, for the reports
+
     def on_enqueue(self, role: Role, t: float) -> None: ...
 
     def on_dequeue(self, role: Role, t: float) -> None: ...
@@ -56,9 +61,11 @@ class ScalerHooks(Protocol):
 
     def on_failed(self, instance_id: int, role: Role) -> None: ...
 
-    def launching(self) -> int:
-        """Instances it is starting now."""
+    def launching(self, role: Role | None = None) -> int:
+        """Instances it is starting now, in ``role`` if given."""
         ...
+
+    def start(self) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -206,6 +213,7 @@ class ControlPlane:
             record.slo = self.mapper.assign(p, self.ledger.higher_pending(p))
             record.target = self.mapper.ranges[p].nominal
             self.ledger.await_first(record, p)
+        why: str | None  # why it is turned away, if it is
         if record.slo is None:
             why = ("a priority needs priority mapping (--priorities N)"
                    if request.priority is not None else "request has no SLO or priority")
@@ -475,6 +483,7 @@ class ControlPlane:
             self.migration.forget(req.id)
         if (self.mapper is not None and req.priority is not None and outcome is Outcome.FINISHED
                 and record.queue_time is not None and 0 <= req.priority < self.mapper.levels):
+            assert record.ttft is not None and record.tpot is not None  # finished: has tokens
             self.mapper.observe(req.priority, record.ttft, record.queue_time, record.tpot)
         last = (self.migration.stage if self.migration is not None
                 and record.decode_instance is not None else self._dispatch)

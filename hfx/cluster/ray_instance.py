@@ -37,7 +37,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from hfx.clock import cancel
-from hfx.cluster.instance import EventSink, LocalInstance
+from hfx.cluster.instance import EventSink, Instance, LocalInstance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
 from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput
@@ -323,12 +323,12 @@ class RayPlacement:
         self.actor_options = actor_options
         self._actors: dict[int, Any] = {}  # every actor started, for weights to copy from
 
-    def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[RayInstance]:
+    def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[Instance]:
         """Start the fleet's actors together (their engines build in parallel); blocks."""
         actors = [_create(iid, self.make_engine, cfg, self.actor_options) for iid, cfg in configs]
         try:
-            fleet = [RayInstance.connect(iid, actor, cfg)
-                     for (iid, cfg), actor in zip(configs, actors, strict=True)]
+            fleet: list[Instance] = [RayInstance.connect(iid, actor, cfg)
+                                     for (iid, cfg), actor in zip(configs, actors, strict=True)]
             self._actors.update((iid, actor) for (iid, _), actor in zip(configs, actors,
                                                                          strict=True))
             return fleet

@@ -260,7 +260,7 @@ class EngineCore:
         self.num_steps += 1
         self.busy_time += now - start
         request_ids: list[str] = []
-        token_ids = None if sampled is None else []
+        token_ids: list[int] | None = None if sampled is None else []
         self._advance(out.num_scheduled_tokens, sampled, request_ids, token_ids, transitions)
         if self._aborts:  # arrived while the step ran
             self._apply_aborts(transitions)

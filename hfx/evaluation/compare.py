@@ -106,9 +106,11 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
                             "policy_params": {"override": "off"}},
               _grid(theta=(0.7, 0.8, 0.9, 0.95), prefill_cv=(0.05, 0.1, 0.2)),
               help="HyperFlexis §5.1's dispatcher on the prefill-first engine"),
-    # SLOs-Serve §4: how many instances a request may be routed over, and the decode pace.
-    Contender("slos-serve", {"policy": "slos-serve"}, _grid(
-        route_limit=(1, 2, 4), planner__pace=(0.7, 0.8, 0.9, 1.0))),
+    # SLOs-Serve §4: how many instances a request may be routed over, and the decode pace (the
+    # engine's, which admission plans with too).
+    Contender("slos-serve", {"policy": "slos-serve"}, tuple(
+        {"policy_params": {"route_limit": r, "pace": p}, "planner_params": {"pace": p}}
+        for r in (1, 2, 4) for p in (0.7, 0.8, 0.9, 1.0))),
     # PolyServe §4: the smallest prefill chunk, and how many of a tier's requests may fail to
     # place in one call before the rest of the tier waits for the next.
     Contender("polyserve", {"policy": "polyserve"}, _grid(
@@ -212,7 +214,7 @@ def cells(rows: Sequence[dict]) -> list[dict]:
             r["contender"], []).append(r)
     for (workload, regime), by_name in groups.items():
         for metric in METRICS:
-            stats = {n: {"mean": statistics.fmean(x[metric] for x in rs),
+            stats: dict[str, dict[str, Any]] = {n: {"mean": statistics.fmean(x[metric] for x in rs),
                          "std": statistics.stdev(x[metric] for x in rs) if len(rs) > 1 else 0.0,
                          "per_seed": [x[metric] for x in sorted(rs, key=lambda x: x["seed"])]}
                      for n, rs in by_name.items()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -45,6 +46,7 @@ def _group(records: Sequence[RequestRecord], met: Sequence[bool],
            met_dslo: Sequence[bool]) -> dict:
     n = len(records)
     finished = [r for r in records if r.outcome is Outcome.FINISHED]
+    # A finished request has its tokens and its finish time: no None below.
     return {
         "requests": n,
         "finished": len(finished),
@@ -54,9 +56,9 @@ def _group(records: Sequence[RequestRecord], met: Sequence[bool],
         "best_effort": sum(r.best_effort for r in records),
         "attainment": sum(met) / n if n else 0.0,
         "attainment_dslo": sum(met_dslo) / n if n else 0.0,
-        "ttft": distribution([r.ttft for r in finished]),
-        "tpot": distribution([r.tpot for r in finished]),
-        "e2e": distribution([r.e2e for r in finished]),
+        "ttft": distribution(cast("list[float]", [r.ttft for r in finished])),
+        "tpot": distribution(cast("list[float]", [r.tpot for r in finished])),
+        "e2e": distribution(cast("list[float]", [r.e2e for r in finished])),
     }
 
 
@@ -75,7 +77,7 @@ def summarize(records: Sequence[RequestRecord], spans: Iterable[tuple[float, flo
     span = 0.0
     if finished:
         start = min(r.request.arrival for r in records)
-        span = max(max(r.finish_time for r in finished) - start, 1e-9)
+        span = max(max(cast(float, r.finish_time) for r in finished) - start, 1e-9)
     out["goodput_rps"] = sum(met) / span if span else 0.0
     out["throughput_rps"] = len(finished) / span if span else 0.0
     out["output_tokens_per_s"] = sum(r.num_tokens for r in finished) / span if span else 0.0

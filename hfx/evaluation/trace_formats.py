@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal, overload
 
 from hfx.evaluation.tasks import TASKS
 from hfx.evaluation.workloads import TRACE_FIELDS, TraceError
@@ -78,6 +79,19 @@ Reader = Callable[[Path], TraceReport]
 
 
 # ---- parsing helpers ---------------------------------------------------------------------------
+# Typed per call: an int for kind=int, a float otherwise, None only where not required.
+@overload
+def _number(row: dict, key: str, where: str, kind: type[int],
+            required: Literal[True] = ...) -> int: ...
+@overload
+def _number(row: dict, key: str, where: str, kind: type[int],
+            required: Literal[False]) -> int | None: ...
+@overload
+def _number(row: dict, key: str, where: str, kind: type[float] = ...,
+            required: Literal[True] = ...) -> float: ...
+@overload
+def _number(row: dict, key: str, where: str, kind: type[float] = ...,
+            *, required: Literal[False]) -> float | None: ...
 def _number(row: dict, key: str, where: str, kind: type = float,
             required: bool = True) -> float | int | None:
     """``row[key]`` as a finite, non-negative ``kind``; errors name ``where`` (file:line)."""
@@ -158,9 +172,11 @@ def read_hfx(path: Path) -> TraceReport:
         _check_lengths(where, input_len, output_len)
         if (ttft is None) != (tpot is None):
             raise TraceError(f"{where}: give both ttft and tpot, or neither")
-        if ttft is not None and (ttft <= 0 or tpot <= 0):
-            raise TraceError(f"{where}: ttft and tpot must be > 0")
-        slo = SLO(ttft, tpot) if ttft is not None else None
+        slo = None
+        if ttft is not None and tpot is not None:  # both or neither, checked above
+            if ttft <= 0 or tpot <= 0:
+                raise TraceError(f"{where}: ttft and tpot must be > 0")
+            slo = SLO(ttft, tpot)
         task = str(row.get("task") or "") or None
         report.rows.append(TraceRow(arrival, input_len, output_len, task, slo, priority,
                                     str(row.get("id") or "") or None, where=where))
@@ -217,7 +233,9 @@ def _azure_time(text: str, where: str) -> datetime:
     """``2023-11-16 18:15:46.6805900`` (7 fractional digits: truncated to microseconds) or
     ``2024-05-10 00:00:00.009930+00:00``; a time without a zone is taken as UTC."""
     head, _, rest = text.strip().partition(".")
-    frac = re.match(r"\d*", rest)[0]
+    digits = re.match(r"\d*", rest)
+    assert digits is not None  # \d* matches the empty string too
+    frac = digits[0]
     zone = rest[len(frac):]
     try:
         t = datetime.fromisoformat(head + ("." + (frac + "00000")[:6] if frac else "")

@@ -84,7 +84,8 @@ def generate(workload: str, qps: float, seed: int,
 
 
 def _task_stream(tasks: Iterable[TaskSpec], key: list[int],
-                 arrivals_of: Callable[[int, TaskSpec, np.random.Generator], Sequence[float]]
+                 arrivals_of: Callable[[int, TaskSpec, np.random.Generator],
+                                       np.ndarray | Sequence[float]]
                  ) -> list[Request]:
     """Each task's requests — arrival times from ``arrivals_of``, then Table 1 lengths, drawn
     from the task's own generator (``key`` + the task's name) — merged in arrival order."""

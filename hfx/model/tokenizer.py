@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Tokenizer(Protocol):
-    eos_token_id: int | None
+    @property  # read-only, so that ByteTokenizer's int matches int | None
+    def eos_token_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -79,7 +80,7 @@ def write_byte_tokenizer(folder: Path, max_len: int) -> None:
     one token per UTF-8 byte, 256 = end of text. A random-weight checkpoint carries it, so
     that tools which load a Hugging Face tokenizer (vLLM, guidellm) read text as HFX does."""
     vocab = {c: b for b, c in byte_level_alphabet().items()} | {EOS: 256}
-    spec = {
+    spec: dict[str, Any] = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": 256, "content": EOS, "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": True}],

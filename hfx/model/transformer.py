@@ -64,6 +64,8 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
+    inv_freq: torch.Tensor  # a buffer (register_buffer): Module.__getattr__ is untyped
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))

@@ -124,8 +124,8 @@ def receive(handle: WeightHandle, model: CausalLM) -> None:
             raise PeerUnavailable(f"peer segment {handle.segment} is gone") from None
         try:
             load_state(model, {e.name: _view(shm, e) for e in handle.entries})
-        except ValueError as e:
-            raise PeerUnavailable(str(e)) from None
+        except ValueError as err:  # not ``e``: the loop below reuses that name
+            raise PeerUnavailable(str(err)) from None
         finally:
             shm.close()
         return
@@ -138,7 +138,8 @@ def receive(handle: WeightHandle, model: CausalLM) -> None:
                 or not p.is_contiguous()):
             raise PeerUnavailable(f"{e.name}: peer {e.dtype}{list(e.shape)}, "
                                   f"model {p.dtype}{list(p.shape)}")
-        buf = memoryview(p.data.view(-1).view(torch.uint8).numpy())
+        # .data is memoryview(array); numpy types arrays as buffers only from Python 3.12
+        buf = p.data.view(-1).view(torch.uint8).numpy().data
         jobs += [(buf[i:i + CHUNK], e.offset + i) for i in range(0, e.nbytes, CHUNK)]
     fd = os.open(path, os.O_RDONLY)
     try:

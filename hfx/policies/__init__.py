@@ -6,7 +6,7 @@ imports no policy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hfx.registry import Registry, lazy_exports, load
 
@@ -39,7 +39,7 @@ def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
     if name == "rr":
         name = "rr-pd"
     try:
-        dispatcher, migrator = (load(path) for path in PD_POLICIES[name])
+        dispatcher, migrator = (cast("type[Policy]", load(path)) for path in PD_POLICIES[name])
     except KeyError:
         raise ValueError(f"unknown P/D policy {name!r}; choose one of "
                          f"{', '.join(PD_POLICIES)}") from None

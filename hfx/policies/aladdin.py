@@ -45,6 +45,7 @@ class Aladdin(ArrivalOrderPolicy):
             self.shadow.sync(inst)
         while self._queue:
             req = self._queue.popleft()
+            assert req.slo is not None
             out_len = self.predictor.predict(req)
             prefill = model.prefill_one(req.prompt_len)
             best, best_headroom, fallback, fallback_headroom = None, 0.0, None, -1.0

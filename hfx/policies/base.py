@@ -64,6 +64,7 @@ class ClusterView:
 
 def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
     """Whether ``request`` misses its TTFT even if its prompt were prefilled alone, now."""
+    assert request.slo is not None
     return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
 
 

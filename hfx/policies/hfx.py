@@ -191,6 +191,7 @@ class HFXDispatcher(Policy):
             self._override(targets, model, now, decision)
         if self.num_queued():
             decision.wake_at = self.maturity.earliest()
+            assert decision.wake_at is not None  # the accepting instances are its members
             if decision.wake_at <= now:  # a mature instance could take nothing: next iteration
                 decision.wake_at = now + max(model.decode_a, 1e-3)
             if self._urgent and self._urgent[0][0] < decision.wake_at:
@@ -200,6 +201,7 @@ class HFXDispatcher(Policy):
     def urgent_at(self, req: Request, model: StepTimeModel) -> float:
         """When ``req``, still queued, becomes urgent: its TTFT deadline less a lead of
         ``lead_prefills`` of its prefills alone and ``lead_steps`` step floors."""
+        assert req.slo is not None
         return (req.arrival + req.slo.ttft
                 - self.lead_prefills * model.prefill_one(req.prompt_len)
                 - self.lead_steps * model.decode_a)
@@ -217,6 +219,7 @@ class HFXDispatcher(Policy):
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
             best, best_p = None, self.theta
+            assert req.slo is not None
             deadline, e_p = req.arrival + req.slo.ttft, model.prefill_one(req.prompt_len)
             for inst in targets:
                 sh = self.shadow[inst.id]
@@ -280,6 +283,7 @@ class HFXDispatcher(Policy):
                 self.queue.take(req)
                 self._best_effort.append(req)
                 continue
+            assert req.slo is not None
             own = req.arrival + req.slo.ttft
             n = used + req.prompt_len
             if n > limit:
@@ -337,7 +341,9 @@ class HFXDispatcher(Policy):
         """After dispatching a batch of prefill time ``e_p`` (Algorithm 1)."""
         if self.tpot_guard == "off":  # no payback: look again once the engine decodes again
             return now + e_p + self.decode_step(sh, model)
-        return maturity_time(now, e_p, self.decode_step(sh, model), sh.min_tpot())
+        min_tpot = sh.min_tpot()
+        assert min_tpot is not None  # called after a dispatch to ``sh``: it has a request
+        return maturity_time(now, e_p, self.decode_step(sh, model), min_tpot)
 
     def kv_reserve(self, request: Request) -> float:
         """Output tokens whose KV the instance will hold for ``request``."""

@@ -87,12 +87,15 @@ class HFXMigrator(Policy):
             served.add(iid)
             self._serve(iid, self.shadow[iid], model, now, decision)
         if self.queue:
-            decision.wake_at = max(self.maturity.earliest(), now + model.decode_a / 4)
+            earliest = self.maturity.earliest()
+            assert earliest is not None  # the accepting instances are its members
+            decision.wake_at = max(earliest, now + model.decode_a / 4)
         return decision
 
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision) -> None:
         tpot = sh.min_tpot() or self.queue.min_tpot()
+        assert tpot is not None  # called with a request queued
         ctx, batch = sh.decode_ctx, sh.batch_size
         kv_free, slots = sh.free_kv_tokens(), sh.free_slots()
         admitted: list[tuple[Request, float]] = []
@@ -101,6 +104,7 @@ class HFXMigrator(Policy):
                 break
             out_len = self.predictor.predict(req)
             need = req.prompt_len + out_len
+            assert req.slo is not None
             limit = min(tpot, req.slo.tpot)
             fits_tpot = model.decode_time(ctx + req.prompt_len + 1, batch + 1) <= limit
             if need <= kv_free and (fits_tpot or batch == 0):

@@ -8,6 +8,7 @@ pays for the instances it serves.
 
 from __future__ import annotations
 
+import builtins  # set[int] in the class body: its set() method shadows the builtin
 import heapq
 from collections.abc import Iterable
 
@@ -38,7 +39,7 @@ class MaturityQueue:
         time, iid = entry
         return iid in self._members and self._time[iid] == time
 
-    def pop_mature(self, now: float, served: set[int]) -> int | None:
+    def pop_mature(self, now: float, served: builtins.set[int]) -> int | None:
         """The earliest member mature by ``now`` and not in ``served``, taken off the queue
         (serving it sets its next maturity); None when there is none. Entries of ``served``
         instances set during this call stay for the next one."""

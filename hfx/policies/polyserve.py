@@ -107,6 +107,7 @@ class PolyServe(Policy):
         return min(tpot, self._saturated)
 
     def enqueue(self, request: Request, now: float) -> None:
+        assert request.slo is not None  # the control plane gives every request one
         bisect.insort(self._queues[self.tier(request.slo.tpot)],
                       (request.arrival + request.slo.ttft, request.id, request))
 
@@ -144,7 +145,7 @@ class PolyServe(Policy):
         """Can ``sh`` (serving ``tier``) take ``req`` within its TPOT, KV and — unless ``ttft``
         is False — TTFT?"""
         model, table = self._model, self._table
-        assert model is not None and table is not None
+        assert model is not None and table is not None and req.slo is not None
         if self.tier(req.slo.tpot) < tier or sh.free_slots() <= 0:  # the cheap refusals first
             return False
         out_len = self.predictor.predict(req)
@@ -189,14 +190,15 @@ class PolyServe(Policy):
             self._model, self._table = view.step_model, IterationTable(view.step_model)
             self._saturate(view.step_model, targets[0].stats)
         if self.shadow.follow(view, targets):  # snapshots or membership moved
-            for inst in targets:
-                self.tier_of.setdefault(inst.id, None)
-                if self._stats_time.get(inst.id) != inst.stats.time:  # a new snapshot
-                    self._new_snapshot(inst)
+            for target in targets:
+                self.tier_of.setdefault(target.id, None)
+                if self._stats_time.get(target.id) != target.stats.time:  # a new snapshot
+                    self._new_snapshot(target)
         self._scale_down(targets)
         tiers = sorted(t for t, q in self._queues.items() if q)
         for tier in tiers:
-            queue, waiting = self._queues[tier], []
+            queue = self._queues[tier]
+            waiting: list[tuple[float, str, Request]] = []
             misses = 0
             looked = 0
             for item in queue:
@@ -206,7 +208,7 @@ class PolyServe(Policy):
                 req = item[2]
                 lost = ttft_lost(req, self._model, now)
                 own = [i for i in targets if self.tier_of[i.id] == tier]
-                inst = self._place(req, own, now, lost)
+                inst: InstanceView | None = self._place(req, own, now, lost)
                 if inst is None:  # the tier is full: an idle (or pending-list) instance joins
                     spare = [i for i in targets if self.tier_of[i.id] is None] or [
                         i for i in targets if self.tier_of[i.id] is not None

@@ -19,12 +19,22 @@
 from __future__ import annotations
 
 import random
+from typing import TypedDict
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import ALPHA, ITERATIONS, T0, T_MIN, Job, Plan, anneal
 from hfx.policies.shadow import Shadows
 from hfx.request import Request, RequestRecord
+
+
+class _Search(TypedDict):
+    """anneal's search parameters."""
+
+    t0: float
+    t_min: float
+    iterations: int
+    alpha: float
 
 
 class SimulatedAnnealing(Policy):
@@ -39,7 +49,8 @@ class SimulatedAnnealing(Policy):
         if not (0 < alpha < 1 and t0 > 0 and t_min > 0 and iterations >= 1):
             raise ValueError("need t0 > 0, t_min > 0, iterations >= 1 and 0 < alpha < 1")
         self.max_batch, self.window = int(max_batch), int(window)
-        self.search = {"t0": t0, "t_min": t_min, "iterations": int(iterations), "alpha": alpha}
+        self.search: _Search = {"t0": t0, "t_min": t_min, "iterations": int(iterations),
+                                "alpha": alpha}
         self.rng = random.Random(int(seed))
         self.predictor = OutputLengthPredictor(output_length)
         self._arrived: list[Request] = []
@@ -108,11 +119,14 @@ class SimulatedAnnealing(Policy):
                 continue
             if self._plans[iid] is None:
                 head = pending[:self.window]
-                jobs = [Job(r.prompt_len, o, now - r.arrival, r.slo.ttft, r.slo.tpot)
-                        for r, o in head]
+                jobs = []
+                for r, o in head:
+                    assert r.slo is not None
+                    jobs.append(Job(r.prompt_len, o, now - r.arrival, r.slo.ttft, r.slo.tpot))
                 self._plans[iid] = anneal(jobs, model, self.max_batch, self.rng.getrandbits(32),
                                           sh.decode_ctx, sh.batch_size, **self.search)
             plan = self._plans[iid]
+            assert plan is not None  # searched above
             size = min(plan.sizes[0], sh.free_slots())
             if size <= 0:
                 continue  # the engine is full: a finished request will call us again

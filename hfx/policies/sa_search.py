@@ -38,8 +38,10 @@ from hfx.latency import StepTimeModel
 try:
     from numba import njit
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
-    def njit(*args: Any, **kwargs: Any) -> Any:
+    def _njit(*args: Any, **kwargs: Any) -> Any:
         return args[0] if args and callable(args[0]) else (lambda f: f)
+
+    njit = _njit  # bound by assignment: a second ``def njit`` is a redefinition to mypy
 
 T0, T_MIN, ITERATIONS, ALPHA = 500.0, 20.0, 100, 0.95
 _MASK32 = 0xFFFFFFFF

@@ -110,6 +110,7 @@ class Scorpio(Policy):
         # Each running request's context grows by out_len/2 on average over req's life.
         ctx = sh.decode_ctx + req.prompt_len + n_real * out_len / 2
         l_avg = ctx / n_real
+        assert req.slo is not None
         n = mix.virtual_batch_with(req.slo.tpot)
         return self.epsilon * (alpha * n * l_avg + beta * n + delta)
 
@@ -127,6 +128,7 @@ class Scorpio(Policy):
                 self._dirty.add(inst.id)
                 self._out_len.clear()
         for req in self._pending:  # round robin at arrival
+            assert req.slo is not None
             iid = targets[self._next % len(targets)].id
             self._dirty.add(iid)
             self._next += 1
@@ -164,6 +166,7 @@ class Scorpio(Policy):
                     waiting.extend(kept[k:])
                     break
                 req = item[4]
+                assert req.slo is not None
                 out_len = self._predict(req)
                 fits = req.prompt_len + out_len <= sh.free_kv_tokens()
                 if (fits and self.predicted_tpot(sh, mix, req, out_len, alpha, beta, delta)

@@ -81,6 +81,7 @@ class ShadowInstance:
         if item is None:
             return False
         req = item.request
+        assert req.slo is not None  # add() took only requests with one
         self.decode_ctx = max(0.0, self.decode_ctx - tokens_at_finish)
         self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
                                    - item.predicted_output)

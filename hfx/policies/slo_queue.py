@@ -46,6 +46,7 @@ class SLOQueue:
         self._taken.add(request.id)
         del self._queued[request.id]
         self._size -= 1
+        assert request.slo is not None
         ttft = request.slo.ttft
         self._ttfts[ttft] -= 1
         if self._ttfts[ttft] == 0:

@@ -88,10 +88,16 @@ class SLOsServe(ArrivalOrderPolicy):
     name = "slos-serve"
     planner = SLOPacedPlanner.name
 
-    def __init__(self, route_limit: int = 2, output_length: str = "history") -> None:
+    def __init__(self, route_limit: int = 2, output_length: str = "history",
+                 pace: float = SLOPacedPlanner.pace) -> None:
         if route_limit < 1:
             raise ValueError(f"route_limit must be >= 1, got {route_limit}")
+        if not 0 < pace <= 1:
+            raise ValueError(f"pace must be in (0, 1], got {pace}")
         self.route_limit = int(route_limit)
+        # The engine's decode pace (``--planner-params pace=``) as admission plans with it:
+        # give both the same value.
+        self.pace = float(pace)
         self.predictor = OutputLengthPredictor(output_length)
         self.shadow = Shadows()
         super().__init__()
@@ -100,6 +106,7 @@ class SLOsServe(ArrivalOrderPolicy):
         self._admitted: dict[int, dict[str, tuple[float, Item]]] = {}
 
     def _item(self, req: Request, forced: bool = False) -> Item:
+        assert req.slo is not None
         return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 1.0 / req.slo.tpot,
                     req.prompt_len + self.predictor.predict(req), forced)
 
@@ -122,7 +129,8 @@ class SLOsServe(ArrivalOrderPolicy):
             left -= x.prompt
         forced = [Item(x.key, x.deadline, x.prompt, 0.0, 0.0, True) for x in pending]
         demand0 = sh.tpot_demand()
-        t0 = SLOPacedPlanner.pace * min(sh.min_tpot() or req.slo.tpot, req.slo.tpot)
+        assert req.slo is not None
+        t0 = self.pace * min(sh.min_tpot() or req.slo.tpot, req.slo.tpot)
         ctx = sh.decode_ctx / sh.batch_size if sh.batch_size else float(req.prompt_len)
         return bool(admit([*forced, self._item(req)], now, model, t0, demand0,
                           sh.free_kv_tokens(), ctx))
@@ -157,4 +165,5 @@ class SLOsServe(ArrivalOrderPolicy):
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self.shadow.finished(record, record.instance, self.predictor)
-        self._admitted.get(record.instance, {}).pop(record.request.id, None)
+        if record.instance is not None:  # else it was admitted nowhere
+            self._admitted.get(record.instance, {}).pop(record.request.id, None)

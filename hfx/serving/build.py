@@ -236,7 +236,9 @@ def _build_vllm(config: ServeConfig) -> Server:
                           block_size=info.block_size)
         if not profile.meta.get("model"):
             config = config.model_copy(update={"kv_bytes_per_token": 1})
-        control = build_cluster(config, profile, None, placement)
+        # The ignore: initial's list[VLLMInstance] is no list[Instance] (invariant); Placement
+        # (hfx/cluster/placement.py) should return Sequence[Instance].
+        control = build_cluster(config, profile, None, placement)  # type: ignore[arg-type]
     except BaseException:
         for inst in fleet:
             if inst.process is not None:

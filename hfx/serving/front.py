@@ -145,8 +145,8 @@ class FrontServer(Intake):
             task.cancel()
         await asyncio.gather(*self._relays.values(), return_exceptions=True)
         self._progress.flush()
-        for task in self._tasks:
-            await cancel(task)
+        for own in self._tasks:
+            await cancel(own)
         if self._session is not None:
             await self._session.close()
         if self._socket is not None:
@@ -234,9 +234,10 @@ class FrontServer(Intake):
 
     async def _receive(self) -> None:
         assert self._socket is not None
-        handlers = {"opened": self._answered, "refused": self._answered,
-                    "metrics": self._answered, "stream": self._stream, "cancel": self._cancel,
-                    "tokens": self._tokens, "end": self._end, "state": self._on_state}
+        handlers: dict[str, Callable[[list[Any]], None]] = {
+            "opened": self._answered, "refused": self._answered, "metrics": self._answered,
+            "stream": self._stream, "cancel": self._cancel, "tokens": self._tokens,
+            "end": self._end, "state": self._on_state}
         loop = asyncio.get_running_loop()
         while True:
             messages = await self._socket.recv()
@@ -247,6 +248,7 @@ class FrontServer(Intake):
                     if message:
                         log.warning("dropped an unknown message %.100r", message[0])
                     continue
+                assert message is not None
                 try:
                     handler(message)
                 except Exception:  # a malformed message: that message is lost, nothing else

@@ -494,7 +494,9 @@ def serve(server: ServingCore, access: Access, host: str, port: int, shutdown_ti
             self.should_exit = True
             server.draining = True
 
+    # The ignore: uvicorn annotates the timeout int but passes it to asyncio.wait_for, which
+    # takes seconds as a float (server.py); int() would cut 0.5 s to 0.
     config = uvicorn.Config(create_app(server, access), host=host, port=port,
                             log_level="warning", loop="asyncio",
-                            timeout_graceful_shutdown=shutdown_timeout)
+                            timeout_graceful_shutdown=shutdown_timeout)  # type: ignore[arg-type]
     _Server(config).run(sockets=sockets)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -104,8 +105,9 @@ class FrontHub:
                 entry[0].on_ended(rid, entry[1], ABORTED)
 
     async def _receive(self) -> None:
-        handlers = {"hello": self._hello, "open": self._open, "abort": self._abort,
-                    "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
+        handlers: dict[str, Callable[..., None]] = {
+            "hello": self._hello, "open": self._open, "abort": self._abort,
+            "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
         while True:
             front, messages = await self.socket.recv()
             for message in messages:
@@ -120,6 +122,7 @@ class FrontHub:
                     if message:
                         log.warning("dropped an unknown message %.100r", message[0])
                     continue
+                assert message is not None
                 try:
                     handler(front, *message[1:])
                 except Exception:  # a malformed message: that message is lost, nothing else

@@ -79,11 +79,11 @@ class _ControlPlaneCollector(Collector):
                                   "instance after theirs failed.", value=control.num_resumed)
         events = control.scaler.state.events if control.scaler is not None else []
         actions = Tally(e.action for e in events)
-        family = CounterMetricFamily("hfx_scaling_events", "Scale-out and scale-in decisions.",
-                                     labels=["action"])
+        scaling = CounterMetricFamily("hfx_scaling_events", "Scale-out and scale-in decisions.",
+                                      labels=["action"])
         for action in SCALING_ACTIONS:
-            family.add_metric([action], actions[action])
-        yield family
+            scaling.add_metric([action], actions[action])
+        yield scaling
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

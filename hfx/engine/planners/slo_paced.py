@@ -38,7 +38,7 @@ class SLOPacedPlanner(BatchPlanner):
         out = SchedulerOutput()
         now = state.now
         slo_decoding = [s for s in state.running if s.is_decode and not s.best_effort and s.tpot]
-        t0 = min((s.tpot for s in slo_decoding), default=None)
+        t0 = min((s.tpot for s in slo_decoding if s.tpot), default=None)  # (if: for mypy)
         end = now + (t0 or 0.0)
         # 1. SLO decodes whose token is due by the end of this step, earliest due first.
         due = sorted((s for s in slo_decoding if s.next_due <= end), key=lambda s: s.next_due)
@@ -48,6 +48,7 @@ class SLOPacedPlanner(BatchPlanner):
                 continue
             out.schedule(seq, 1)
             ctx += seq.num_tokens
+            assert seq.tpot is not None  # an SLO decode
             seq.next_due = max(seq.next_due, now) + self.pace * seq.tpot
         budget = (time2bs(self.model, t0, ctx, len(due)) if t0 is not None
                   else self.token_budget)
@@ -66,6 +67,7 @@ class SLOPacedPlanner(BatchPlanner):
                 break
             if self._room(state, seq, seq.num_tokens, out):
                 out.schedule(seq, 1)
+                assert seq.tpot is not None  # an SLO decode
                 seq.next_due += self.pace * seq.tpot
                 budget -= 1
         # 4. Best effort, and requests with no TPOT target (nothing paces them): leftover
@@ -86,6 +88,7 @@ class SLOPacedPlanner(BatchPlanner):
             seq = min(slo_decoding, key=lambda s: s.next_due)
             if self._room(state, seq, seq.num_tokens, out):
                 out.schedule(seq, 1)
+                assert seq.tpot is not None  # an SLO decode
                 seq.next_due = max(seq.next_due, now) + self.pace * seq.tpot
         return out
 
