@@ -25,17 +25,13 @@ from pathlib import Path
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.capacity import over_seeds, seed_capacity, steady
+from hfx.evaluation.compare import WORKLOAD_CONFIG
 from hfx.evaluation.presets import PRESETS
 
 # Where each search starts (requests/s for 2 instances): near the knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "wikisql": 8.0, "tiered-512-512": 40.0,
          "tiered-4096-1024": 4.0}
 POLICIES = ("hfx", "slos-serve", "polyserve", "sa", "scorpio", "aladdin", "least-loaded", "rr")
-# Where a workload comes with its own fleet: PolyServe's tiered settings (seed 003 §5.1) are
-# Llama-3.1-8B on H200, whose ~7 ms decode step makes the 20 ms TPOT tier reachable at all (on
-# the 910B profile one decode step takes ~25 ms, so no rate attains 90%).
-WORKLOAD_CONFIG = {w: {"model": "llama-3.1-8b", "hardware": "h200"}
-                   for w in ("tiered-512-512", "tiered-4096-1024")}
 # A series: a label and the config fields it sets.
 VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunked",  # default
                                      "policy_params": {"override": "on"}},
