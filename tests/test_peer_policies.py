@@ -216,3 +216,21 @@ def test_deadline_chunking_runs_a_prompt_whole_when_paced_chunks_would_miss(
     engine.add_request(seq("p", 800, 1, prefill_deadline=vloop.time() + deadline_in))
     vloop.run_until_complete(step())
     assert ex.plans[-1] == {"d": 1, "p": chunk}
+
+
+def test_slos_serve_admission_plans_at_its_pace(monkeypatch):
+    """The admission DP's step is pace × the tightest TPOT, with the pace it was given (the one
+    its engine runs at), not the planner class's default."""
+    import hfx.policies.slos_serve as slos
+
+    steps: list[float] = []
+
+    def admit(items, now, model, t0, *rest):
+        steps.append(t0)
+        return [items[-1].key]
+
+    monkeypatch.setattr(slos, "admit", admit)
+    pol = make_policy("slos-serve", pace=0.5)
+    pol.enqueue(req("a", 0.1), 0.0)
+    pol.schedule(view(2))
+    assert steps and steps[0] == pytest.approx(0.5 * 0.1)
