@@ -74,29 +74,55 @@ class RecordView(Protocol):
     def e2e(self) -> float | None: ...
 
 
+class TokenQueue:
+    """A stream's events on their way to its response: put by whoever hears them, taken all at
+    once by the one reader, so that tokens that arrive between two turns of the loop cost the
+    reader one wake-up (issue 28), and no lock or count per token as ``asyncio.Queue`` keeps."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[TokenEvent] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, event: TokenEvent) -> None:
+        self._items.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def take(self) -> list[TokenEvent]:
+        """Every event put since the last take, in order; waits for one if there is none."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
 @dataclass(slots=True)
 class Stream:
     request: Request
     record: RecordView
     applied: AppliedSLO
-    queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+    queue: TokenQueue = field(default_factory=TokenQueue)
+
+    async def take(self) -> list[TokenEvent]:
+        """The events that arrived together, in order (the end comes last)."""
+        return await self.queue.take()
 
     async def events(self) -> AsyncIterator[TokenEvent]:
-        async for batch in self.batches():
-            for event in batch:
-                yield event
-
-    async def batches(self) -> AsyncIterator[list[TokenEvent]]:
-        """The events that arrived together, in order, one wake-up each (issue 28: under load
-        several tokens of a stream arrive between two turns of the loop); the end comes last."""
-        queue = self.queue
         while True:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            yield batch
-            if batch[-1].token is None:
-                return
+            for event in await self.queue.take():
+                yield event
+                if event.token is None:
+                    return
 
 
 class ServingCore(Protocol):
@@ -310,7 +336,7 @@ class Server(Intake):
             prompt_len=len(prompt_ids), max_tokens=max_tokens, slo=applied.slo, task=applied.task,
             priority=applied.priority, prompt_token_ids=prompt_ids, sampling=sampling,
             stop_token_ids=frozenset() if ignore_eos or eos is None else frozenset({eos}))
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        queue = TokenQueue()
 
         hear = listener or queue.put_nowait
 
