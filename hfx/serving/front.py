@@ -129,16 +129,22 @@ class FrontServer(Intake):
         self._socket: FrontSocket | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._handlers: dict[str, Callable[[list[Any]], None]] = {
+            "opened": self._answered, "refused": self._answered, "metrics": self._answered,
+            "stream": self._stream, "cancel": self._cancel, "tokens": self._tokens,
+            "end": self._end, "state": self._on_state}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._heard = loop.time()
-        self._socket = FrontSocket(self.spec.address, self.index)
+        self._socket = FrontSocket(self.spec.address, self.index, self._on_messages,
+                                   lambda: self._control_lost("the control plane closed the "
+                                                              "channel"))
+        await self._socket.connect()
         self._socket.send(["hello"])
         self._session = new_session()
-        self._tasks = [loop.create_task(self._receive(), name="front-receive"),
-                       loop.create_task(self._watch(), name="front-watch")]
+        self._tasks = [loop.create_task(self._watch(), name="front-watch")]
 
     async def stop(self) -> None:
         for task in list(self._relays.values()):
@@ -232,27 +238,19 @@ class FrontServer(Intake):
         finally:
             self._answers.pop(key, None)
 
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        handlers: dict[str, Callable[[list[Any]], None]] = {
-            "opened": self._answered, "refused": self._answered, "metrics": self._answered,
-            "stream": self._stream, "cancel": self._cancel, "tokens": self._tokens,
-            "end": self._end, "state": self._on_state}
-        loop = asyncio.get_running_loop()
-        while True:
-            messages = await self._socket.recv()
-            self._heard = loop.time()
-            for message in messages:
-                handler = handlers.get(message[0]) if message else None
-                if handler is None:
-                    if message:
-                        log.warning("dropped an unknown message %.100r", message[0])
-                    continue
-                assert message is not None
-                try:
-                    handler(message)
-                except Exception:  # a malformed message: that message is lost, nothing else
-                    log.exception("dropped a malformed %r message", message[0])
+    def _on_messages(self, messages: list[list[Any] | None]) -> None:
+        self._heard = asyncio.get_running_loop().time()
+        for message in messages:
+            handler = self._handlers.get(message[0]) if message else None
+            if handler is None:
+                if message:
+                    log.warning("dropped an unknown message %.100r", message[0])
+                continue
+            assert message is not None
+            try:
+                handler(message)
+            except Exception:  # a malformed message: that message is lost, nothing else
+                log.exception("dropped a malformed %r message", message[0])
 
     def _answered(self, message: list[Any]) -> None:
         future = self._answers.get(message[1])
@@ -346,6 +344,8 @@ class FrontServer(Intake):
 
     def _control_lost(self, why: str) -> None:
         """End every stream with the reason, answer 503 from now on, and exit non-zero."""
+        if self.lost is not None:
+            return  # told already (the channel closed, and then the parent changed)
         log.error("front %d: %s; exiting", self.index, why)
         self.lost = why
         for stream in list(self.streams.values()):

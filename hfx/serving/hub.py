@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class FrontHub:
     def __init__(self, server: Server, address: str, tokens_at_front: bool) -> None:
         self.server = server
-        self.socket = ControlSocket(address)
+        self.socket = ControlSocket(address, self._on_messages)
         # vLLM fleets: the fronts have every token already (they read the streams).
         self.tokens_at_front = tokens_at_front
         self.fronts: set[bytes] = set()
@@ -57,15 +57,19 @@ class FrontHub:
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped = 0  # messages that did not parse or fit (logged)
 
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._receive(), name="hub-receive"),
-                       loop.create_task(self._heartbeat(), name="hub-state")]
+        self._handlers: dict[str, Callable[..., None]] = {
+            "hello": self._hello, "open": self._open, "abort": self._abort,
+            "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
+
+    async def start(self) -> None:
+        await self.socket.start()
+        self._tasks = [asyncio.get_running_loop().create_task(self._heartbeat(),
+                                                              name="hub-state")]
 
     async def stop(self) -> None:
         for task in self._tasks:
             await cancel(task)
-        self.socket.close()
+        await self.socket.close()
 
     # ---- the vLLM instances' Relay -----------------------------------------------------------
     def open(self, owner: RelayOwner, request_id: str, stream_id: int,
@@ -104,30 +108,25 @@ class FrontHub:
             if entry is not None:
                 entry[0].on_ended(rid, entry[1], ABORTED)
 
-    async def _receive(self) -> None:
-        handlers: dict[str, Callable[..., None]] = {
-            "hello": self._hello, "open": self._open, "abort": self._abort,
-            "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
-        while True:
-            front, messages = await self.socket.recv()
-            for message in messages:
-                if message and message[0] != "hello" and front not in self.fronts:
-                    # A dead front's message read after its death (or a stranger's): what
-                    # it asks for could never be answered.
-                    self.num_dropped += 1
-                    continue
-                handler = handlers.get(message[0]) if message else None
-                if handler is None:
-                    self.num_dropped += 1
-                    if message:
-                        log.warning("dropped an unknown message %.100r", message[0])
-                    continue
-                assert message is not None
-                try:
-                    handler(front, *message[1:])
-                except Exception:  # a malformed message: that message is lost, nothing else
-                    self.num_dropped += 1
-                    log.exception("dropped a malformed %r message", message[0])
+    def _on_messages(self, front: bytes, messages: list[list[Any] | None]) -> None:
+        for message in messages:
+            if message and message[0] != "hello" and front not in self.fronts:
+                # A dead front's message read after its death (or a stranger's): what it
+                # asks for could never be answered.
+                self.num_dropped += 1
+                continue
+            handler = self._handlers.get(message[0]) if message else None
+            if handler is None:
+                self.num_dropped += 1
+                if message:
+                    log.warning("dropped an unknown message %.100r", message[0])
+                continue
+            assert message is not None
+            try:
+                handler(front, *message[1:])
+            except Exception:  # a malformed message: that message is lost, nothing else
+                self.num_dropped += 1
+                log.exception("dropped a malformed %r message", message[0])
 
     async def _heartbeat(self) -> None:
         while True:

@@ -1,12 +1,19 @@
 """The channel between the control process and its front processes (issue 28).
 
-ZeroMQ with msgpack, as vLLM v1's API servers talk to their engine core: the control process
-binds one ROUTER socket; each front connects a DEALER named ``front-<index>``. A message is a
-msgpack array whose first item names it; what one side sends in a turn of its event loop goes
-as one ZeroMQ frame (an array of messages), so the cost of a send is shared by everything that
-happened meanwhile. Delivery is in order per front, so a front's progress for a request always
-precedes its report of the request's end, and the control process's tokens for a request
-precede its end.
+A Unix-domain stream socket per front, driven by each side's own event loop, carrying frames of
+msgpack (a 4-byte length, then the payload). The control process listens; each front connects
+and names itself in its connection's first frame (``front-<index>``); a restarted front's new
+connection takes the name over. A frame is a msgpack array of messages, each an array whose
+first item names it: what one side sends in a turn of its event loop goes as one frame, so the
+cost of a write is shared by everything that happened meanwhile. Delivery is in order per
+front, so a front's progress for a request always precedes its report of the request's end,
+and the control process's tokens for a request precede its end.
+
+Not ZeroMQ (which vLLM v1 uses between its API servers and engine core, and which this channel
+used first): measured on this project's 2-core VM, a ZeroMQ message between two asyncio
+processes cost ~21 µs of CPU (its I/O threads wake on both sides), a frame on a Unix socket
+~2 µs (``bench/ipc_cost.py``, docs/performance.md "Relay speed"): the difference was most of
+the control process's cost per request.
 
 Front → control:
   ``hello``             a front started (or restarted): send it the state at once
@@ -23,34 +30,45 @@ Control → front:
   ``state``             readiness, every ``STATE_SECONDS`` (the fronts' heartbeat too)
   ``metrics``           the page asked for
 
-A message that does not parse or does not fit is logged and dropped, never a crash.
+A message that does not parse or does not fit is logged and dropped, never a crash; a frame
+longer than ``MAX_FRAME_BYTES`` cannot be skipped safely, so its connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
-import zmq
-import zmq.asyncio
 
 log = logging.getLogger(__name__)
 
 STATE_SECONDS = 0.5  # how often the control process tells the fronts its state
 # A front that hears nothing this long takes the control process for hung. Its death is seen
-# at once (the front's parent changes); silence alone is only a hang, and a control process
-# starved of CPU (a vLLM engine on the same cores) can miss its 0.5 s heartbeats for seconds:
-# declaring it dead then would end every stream for nothing.
+# at once (the channel closes, and the front's parent changes); silence alone is only a hang,
+# and a control process starved of CPU (a vLLM engine on the same cores) can miss its 0.5 s
+# heartbeats for seconds: declaring it dead then would end every stream for nothing.
 CONTROL_SILENCE_SECONDS = 30.0
+# The largest frame: an ``open`` carries the prompt's ids (a 10 MB prompt is a few MB of
+# msgpack); beyond this a length prefix is garbage, and the stream cannot be resynchronised.
+MAX_FRAME_BYTES = 256 << 20
+_LENGTH = struct.Struct("!I")
+
+Messages = list[list[Any] | None]
 
 
 def pack(messages: list[list[Any]]) -> bytes:
-    return msgpack.packb(messages, use_bin_type=True)
+    payload = msgpack.packb(messages, use_bin_type=True)
+    return _LENGTH.pack(len(payload)) + payload
 
 
-def unpack(data: bytes) -> list[list[Any] | None]:
+def unpack(data: bytes) -> Messages:
     """The frame's messages; None (logged) for each that is not an array starting with its
     kind, and a single None for a frame that is not msgpack at all."""
     try:
@@ -61,7 +79,7 @@ def unpack(data: bytes) -> list[list[Any] | None]:
     if not isinstance(messages, list):
         log.warning("dropped a frame of unexpected shape: %.200r", messages)
         return [None]
-    out: list[list[Any] | None] = []
+    out: Messages = []
     for m in messages:
         if isinstance(m, list) and m and isinstance(m[0], str):
             out.append(m)
@@ -69,6 +87,53 @@ def unpack(data: bytes) -> list[list[Any] | None]:
             log.warning("dropped a message of unexpected shape: %.200r", m)
             out.append(None)
     return out
+
+
+def front_identity(index: int) -> bytes:
+    return f"front-{index}".encode()
+
+
+class _Frames(asyncio.Protocol):
+    """One connection's frames, split from its bytes as they come; the first is the peer's
+    name (when ``named``)."""
+
+    def __init__(self, on_frame: Callable[[_Frames, bytes], None],
+                 on_lost: Callable[[_Frames], None]) -> None:
+        self.on_frame, self.on_lost = on_frame, on_lost
+        self.transport: asyncio.Transport | None = None
+        self.name: bytes | None = None
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at, size = 0, len(buffer)
+        while size - at >= 4:
+            (length,) = _LENGTH.unpack_from(buffer, at)
+            if length > MAX_FRAME_BYTES:
+                log.error("a frame of %d bytes on the channel: closing the connection", length)
+                buffer.clear()
+                assert self.transport is not None
+                self.transport.close()
+                return
+            end = at + 4 + length
+            if end > size:
+                break
+            frame = bytes(buffer[at + 4:end])
+            at = end
+            self.on_frame(self, frame)
+        del buffer[:at]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_lost(self)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
 
 class _Outbox:
@@ -81,21 +146,40 @@ class _Outbox:
         self.scheduled = False
 
 
-def front_identity(index: int) -> bytes:
-    return f"front-{index}".encode()
-
-
 class ControlSocket:
-    """The control process's end: one ROUTER, every front on it."""
+    """The control process's end: it listens at ``path``; every front connects to it.
+    ``on_messages(front, messages)`` hears each frame."""
 
-    def __init__(self, address: str) -> None:
-        self.context = zmq.asyncio.Context()
-        self.socket = self.context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front takes its name back
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, 0)  # never drop for a slow front: it is ours
-        self.socket.bind(address)
+    def __init__(self, path: str, on_messages: Callable[[bytes, Messages], None]) -> None:
+        self.path = path
+        self.on_messages = on_messages
+        # Bound and listening now, before any front is started: a front connects at once.
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(256)
+        self._listener.setblocking(False)
+        self._server: asyncio.AbstractServer | None = None
+        self._peers: dict[bytes, _Frames] = {}
         self._out: dict[bytes, _Outbox] = {}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(
+            lambda: _Frames(self._frame, self._lost), sock=self._listener)
+
+    def _frame(self, peer: _Frames, frame: bytes) -> None:
+        if peer.name is None:  # the connection's first frame: who it is
+            peer.name = frame
+            old = self._peers.get(frame)
+            self._peers[frame] = peer  # a restarted front takes its name back
+            if old is not None and old.transport is not None:
+                old.transport.close()
+            return
+        self.on_messages(peer.name, unpack(frame))
+
+    def _lost(self, peer: _Frames) -> None:
+        if peer.name is not None and self._peers.get(peer.name) is peer:
+            del self._peers[peer.name]
 
     def send(self, front: bytes, message: list[Any]) -> None:
         box = self._out.get(front)
@@ -108,32 +192,49 @@ class ControlSocket:
 
     def _flush(self, front: bytes, box: _Outbox) -> None:
         messages, box.messages, box.scheduled = box.messages, [], False
-        # Unawaited: a send that would not block completes at once; one to a front that is
-        # gone is dropped by the ROUTER, which is what a dead front's messages deserve.
-        self.socket.send_multipart((front, pack(messages)), copy=False)
+        peer = self._peers.get(front)
+        if peer is not None:  # else a front that is gone: what it was sent is dropped
+            peer.write(pack(messages))
 
-    async def recv(self) -> tuple[bytes, list[list[Any] | None]]:
-        frames = await self.socket.recv_multipart()
-        if len(frames) != 2:
-            log.warning("dropped a frame of %d parts", len(frames))
-            return (frames[0] if frames else b""), [None]
-        return frames[0], unpack(frames[1])
-
-    def close(self) -> None:
-        self.socket.close(0)
-        self.context.term()
+    async def close(self) -> None:
+        for peer in list(self._peers.values()):
+            if peer.transport is not None:
+                peer.transport.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        else:
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
 
 
 class FrontSocket:
-    """A front's end: one DEALER to the control process."""
+    """A front's end: one connection to the control process. ``on_messages`` hears each
+    frame; ``on_lost`` is told once if the control process closes the channel."""
 
-    def __init__(self, address: str, index: int) -> None:
-        self.context = zmq.asyncio.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, front_identity(index))
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(address)
+    def __init__(self, path: str, index: int, on_messages: Callable[[Messages], None],
+                 on_lost: Callable[[], None]) -> None:
+        self.path, self.index = path, index
+        self.on_messages, self.on_lost = on_messages, on_lost
+        self._peer: _Frames | None = None
         self._out = _Outbox()
+        self._closing = False
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        _, peer = await loop.create_unix_connection(
+            lambda: _Frames(self._frame, self._lost), self.path)
+        name = front_identity(self.index)
+        peer.write(_LENGTH.pack(len(name)) + name)
+        self._peer = peer
+
+    def _frame(self, peer: _Frames, frame: bytes) -> None:
+        self.on_messages(unpack(frame))
+
+    def _lost(self, peer: _Frames) -> None:
+        if not self._closing:
+            self.on_lost()
 
     def send(self, message: list[Any]) -> None:
         self._out.messages.append(message)
@@ -143,11 +244,10 @@ class FrontSocket:
 
     def _flush(self) -> None:
         messages, self._out.messages, self._out.scheduled = self._out.messages, [], False
-        self.socket.send(pack(messages), copy=False)
-
-    async def recv(self) -> list[list[Any] | None]:
-        return unpack(await self.socket.recv())
+        if self._peer is not None:
+            self._peer.write(pack(messages))
 
     def close(self) -> None:
-        self.socket.close(0)
-        self.context.term()
+        self._closing = True
+        if self._peer is not None and self._peer.transport is not None:
+            self._peer.transport.close()

@@ -54,7 +54,7 @@ class ProcessTree:
         self.sock = listening_socket(host, port)
         self.port = self.sock.getsockname()[1]
         self._dir = tempfile.mkdtemp(prefix="hfx-ipc-")
-        self.address = f"ipc://{self._dir}/control"
+        self.address = f"{self._dir}/control"  # a Unix socket (ipc.py)
         self.hub = FrontHub(server, self.address, tokens_at_front)
         placement = server.placement
         if tokens_at_front and placement is not None:  # vLLM streams run in the fronts
@@ -89,7 +89,7 @@ class ProcessTree:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signal)
         await self.server.start()
-        self.hub.start()
+        await self.hub.start()
         for index in range(self.workers):
             self._start_front(index)
         try:
