@@ -21,10 +21,10 @@ import matplotlib.pyplot as plt
 from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
-from hfx.evaluation.metrics import summarize
 from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE, SEED_SCALER
-from hfx.evaluation.workloads import phases
 from hfx.sim import instance_spans, resolve_profile, run_cluster, scaling_summary
+from hfx.workloads.load import phases
+from hfx.workloads.metrics import summarize
 
 
 def per_second_attainment(records) -> dict[int, float]:

@@ -1,7 +1,8 @@
 """How far the same served requests move on this machine (issue 15), from the requests
 ``bench/live_calibration.py`` kept: every run served the same trace, so window k of every run
 holds the same requests at the same rate. Each window's decode scale is fitted on its own
-(``hfx.calibration.fit_served``); if the scale were a property of the load (the machine-wide
+(``hfx.evaluation.calibration.fit_served``); if the
+scale were a property of the load (the machine-wide
 token rate, the batch), the same window would get the same scale in every run, and it would
 follow the window's token rate.
 
@@ -21,10 +22,10 @@ from pathlib import Path
 import numpy as np
 from live_calibration import ENGINE
 
-from hfx.calibration import Served, fit_served
 from hfx.evaluation import write_json
-from hfx.latency import StepTimeModel
+from hfx.evaluation.calibration import Served, fit_served
 from hfx.request import SLO
+from hfx.stepmodel.latency import StepTimeModel
 
 
 def main() -> int:

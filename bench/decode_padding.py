@@ -17,11 +17,11 @@ import torch
 
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.planners.base import SchedulerOutput
+from hfx.engine.profiler import step_times
 from hfx.engine.sequence import Sequence
 from hfx.engine.torch_executor import DECODE_GROUP_SPREAD, TorchExecutor
 from hfx.evaluation import write_json
 from hfx.model.build import build_model
-from hfx.profiler import step_times
 
 # (label, contexts): even contexts, and the same Σ with one long context among short ones
 # (a wikisql prompt beside short chat turns, as four-task makes).

@@ -1,5 +1,5 @@
 """Measure a GPU's achieved GEMM throughput and HBM bandwidth, to check the efficiency factors
-that hfx/roofline.py assumes for it (η_f, η_m). Needs PyTorch with CUDA; writes JSON.
+that hfx/stepmodel/roofline.py assumes for it (η_f, η_m). Needs PyTorch with CUDA; writes JSON.
 
     python bench/device_roofline.py --json docs/data/h200_roofline.json
 """

@@ -22,11 +22,11 @@ from dataclasses import replace
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.evaluation import write_json
-from hfx.evaluation.workloads import generate
-from hfx.latency import load_profile
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.sa_search import Job, anneal, evaluate
 from hfx.request import Outcome, RequestRecord
+from hfx.stepmodel.latency import load_profile
+from hfx.workloads.load import generate
 
 PROFILE = load_profile("qwen2.5-7b@ascend-910b")
 

@@ -42,14 +42,15 @@ import torch
 
 from hfx.clock import run
 from hfx.config import SimConfig
+from hfx.engine.profiler import Grid, RecordingExecutor, profile_model
 from hfx.engine.torch_executor import real_engine
 from hfx.evaluation import write_json
-from hfx.evaluation.workloads import generate
-from hfx.latency import Profile, load_profile
 from hfx.model.build import LoadedModel, build_model
-from hfx.profiler import Grid, RecordingExecutor, profile_model, refit, samples_of
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.sim import run_cluster
+from hfx.stepmodel.fit import refit, samples_of
+from hfx.stepmodel.latency import Profile, load_profile
+from hfx.workloads.load import generate
 
 METRICS = ("ttft", "tpot", "e2e")
 

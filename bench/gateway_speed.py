@@ -31,7 +31,7 @@ import numpy as np
 
 from hfx.evaluation import write_json
 from hfx.evaluation.client import drive
-from hfx.evaluation.workloads import load_workload
+from hfx.workloads.load import load_workload
 
 
 def free_port() -> int:

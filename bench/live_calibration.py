@@ -1,9 +1,9 @@
 """Calibrating the dispatcher on what it serves, over real vLLM servers (issue 15).
 
 Two vLLM CPU servers (one core each, the ``mini`` random-weight checkpoint, as
-``bench/vllm_bench.py``) are profiled once (``hfx/vllm_profiler.py``'s quick grid, what ``hfx
-serve --engine vllm`` measures at start). Then the same four-task trace is served under HFX
-``--trials`` times each way, alternating:
+``bench/vllm_bench.py``) are profiled once (``hfx/backends/vllm/profiler.py``'s quick grid,
+what ``hfx serve --engine vllm`` measures at start). Then the same four-task trace is served
+under HFX ``--trials`` times each way, alternating:
 
 - **static**: the dispatcher plans with the profile as measured;
 - **live**: a ``LiveCalibrator`` (``hfx serve --calibrate-every``) refits the decode scale every
@@ -11,9 +11,10 @@ serve --engine vllm`` measures at start). Then the same four-task trace is serve
 
 For every run: attainment and mean latencies, the fits the live calibrator applied, and a
 held-out test of calibrating on served requests: the run's finished requests split into
-consecutive windows by dispatch time, each window predicted (``hfx.calibration.replay``) with
-the fit on the window before it, against the profile alone. The served requests are kept beside
-the JSON (``*.served.jsonl``), so other estimators can be tried on them without serving again.
+consecutive windows by dispatch time, each window predicted
+(``hfx.evaluation.calibration.replay``) with the fit on the window before it, against the
+profile alone. The served requests are kept beside the JSON (``*.served.jsonl``), so other
+estimators can be tried on them without serving again.
 
     python bench/live_calibration.py --vllm-python /tmp/vllm/bin/python \
         --json docs/results/vllm-live-calibration.json
@@ -44,16 +45,16 @@ from vllm_bench import (
 )
 
 from hfx.assembly import build_cluster
-from hfx.calibration import ReplayEngine, Served, fit_served, replay
+from hfx.backends.vllm.process import VLLMPlacement
+from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 from hfx.cluster.control import ControlPlane, TokenEvent
-from hfx.cluster.vllm_process import VLLMPlacement
 from hfx.evaluation import write_json
-from hfx.evaluation.metrics import summarize
-from hfx.evaluation.workloads import generate, workload_tasks
+from hfx.evaluation.calibration import ReplayEngine, Served, fit_served, replay
 from hfx.model.build import write_random_checkpoint
 from hfx.request import Outcome, Request
 from hfx.serving.calibrator import LiveCalibrator, served
-from hfx.vllm_profiler import VLLMGrid, profile_vllm
+from hfx.workloads.load import generate, workload_tasks
+from hfx.workloads.metrics import summarize
 
 ENGINE = ReplayEngine("chunked", VLLM_TOKEN_BUDGET, MAX_SEQS, KV_TOKENS, BLOCK)
 

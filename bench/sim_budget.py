@@ -26,8 +26,8 @@ from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
 from hfx.engine.sequence import Sequence
 from hfx.evaluation import write_json
-from hfx.latency import Profile
 from hfx.sim import resolve_profile, simulate
+from hfx.stepmodel.latency import Profile
 
 
 # The target, its run, and the wall time the target allows that run.

@@ -3,7 +3,7 @@
 The simulator's ``--step-noise`` is a coefficient of variation (std / mean) applied to every
 step; this measures it. For each model shape and a spread of prefill and decode steps (the
 profiler's grid points), the same step runs ``--repeats`` times through the real executor as
-the serving path runs it (``hfx.profiler.step_times``); the CV of those times is the step's
+the serving path runs it (``hfx.engine.profiler.step_times``); the CV of those times is the step's
 noise. Reported per point, and the median over points per shape.
 
     python bench/step_noise.py --json docs/results/step_noise.json
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from hfx.engine.block_manager import BlockManager
+from hfx.engine.profiler import grid_step, step_times
 from hfx.engine.torch_executor import TorchExecutor
 from hfx.evaluation import write_json
 from hfx.model.build import build_model
-from hfx.profiler import grid_step, step_times
 
 POINTS = (("p", 1, 128), ("p", 1, 512), ("p", 4, 256), ("p", 1, 1024),
           ("d", 1, 512), ("d", 8, 256), ("d", 32, 512), ("d", 64, 1024))

@@ -9,7 +9,7 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    start) — seed 000 Table 2's question, on a model of 3.3M parameters, so what is measured is
    vLLM's own start-up, not weight loading;
 2. **profile**: the step-time model fitted from both servers measured at once
-   (hfx/vllm_profiler.py), as ``hfx serve --engine vllm`` does at start;
+   (hfx/backends/vllm/profiler.py), as ``hfx serve --engine vllm`` does at start;
 3. **policies**: the four-task workload (seed 000 Table 1's lengths and SLOs, Poisson) at each
    ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
    clock; attainment and latencies, and the same requests simulated with the fitted profile
@@ -17,8 +17,8 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
    with vLLM's token budget): mean and p90 TTFT/TPOT/E2E errors, ``--trials`` times. With
    ``--calibrate``, each measured run is preceded by a calibration run (the same rate, other
    arrivals and lengths) and also predicted with the decode scale and delivery latency fitted
-   to it (hfx/calibration.py); ``--pooled-calibration K`` serves K calibration runs per policy
-   before the trials and predicts every trial with one fit on all of them; with
+   to it (hfx/evaluation/calibration.py); ``--pooled-calibration K`` serves K calibration runs
+   per policy before the trials and predicts every trial with one fit on all of them; with
    ``--same-requests`` every trial serves trial 0's requests, so the trials show how far the
    real means move on identical input;
 4. **gateway overhead**: TTFT of one-token requests straight to a vLLM server and through
@@ -46,20 +46,20 @@ from fidelity import compare, stats
 from live_server import hfx_serve
 
 from hfx.assembly import build_cluster
-from hfx.calibration import Calibration, fit_calibration
+from hfx.backends.vllm.metrics import parse_metrics
+from hfx.backends.vllm.process import VLLMLaunch, VLLMPlacement, VLLMServer
+from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 from hfx.clock import run
 from hfx.cluster.provisioner import Plan
-from hfx.cluster.vllm_metrics import parse_metrics
-from hfx.cluster.vllm_process import VLLMLaunch, VLLMPlacement, VLLMServer
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig
 from hfx.evaluation import write_json
-from hfx.evaluation.metrics import summarize
-from hfx.evaluation.workloads import generate, workload_tasks
+from hfx.evaluation.calibration import Calibration, fit_calibration
 from hfx.model.build import write_random_checkpoint
 from hfx.request import Request
 from hfx.sim import drive, run_cluster
-from hfx.vllm_profiler import VLLMGrid, profile_vllm
+from hfx.workloads.load import generate, workload_tasks
+from hfx.workloads.metrics import summarize
 
 KV_TOKENS, BLOCK, MAX_LEN, MAX_SEQS = 16384, 32, 2048, 64
 VLLM_TOKEN_BUDGET = 2048  # vLLM 0.32 OpenAI server default max_num_batched_tokens on CPU
@@ -257,7 +257,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--overhead-requests", type=int, default=100)
     ap.add_argument("--calibrate", action="store_true",
-                    help="a calibration run before each measured run (hfx/calibration.py)")
+                    help="a calibration run before each measured run "
+                         "(hfx/evaluation/calibration.py)")
     ap.add_argument("--pooled-calibration", type=int, default=0, metavar="K",
                     help="K calibration runs per policy and rate before the trials, one fit on "
                          "all of them, every trial predicted with it")

@@ -9,11 +9,12 @@ import itertools
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 
+from hfx.backends.local import LocalPlacement
 from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
-from hfx.cluster.placement import EngineFactory, LocalPlacement, Placement
+from hfx.cluster.placement import EngineFactory, Placement
 from hfx.cluster.provisioner import LoadModel, Plan, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
@@ -21,10 +22,10 @@ from hfx.cluster.tl_manager import TLManager
 from hfx.config import ClusterConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.engine.executor import StepNoise
-from hfx.evaluation.workloads import WORKLOADS, TaskSpec, priority_levels
-from hfx.latency import Profile
 from hfx.policies import make_pd_policies, make_policy
-from hfx.roofline import kv_bytes_from_meta, weight_bytes_per_device
+from hfx.stepmodel.latency import Profile
+from hfx.stepmodel.roofline import kv_bytes_from_meta, weight_bytes_per_device
+from hfx.workloads.load import WORKLOADS, TaskSpec, priority_levels
 
 DEFAULT_WEIGHT_BYTES = 15.2e9  # Qwen2.5-7B in bf16, one device: the seeds' model (Table 2)
 

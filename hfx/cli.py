@@ -26,7 +26,7 @@ from hfx.evaluation import write_json
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from hfx.latency import Profile
+    from hfx.stepmodel.latency import Profile
 
 _Schema = TypeVar("_Schema", bound="BaseModel")
 
@@ -153,9 +153,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from hfx.engine.planners import PLANNERS
-    from hfx.evaluation.tasks import BURSTY, TIERED, WORKLOADS
     from hfx.policies import POLICIES
-    from hfx.profiles import shipped_profiles
+    from hfx.stepmodel.profiles import shipped_profiles
+    from hfx.workloads.tasks import BURSTY, TIERED, WORKLOADS
 
     print("policies: ", ", ".join(POLICIES))
     print("planners: ", ", ".join(PLANNERS))
@@ -179,9 +179,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _profile_vllm(config: ProfileConfig) -> Profile:
     """Fit the step-time model from a vLLM server: ``--backend``, else one started here."""
-    from hfx.cluster.vllm_metrics import server_info
-    from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer
-    from hfx.vllm_profiler import VLLMGrid, profile_vllm
+    from hfx.backends.vllm.metrics import server_info
+    from hfx.backends.vllm.process import VLLMLaunch, VLLMServer
+    from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 
     server = None
     if config.backend:
@@ -215,8 +215,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile = _profile_vllm(config)
     else:
         try:
+            from hfx.engine.profiler import Grid, profile_model
             from hfx.model.build import build_model
-            from hfx.profiler import Grid, profile_model
         except ImportError as e:
             raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
                              "with: pip install torch==2.13.0 && pip install -e '.[torch]'"

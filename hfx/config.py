@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hfx.engine.planners import PLANNERS
-from hfx.evaluation.tasks import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 from hfx.policies import PD_POLICIES, POLICIES
+from hfx.workloads.tasks import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain (issue 17)
 # The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
@@ -216,7 +216,7 @@ class WorkloadSection(Section):
     @classmethod
     def _slo_map_parses(cls, v: str | None) -> str | None:
         if v is not None:
-            from hfx.evaluation.trace_formats import parse_slo_map
+            from hfx.workloads.traces import parse_slo_map
 
             parse_slo_map(v)  # ValueError with the reason
         return v

@@ -17,16 +17,16 @@ from typing import cast
 from tqdm import tqdm
 
 from hfx.assembly import build_cluster, sim_engines
+from hfx.backends.local import LocalInstance, LocalPlacement
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane, ScalerHooks
-from hfx.cluster.instance import LocalInstance
-from hfx.cluster.placement import EngineFactory, LocalPlacement
+from hfx.cluster.placement import EngineFactory
 from hfx.config import SimConfig
 from hfx.engine import Role
-from hfx.evaluation.metrics import distribution, summarize
-from hfx.evaluation.workloads import load_workload, priority_levels, with_priorities, workload_tasks
-from hfx.latency import Profile, load_profile
 from hfx.request import Outcome, Request, RequestRecord
+from hfx.stepmodel.latency import Profile, load_profile
+from hfx.workloads.load import load_workload, priority_levels, with_priorities, workload_tasks
+from hfx.workloads.metrics import distribution, summarize
 
 
 def resolve_profile(config: SimConfig) -> Profile:

@@ -7,18 +7,18 @@ import asyncio
 
 import pytest
 
+from hfx.backends.local import LocalInstance
 from hfx.clock import run
 from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.control import ControlPlane
-from hfx.cluster.instance import LocalInstance
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.engine.stats import InstanceStats
-from hfx.latency import Profile, StepTimeModel
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request
 from hfx.sim import simulate
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)
 PROFILE = Profile("test", MODEL, kv_capacity_tokens=8192)

@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hfx.calibration import fit_calibration
 from hfx.clock import run
 from hfx.config import SimConfig
-from hfx.latency import StepTimeModel
+from hfx.evaluation.calibration import fit_calibration
 from hfx.sim import load_requests, resolve_profile, run_cluster
+from hfx.stepmodel.latency import StepTimeModel
 
 CONFIG = SimConfig(workload="four-task", policy="rr", instances=1, qps=4.0,
                    requests_per_task=40, planner="chunked", step_noise=0.0)

@@ -9,9 +9,9 @@ import pytest
 
 from hfx.clock import SimulationDeadlock, VirtualTimeLoop, run
 from hfx.config import SimConfig
-from hfx.latency import Profile, StepTimeModel
 from hfx.request import SLO, Outcome, Request
 from hfx.sim import run_cluster
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 
 def test_virtual_time_jumps_to_the_next_timer():

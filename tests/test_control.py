@@ -7,17 +7,17 @@ from collections.abc import Callable
 
 import pytest
 
+from hfx.backends.local import LocalInstance
 from hfx.clock import run
 from hfx.cluster.control import ControlPlane
-from hfx.cluster.instance import LocalInstance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
 from hfx.cluster.tl_manager import TLManager
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
-from hfx.latency import Profile, StepTimeModel
 from hfx.policies import make_pd_policies, make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)
 PROFILE = Profile("test", MODEL, kv_capacity_tokens=8192)

@@ -6,7 +6,7 @@ import pytest
 from conftest import make_engine, seq
 
 from hfx.engine import EngineError, RequestStatus, Role
-from hfx.latency import StepTimeModel
+from hfx.stepmodel.latency import StepTimeModel
 
 
 async def drain(engine, check=None):
@@ -265,7 +265,7 @@ def test_watermark_keeps_blocks_free_for_running_decodes(vloop):
 def test_slo_paced_best_effort_takes_leftovers_and_is_preempted_for_an_slo_request(vloop):
     """SLOs-Serve (seed 002 §4.1): best-effort work runs on what SLO work leaves and is the
     first to lose its KV; an SLO request is never preempted for it."""
-    from hfx.latency import StepTimeModel
+    from hfx.stepmodel.latency import StepTimeModel
 
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, ex = make_engine(num_blocks=10, block_size=4, planner="slo-paced", watermark=0.0,
@@ -282,7 +282,7 @@ def test_slo_paced_best_effort_takes_leftovers_and_is_preempted_for_an_slo_reque
 
 
 def test_slo_paced_prefills_earliest_deadline_first(vloop):
-    from hfx.latency import StepTimeModel
+    from hfx.stepmodel.latency import StepTimeModel
 
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, ex = make_engine(num_blocks=1024, block_size=16, planner="slo-paced",
@@ -296,7 +296,7 @@ def test_slo_paced_prefills_earliest_deadline_first(vloop):
 def test_slo_paced_decodes_a_request_without_a_tpot_on_leftover_budget(vloop):
     # Nothing paces it, so it decodes like best effort; it used to never decode at all (the
     # engine then planned empty steps forever).
-    from hfx.latency import StepTimeModel
+    from hfx.stepmodel.latency import StepTimeModel
 
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, ex = make_engine(planner="slo-paced", step_model=model)

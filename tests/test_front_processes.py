@@ -191,7 +191,7 @@ def test_guards_and_disconnects_hold_with_two_fronts(checkpoint):
 
 
 def test_overload_is_shed_by_the_control_plane_behind_two_fronts():
-    from hfx.latency import load_profile
+    from hfx.stepmodel.latency import load_profile
 
     prompt = [7] * 2000
     alone = load_profile("qwen2.5-7b@ascend-910b").model.prefill_one(len(prompt))

@@ -7,8 +7,8 @@ from dataclasses import astuple, replace
 import numpy as np
 import pytest
 
-from hfx import roofline
-from hfx.latency import (
+from hfx.stepmodel import roofline
+from hfx.stepmodel.latency import (
     BatchShape,
     Profile,
     StepTimeModel,
@@ -16,7 +16,7 @@ from hfx.latency import (
     fit_prefill,
     load_profile,
 )
-from hfx.profiles import shipped_profiles
+from hfx.stepmodel.profiles import shipped_profiles
 
 MODEL = StepTimeModel(0.010, 5e-5, 2e-9, 0.020, 4e-8, 1e-4)
 
@@ -102,7 +102,7 @@ def test_shipped_profiles_are_the_roofline_fits():
         # The fit is least squares: its last bits move with numpy's BLAS build.
         assert replace(shipped, model=fitted.model) == fitted, f"{name} is stale"
         assert astuple(shipped.model) == pytest.approx(astuple(fitted.model), rel=1e-9), (
-            f"{name} is stale: run python -m hfx.roofline")
+            f"{name} is stale: run python -m hfx.stepmodel.roofline")
 
 
 def test_roofline_facts():

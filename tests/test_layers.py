@@ -22,8 +22,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1] / "hfx"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

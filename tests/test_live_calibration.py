@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from hfx.assembly import build_cluster, sim_engines
-from hfx.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.clock import run
 from hfx.config import SimConfig
+from hfx.evaluation.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.model.tokenizer import ByteTokenizer
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sampling import GREEDY

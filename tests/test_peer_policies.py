@@ -8,12 +8,12 @@ from conftest import make_engine, seq
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
-from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, InstanceView, make_policy
 from hfx.policies.polyserve import IterationTable
 from hfx.policies.slos_serve import Item, admit, prefill_rate
 from hfx.request import SLO, Request
 from hfx.sim import simulate
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 # Prefill 1 ms per token, no fixed cost; decode steps cost nothing: 1000 prefill tokens/s.
 FLAT = StepTimeModel(0.0, 1e-3, 0.0, 0.0, 0.0, 0.0)

@@ -11,7 +11,6 @@ from conftest import make_engine, seq
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
-from hfx.latency import Profile, StepTimeModel
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, make_policy
 from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
@@ -19,6 +18,7 @@ from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, sque
 from hfx.policies.scorpio import TPOTMix
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sim import simulate
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 
 # ---- HFX -------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("torch")
 
 from hfx.cli import main
-from hfx.latency import load_profile
+from hfx.engine.profiler import Grid, RecordingExecutor, profile_model
 from hfx.model.build import build_model
-from hfx.profiler import Grid, RecordingExecutor, profile_model, refit, samples_of
+from hfx.stepmodel.fit import refit, samples_of
+from hfx.stepmodel.latency import load_profile
 
 
 def test_profile_fits_and_simulates(tmp_path):

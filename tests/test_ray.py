@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 
 from live import Running, pid_alive  # noqa: E402
 
-from hfx.cluster.ray_instance import RayInstance  # noqa: E402
+from hfx.backends.ray.instance import RayInstance  # noqa: E402
 
 PROMPTS = ["The cat", "Once upon a time", "HFX serves", "zzz"]
 
@@ -140,7 +140,7 @@ def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray,
     the gateway."""
     from fake_vllm import as_vllm_python, generate
 
-    from hfx.cluster.vllm_ray import RayVLLMServer
+    from hfx.backends.vllm.ray_actor import RayVLLMServer
     from hfx.model.build import write_random_checkpoint
 
     checkpoint = str(write_random_checkpoint("tiny", tmp_path / "ckpt"))
@@ -177,8 +177,8 @@ def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray,
 def test_a_ray_held_vllm_server_reports_its_death_without_blocking(local_ray, tmp_path):
     from fake_vllm import as_vllm_python
 
-    from hfx.cluster.vllm_process import VLLMLaunch
-    from hfx.cluster.vllm_ray import RayVLLMServer
+    from hfx.backends.vllm.process import VLLMLaunch
+    from hfx.backends.vllm.ray_actor import RayVLLMServer
 
     launch = VLLMLaunch(as_vllm_python(tmp_path), "unused", "fake", 2048, 8, 4096, 32,
                         log_dir=tmp_path)

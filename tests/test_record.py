@@ -13,7 +13,7 @@ httpx = pytest.importorskip("httpx")
 
 from live import Running  # noqa: E402
 
-from hfx.latency import load_profile  # noqa: E402
+from hfx.stepmodel.latency import load_profile  # noqa: E402
 
 
 def test_every_request_is_recorded_with_its_slo_source_and_the_profile_beside(tmp_path):
@@ -97,9 +97,9 @@ def test_a_recorded_run_replays_on_the_simulator_and_sizes_a_fleet(tmp_path):
     """What was served goes back in: hfx sim reads the record (its format found by itself)
     with the profile written beside it, and hfx whatif sizes a fleet for it."""
     from hfx.config import SimConfig
-    from hfx.evaluation.trace_formats import detect_format
     from hfx.evaluation.whatif import table, whatif
     from hfx.sim import load_requests, simulate
+    from hfx.workloads.traces import detect_format
 
     path = tmp_path / "served.jsonl"
     gw = Running(executor="sim", instances=1, record=str(path))

@@ -37,7 +37,8 @@ def test_unknown_names_list_the_choices() -> None:
 def test_cli_start_imports_no_engine_policy_or_numpy() -> None:
     code = ("import sys, hfx.cli, hfx.config; "
             "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith("
-            "('hfx.engine.core', 'hfx.policies.', 'hfx.engine.planners.', 'hfx.latency'))))")
+            "('hfx.engine.core', 'hfx.policies.', 'hfx.engine.planners.', "
+            "'hfx.stepmodel.latency'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -21,9 +21,9 @@ from hfx.cluster.scaler import (
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
-from hfx.evaluation.metrics import cost_units
 from hfx.request import Outcome
 from hfx.sim import drive, load_requests, resolve_profile, sim_cluster, simulate
+from hfx.workloads.metrics import cost_units
 
 
 def test_rate_ratio_on_a_hand_made_window():

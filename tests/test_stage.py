@@ -6,8 +6,8 @@ import asyncio
 
 from hfx.clock import run
 from hfx.cluster.stage import Stage
-from hfx.latency import StepTimeModel, load_profile
 from hfx.policies import ClusterView, Decision
+from hfx.stepmodel.latency import StepTimeModel, load_profile
 
 
 class Scripted:

@@ -229,7 +229,7 @@ def test_planners_that_pace_by_time_run_on_the_real_engine_with_its_profile(mode
     # executor's ``model`` is its network, never taken for one: without a profile the engine
     # refuses to build, with one it serves the same greedy tokens.
     from hfx.engine.torch_executor import real_engine
-    from hfx.latency import load_profile
+    from hfx.stepmodel.latency import load_profile
 
     config = EngineConfig(num_kv_blocks=128, block_size=16, planner=planner)
     with pytest.raises(ValueError, match=f"planner '{planner}' needs the instance's step-time"):

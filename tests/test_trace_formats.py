@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from hfx.evaluation.tasks import TASKS
-from hfx.evaluation.trace_formats import (
+from hfx.request import SLO
+from hfx.workloads.load import TraceError, load_trace
+from hfx.workloads.tasks import TASKS
+from hfx.workloads.traces import (
     FORMATS,
     SLOMap,
     TraceRow,
@@ -16,8 +18,6 @@ from hfx.evaluation.trace_formats import (
     parse_slo_map,
     read_trace,
 )
-from hfx.evaluation.workloads import TraceError, load_trace
-from hfx.request import SLO
 
 AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
          "2023-11-16 18:15:46.6805900,374,44\n"

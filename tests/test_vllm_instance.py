@@ -18,8 +18,8 @@ httpx = pytest.importorskip("httpx")
 from fake_vllm import DropsFirstPost, FakeVLLM, Served, generate  # noqa: E402
 from live import Running  # noqa: E402
 
-from hfx.cluster.vllm_instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
-from hfx.cluster.vllm_metrics import parse_metrics  # noqa: E402
+from hfx.backends.vllm.instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
+from hfx.backends.vllm.metrics import parse_metrics  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
 
@@ -233,7 +233,7 @@ def test_pd_prefills_on_one_server_and_decodes_on_the_other(checkpoint):
 
 
 def test_decode_step_is_a_rate_that_coalesced_chunks_do_not_fool():
-    from hfx.vllm_profiler import decode_step
+    from hfx.backends.vllm.profiler import decode_step
 
     # Two requests decoding at 20 ms a step, whose tokens the server sends in threes (its HTTP
     # side lags the engine); the second one's first token comes last, at 0.07 s.
@@ -248,8 +248,8 @@ def test_decode_step_is_a_rate_that_coalesced_chunks_do_not_fool():
 
 
 def test_the_scalers_log_says_how_a_vllm_server_comes_up_not_a_modelled_weight_path():
+    from hfx.backends.vllm.process import VLLMPlacement
     from hfx.cluster.provisioner import Plan
-    from hfx.cluster.vllm_process import VLLMPlacement
 
     placement = VLLMPlacement(None, ("http://127.0.0.1:1",))
     plan = Plan("d2d", 4.2, warm=False, fell_back=False)
@@ -260,7 +260,7 @@ def test_the_scalers_log_says_how_a_vllm_server_comes_up_not_a_modelled_weight_p
 
 
 def test_the_profiler_sends_a_request_again_when_its_connection_broke_before_any_answer():
-    from hfx.vllm_profiler import VLLMGrid, measure
+    from hfx.backends.vllm.profiler import VLLMGrid, measure
 
     served = Served(FakeVLLM(seconds_per_token=0.001))
     relay = DropsFirstPost(served.url)

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from live import Running, pid_alive  # noqa: E402
 
-from hfx.cluster.vllm_ray import RayVLLMServer  # noqa: E402
+from hfx.backends.vllm.ray_actor import RayVLLMServer  # noqa: E402
 
 
 def test_a_vllm_server_under_a_ray_actor_serves_slo_requests(mini_checkpoint):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hfx.evaluation.workloads import TASKS, TraceError, generate, load_trace, lognormal_lengths
 from hfx.request import SLO
+from hfx.workloads.load import TASKS, TraceError, generate, load_trace, lognormal_lengths
 
 
 def test_four_task_set_equal_shares_and_table1_slos():

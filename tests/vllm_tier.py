@@ -16,7 +16,7 @@ for _extra in ("torch", "fastapi", "openai", "httpx"):
 
 import httpx  # noqa: E402
 
-from hfx.cluster.vllm_metrics import parse_metrics  # noqa: E402
+from hfx.backends.vllm.metrics import parse_metrics  # noqa: E402
 
 ARGS = "--enforce-eager --dtype float32"  # float32: greedy output comparable with torch's
 

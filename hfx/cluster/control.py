@@ -35,9 +35,9 @@ from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.stage import Stage
 from hfx.cluster.tl_manager import TLManager
 from hfx.engine import FINISH_REASON, EngineError, InstanceStats, RequestStatus, Role, StepOutput
-from hfx.latency import Profile, StepTimeModel
 from hfx.policies import ClusterView, Decision, Policy
 from hfx.request import Outcome, Request, RequestRecord
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 if TYPE_CHECKING:
     from hfx.cluster.scaler import ScalerState

@@ -1,4 +1,4 @@
-"""The Instance protocol the control plane sees, and LocalInstance (an engine in this process).
+"""The Instance protocol the control plane sees (hfx/backends/ has the kinds of instance).
 
 The control plane never knows which kind of instance it holds: in-process, a Ray actor, or an
 upstream server all submit requests, abort them, report a stats snapshot, and stream token
@@ -7,28 +7,18 @@ events back through the sink they were given.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from hfx.clock import cancel
 from hfx.engine import (
-    EngineCore,
     InstanceStats,
-    RequestStatus,
     Role,
     Sequence,
-    StepFailed,
     StepOutput,
 )
 from hfx.request import Request
 
 EventSink = Callable[[int, StepOutput], None]
-
-# A step that raises with one request in it fails that request alone, unless the steps before
-# it raised too: then the executor, not a request, is what is broken.
-MAX_FAILED_STEPS_IN_A_ROW = 1
-
 
 class Instance(Protocol):
     id: int
@@ -62,158 +52,3 @@ class Instance(Protocol):
     def start(self, sink: EventSink) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-class LocalInstance:
-    """An EngineCore driven by a task on the current loop. ``delivery`` delays every output
-    that long on its way to the sink: a simulated fleet's stand-in for what a real server's
-    front end, stream and loop add between a step and the control plane's record of its tokens
-    (fitted live by hfx/serving/calibrator.py; 0 for a real engine, which has its own)."""
-
-    def __init__(self, instance_id: int, engine: EngineCore, delivery: float = 0.0) -> None:
-        self.id = instance_id
-        self.engine = engine
-        self.delivery = delivery
-        self.role = engine.config.role
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._sink: EventSink | None = None
-
-    def start(self, sink: EventSink) -> None:
-        self._sink = sink
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"instance-{self.id}")
-
-    async def stop(self) -> None:
-        await cancel(self._task)
-        self._task = None
-
-    def check(self, request: Request) -> None:
-        self.engine.check(request.prompt_len, request.max_tokens)
-
-    def submit(self, request: Request, best_effort: bool = False) -> None:
-        slo = request.slo
-        self.engine.add_request(Sequence(
-            request_id=request.id,
-            prompt_len=request.prompt_len,
-            max_tokens=request.max_tokens,
-            prompt_token_ids=request.prompt_token_ids,
-            stop_token_ids=request.stop_token_ids,
-            sampling=request.sampling,
-            tpot=slo.tpot if slo else None,
-            prefill_deadline=request.arrival + slo.ttft if slo else None,
-            best_effort=best_effort,
-        ))
-        self._wake.set()
-
-    def abort(self, request_id: str) -> None:
-        if self.engine.abort(request_id):
-            self._wake.set()
-
-    # ---- P/D migration (seed 000 §5.1): the TLManager drives these ---------------------------
-    def migration_state(self, request_id: str) -> Sequence:
-        """Prefill role: the held sequence's progress, to reserve room for it elsewhere."""
-        return self.engine.held[request_id].migrated_copy()
-
-    def reserve_import(self, state: Sequence) -> bool:
-        """Decode role: room for the KV on its way here; False if the blocks are not free."""
-        return self.engine.reserve_import(state)
-
-    def export(self, request_id: str) -> object | None:
-        """Prefill role: copy the KV out and free it here."""
-        kv = self.engine.export_kv(request_id)
-        self.engine.release(request_id)
-        self._wake.set()  # freed blocks may admit waiting prefills
-        return kv
-
-    def activate_import(self, request_id: str, kv: object | None = None) -> None:
-        """Decode role: the KV has arrived; decode it."""
-        self.engine.activate_import(request_id, kv)
-        self._wake.set()
-
-    def set_role(self, role: Role) -> None:
-        """Switch a drained (empty) instance between prefill and decode (seed 000 §6)."""
-        if self.engine.has_work() or self.engine.held or self.engine.incoming:
-            raise RuntimeError(f"instance {self.id} still holds requests; drain it first")
-        self.engine.config.role = role
-        self.role = role
-
-    def stats(self) -> InstanceStats:
-        e = self.engine
-        return InstanceStats(
-            instance_id=self.id,
-            role=self.role,
-            time=asyncio.get_running_loop().time(),
-            num_waiting=e.num_waiting,
-            num_running=e.num_running,
-            num_held=len(e.held),
-            kv_used_blocks=e.kv.num_used_blocks,
-            kv_waiting_blocks=e.state.waiting.blocks,
-            kv_total_blocks=e.kv.num_blocks,
-            block_size=e.kv.block_size,
-            decode_ctx=sum(s.num_tokens for s in e.state.running),
-            max_num_seqs=e.config.max_num_seqs,
-            busy_time=e.busy_time,
-            num_steps=e.num_steps,
-        )
-
-    def _emit(self, out: StepOutput) -> None:
-        assert self._sink is not None
-        if self.delivery:
-            # Every output alike, failures too, so none overtakes the tokens before it.
-            asyncio.get_running_loop().call_later(
-                self.delivery, self._sink, self.id, out._replace(time=out.time + self.delivery))
-        else:
-            self._sink(self.id, out)
-
-    def _fail(self, error: str, suspects: tuple[str, ...] = (),
-              before: list[tuple[str, RequestStatus]] | None = None) -> None:
-        ids = self.engine.fail_all()
-        now = asyncio.get_running_loop().time()
-        self._emit(StepOutput(
-            now, [], None,
-            [*(before or []), *((rid, RequestStatus.FINISHED_ABORTED) for rid in ids)],
-            error, suspects))
-
-    def _step_failed(self, e: StepFailed, failures_in_a_row: int) -> bool:
-        """A step raised. One request alone in it, the first time in a row: that request
-        failed, not the instance (issue 16: one bad request never takes an instance down).
-        Otherwise the instance is broken: fail it, and name the step's requests as suspects,
-        which are never resumed elsewhere. Returns whether the instance goes on."""
-        now = asyncio.get_running_loop().time()
-        if len(e.request_ids) == 1 and failures_in_a_row <= MAX_FAILED_STEPS_IN_A_ROW:
-            (rid,) = e.request_ids
-            self.engine.fail_request(rid)
-            self._emit(StepOutput(
-                now, [], None, [*e.transitions, (rid, RequestStatus.FINISHED_FAILED)],
-                failure=f"request {rid} failed on instance {self.id}: {e}"))
-            return True
-        self._fail(f"instance {self.id} failed: {e}", tuple(e.request_ids), e.transitions)
-        return False
-
-    async def _run(self) -> None:
-        engine = self.engine
-        failures_in_a_row = 0
-        while True:
-            if not engine.has_work():
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            steps = engine.num_steps
-            try:
-                out = await engine.step()
-            except StepFailed as e:
-                failures_in_a_row += 1
-                if self._step_failed(e, failures_in_a_row):
-                    continue
-                return
-            except Exception as e:  # a broken engine must not leave requests hanging
-                self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
-                return
-            failures_in_a_row = 0
-            if out.request_ids or out.transitions:
-                self._emit(out)
-            if engine.num_steps == steps and engine.has_work():
-                # Work is queued but nothing could be planned (KV held for migration):
-                # sleep until something changes here.
-                self._wake.clear()
-                await self._wake.wait()

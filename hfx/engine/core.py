@@ -17,7 +17,7 @@ from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.waiting import WaitingQueue
-from hfx.latency import StepTimeModel
+from hfx.stepmodel.latency import StepTimeModel
 
 
 class StepOutput(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
-from hfx.latency import StepTimeModel
+from hfx.stepmodel.latency import StepTimeModel
 
 PLACEHOLDER_TOKEN = 0
 

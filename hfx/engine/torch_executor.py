@@ -19,9 +19,9 @@ from hfx.engine.config import EngineConfig
 from hfx.engine.core import EngineCore
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
-from hfx.latency import StepTimeModel
 from hfx.model.sampler import sample
 from hfx.model.transformer import AttentionMetadata, CausalLM, DecodeGroup, PrefillSpan
+from hfx.stepmodel.latency import StepTimeModel
 
 # A decode group's longest context over its shortest (decode_groups): more groups cost a call
 # each, a wider spread pads more.

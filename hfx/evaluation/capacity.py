@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
-from hfx.evaluation.tasks import TIERED, TIERS, TTFTS
-from hfx.evaluation.workloads import workload_tasks
 from hfx.sim import resolve_profile, simulate
+from hfx.workloads.load import workload_tasks
+from hfx.workloads.tasks import TIERED, TIERS, TTFTS
 
 DEFAULT_DURATION = 300.0  # seconds of arrivals per probe, when the config gives none
 DEFAULT_WARMUP = 60.0

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
-from hfx.latency import Profile, StepTimeModel
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import Profile, StepTimeModel
 
 
 @dataclass(slots=True)

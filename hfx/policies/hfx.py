@@ -71,7 +71,6 @@ import itertools
 import math
 from collections import deque
 
-from hfx.latency import StepTimeModel
 from hfx.policies.base import (
     ClusterView,
     Decision,
@@ -85,6 +84,7 @@ from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 
 def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> float:

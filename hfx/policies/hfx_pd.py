@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfx.latency import StepTimeModel
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.maturity import MaturityQueue
@@ -26,6 +25,7 @@ from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 
 class HFXPrefillDispatcher(HFXDispatcher):

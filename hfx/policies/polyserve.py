@@ -33,7 +33,6 @@ from collections import defaultdict
 from hfx.engine.planners.slo_paced import time2bs
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.engine.stats import InstanceStats
-from hfx.latency import StepTimeModel
 from hfx.policies.base import (
     ClusterView,
     Decision,
@@ -45,6 +44,7 @@ from hfx.policies.base import (
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 
 class IterationTable:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hfx.latency import StepTimeModel
+from hfx.stepmodel.latency import StepTimeModel
 
 try:
     from numba import njit

@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hfx.engine.planners.slo_paced import SLOPacedPlanner, time2bs
-from hfx.latency import StepTimeModel
 from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,20 +10,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hfx.assembly import build_cluster
-from hfx.calibration import ReplayEngine
 from hfx.cluster.control import ControlPlane
 from hfx.config import ServeConfig
-from hfx.evaluation.workloads import TASKS
-from hfx.latency import Profile, load_profile
+from hfx.evaluation.calibration import ReplayEngine
 from hfx.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from hfx.request import SLO
 from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.engine_spec import EngineSpec
 from hfx.serving.server import ServeOptions, Server
+from hfx.stepmodel.latency import Profile, load_profile
+from hfx.workloads.load import TASKS
 
 if TYPE_CHECKING:
+    from hfx.backends.vllm.process import VLLMPlacement
     from hfx.cluster.placement import Placement
-    from hfx.cluster.vllm_process import VLLMPlacement
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
 PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
@@ -40,7 +40,7 @@ def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
         return load_profile(SIM_PROFILE)
     if config.checkpoint is None and config.shape == "tiny" and device == "cpu":
         return load_profile("tiny@cpu")
-    from hfx.profiler import Grid, profile_model
+    from hfx.engine.profiler import Grid, profile_model
 
     print("measuring a step-time profile (hfx profile --quick) ...")
     return profile_model(spec.model(), Grid.quick(), config.kv_capacity_tokens,
@@ -61,14 +61,14 @@ def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement 
     if not (config.ray or config.ray_address):
         return None
     _start_ray(config)
-    from hfx.cluster.ray_instance import RayPlacement
+    from hfx.backends.ray.instance import RayPlacement
 
     return RayPlacement(spec, num_cpus=config.ray_cpus_per_instance,
                         num_gpus=1 if device.startswith("cuda") else 0)
 
 
 def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
-    from hfx.cluster.vllm_process import (
+    from hfx.backends.vllm.process import (
         ServerFactory,
         VLLMLaunch,
         VLLMPlacement,
@@ -102,7 +102,7 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
             raise ValueError("--ray starts vLLM servers: give --checkpoint (servers attached "
                              "with --backend run where their owner put them)")
         _start_ray(config)
-        from hfx.cluster.vllm_ray import ray_server_factory
+        from hfx.backends.vllm.ray_actor import ray_server_factory
 
         new_server = ray_server_factory(config.ray_cpus_per_instance,
                                         0 if launch.device == "cpu" else 1)
@@ -225,7 +225,7 @@ def _build_vllm(config: ServeConfig) -> Server:
         if config.profile is not None:
             profile = load_profile(config.profile)
         else:
-            from hfx.vllm_profiler import VLLMGrid, profile_vllm
+            from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 
             print("measuring a step-time profile of the vLLM servers, all at once (hfx "
                   "profile --engine vllm; give --profile to skip) ...", flush=True)
@@ -259,7 +259,7 @@ def _build_vllm(config: ServeConfig) -> Server:
     server.placement = placement
     _record(config, server)
     if placement.attached:
-        from hfx.cluster.vllm_healer import BackendHealer
+        from hfx.backends.vllm.healer import BackendHealer
 
         server.services.append(BackendHealer(control, placement, config.backend_check_interval))
     return server

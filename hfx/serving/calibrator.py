@@ -5,10 +5,10 @@ steps came out 1.2-2.5x too fast once serving loaded the machine (docs/performan
 dispatcher plans batches, maturity times and budgets with it. Every ``every`` seconds, once
 enough requests have finished since the last fit, this task takes the latest ``window``
 finished requests (colocated, not resumed), replays each instance's requests on a simulated
-engine at the times they were dispatched (``hfx.calibration.fit_served``: the simulator's code
-path, the served placement), and fits the decode scale that reproduces their mean TPOT. The
-dispatcher then predicts with the base profile's model scaled by it; the delivery latency the
-fit also finds (the time from an engine's step to the gateway's record of the token) is
+engine at the times they were dispatched (``hfx.evaluation.calibration.fit_served``: the
+simulator's code path, the served placement), and fits the decode scale that reproduces their
+mean TPOT. The dispatcher then predicts with the base profile's model scaled by it; the delivery
+latency the fit also finds (the time from an engine's step to the gateway's record of the token) is
 reported, not planned with: it does not occupy an engine.
 
 The fit runs in a worker thread: a few simulations of a few hundred requests, tens to hundreds
@@ -21,11 +21,11 @@ import asyncio
 import logging
 from collections import deque
 
-from hfx.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
-from hfx.latency import StepTimeModel
+from hfx.evaluation.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.request import SLO, Outcome, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 log = logging.getLogger(__name__)
 

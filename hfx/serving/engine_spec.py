@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hfx.engine import EngineConfig, EngineCore, SimExecutor
-from hfx.latency import Profile
+from hfx.stepmodel.latency import Profile
 
 if TYPE_CHECKING:
     from hfx.model.build import LoadedModel

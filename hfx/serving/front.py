@@ -29,9 +29,9 @@ from typing import Any
 
 import aiohttp
 
+from hfx.backends.vllm.upstream import ABORTED, Ending, ending_of, new_session, relay
 from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
-from hfx.cluster.upstream import ABORTED, Ending, ending_of, new_session, relay
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request
 from hfx.sampling import SamplingParams

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from hfx.backends.vllm.upstream import ABORTED, Ending, RelayOwner
 from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
-from hfx.cluster.upstream import ABORTED, Ending, RelayOwner
 from hfx.request import SLO
 from hfx.sampling import SamplingParams
 from hfx.serving.ipc import STATE_SECONDS, ControlSocket, front_identity

@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hfx.calibration import Calibration
 from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
+from hfx.evaluation.calibration import Calibration
 from hfx.request import RequestRecord
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hfx.cluster.control import ControlPlane, Listener, TokenEvent
-from hfx.latency import StepTimeModel
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request
 from hfx.sampling import SamplingParams
@@ -22,6 +21,7 @@ from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.metrics import Metrics
 from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
 from hfx.serving.recorder import Recorder
+from hfx.stepmodel.latency import StepTimeModel
 
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
 PRIORITY_HEADER = "x-priority"

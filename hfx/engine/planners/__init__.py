@@ -9,7 +9,7 @@ from hfx.registry import Registry, lazy_exports
 if TYPE_CHECKING:
     from hfx.engine.config import EngineConfig
     from hfx.engine.planners.base import BatchPlanner
-    from hfx.latency import StepTimeModel
+    from hfx.stepmodel.latency import StepTimeModel
 
 PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
     "prefill-first": "hfx.engine.planners.prefill_first:PrefillFirstPlanner",

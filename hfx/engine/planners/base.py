@@ -16,7 +16,7 @@ from hfx.engine.block_manager import BlockManager
 from hfx.engine.config import EngineConfig
 from hfx.engine.sequence import RequestStatus, Sequence
 from hfx.engine.waiting import WaitingQueue
-from hfx.latency import BatchShape, StepTimeModel
+from hfx.stepmodel.latency import BatchShape, StepTimeModel
 
 
 @dataclass(slots=True)

@@ -36,8 +36,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from hfx.backends.local import LocalInstance
 from hfx.clock import cancel
-from hfx.cluster.instance import EventSink, Instance, LocalInstance
+from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
 from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from hfx.cluster.vllm_process import VLLMLaunch, VLLMServer
+from hfx.backends.vllm.process import VLLMLaunch, VLLMServer
 
 KILL_TIMEOUT_SECONDS = 30.0  # the actor's own grace period (10 s) and a margin
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from hfx.cluster.vllm_metrics import parse_metrics, vllm_client, vllm_stream
-from hfx.latency import Profile
-from hfx.profiler import fit_profile
+from hfx.backends.vllm.metrics import parse_metrics, vllm_client, vllm_stream
+from hfx.stepmodel.fit import fit_profile
+from hfx.stepmodel.latency import Profile
 
 DECODE_TOKENS = 24
 

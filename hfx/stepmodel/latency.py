@@ -14,8 +14,9 @@ where chunk i has c_i new tokens after k_i cached ones. For whole prompts (k_i =
 part is Eq. 1 exactly; the c_i·k_i term is the attention of a chunk over its cached prefix.
 
 Coefficients come from least squares that minimises the squared *relative* error (Appendix A),
-on samples from a real executor (`hfx profile`) or from the analytic roofline (hfx/roofline.py).
-Profiles are small JSON files shipped in hfx/profiles/.
+on samples from a real executor (`hfx profile`) or from the analytic roofline
+(hfx/stepmodel/roofline.py).
+Profiles are small JSON files shipped in hfx/stepmodel/profiles/.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hfx.profiles import shipped_profiles
+from hfx.stepmodel.profiles import shipped_profiles
 
 
 @dataclass(slots=True)
@@ -200,7 +201,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         return Profile.from_json(json.loads(path.read_text()))
     name = str(name_or_path)
     if name in shipped_profiles():
-        text = resources.files("hfx.profiles").joinpath(f"{name}.json").read_text()
+        text = resources.files("hfx.stepmodel.profiles").joinpath(f"{name}.json").read_text()
         return Profile.from_json(json.loads(text))
     raise FileNotFoundError(
         f"no profile file or shipped profile {name!r}; shipped: {', '.join(shipped_profiles())}"

@@ -14,10 +14,10 @@ P_layers the transformer parameters, V·h the LM head, W the weight bytes, kv th
 token, F peak dense FP16/BF16 FLOP/s, M HBM bandwidth, η the efficiencies stated in HARDWARE,
 t_fixed the per-step host overhead (scheduling, launch). This is the max-form of seed 002 §3.1.1.
 
-The HFX form (Eq. 1/2, hfx/latency.py) is then fitted to this roofline on the grid of seed 000
-Appendix A (batch sizes 1…192, input lengths 4…2020), minimising squared relative error, and the
-fit's MAPE is stored with the profile. Regenerate the shipped files with
-``python -m hfx.roofline``.
+The HFX form (Eq. 1/2, hfx/stepmodel/latency.py) is then fitted to this roofline on the grid of
+seed 000 Appendix A (batch sizes 1…192, input lengths 4…2020), minimising squared relative error,
+and the fit's MAPE is stored with the profile. Regenerate the shipped files with
+``python -m hfx.stepmodel.roofline``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hfx.latency import Profile, StepTimeModel, fit_decode, fit_prefill
+from hfx.stepmodel.latency import Profile, StepTimeModel, fit_decode, fit_prefill
 
 BYTES_FP16 = 2
 

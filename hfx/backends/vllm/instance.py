@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from hfx.backends.vllm.metrics import ServerInfo, parse_metrics
+from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.cluster.instance import EventSink
-from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
-from hfx.cluster.vllm_metrics import ServerInfo, parse_metrics
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.request import SLO, Request
 
 if TYPE_CHECKING:
-    from hfx.cluster.vllm_process import ServerProcess
+    from hfx.backends.vllm.process import ServerProcess
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hfx.evaluation.tasks import (
+from hfx.request import SLO, Request
+from hfx.workloads.tasks import (
     BURSTY,
     DEFAULT_REQUESTS_PER_TASK,
     MAX_LEN,
@@ -33,7 +34,6 @@ from hfx.evaluation.tasks import (
     WORKLOADS,
     TaskSpec,
 )
-from hfx.request import SLO, Request
 
 
 class TraceError(ValueError):
@@ -210,8 +210,8 @@ def load_trace(path: str | Path) -> list[Request]:
     """Read a trace in HFX's own columns, JSONL or CSV (fields: arrival [s], input_len,
     output_len, and optionally ttft [s], tpot [s], task, priority, id); requests sorted by
     arrival. A row's SLO is its own, else its Table 1 task's; one with only a priority keeps
-    it. (hfx/evaluation/trace_formats.py reads this and the public formats.)"""
-    from hfx.evaluation.trace_formats import read_trace
+    it. (hfx/workloads/traces.py reads this and the public formats.)"""
+    from hfx.workloads.traces import read_trace
 
     return read_trace(path, "hfx")
 
@@ -222,7 +222,7 @@ def load_workload(workload: str, qps: float, seed: int,
                   slo_map: str | None = None, time_scale: float = 1.0,
                   trace_qps: float | None = None) -> list[Request]:
     """A named task set, the priority ramp, or a trace file (.jsonl, .csv, in any format
-    hfx/evaluation/trace_formats.py reads); a task set with ``duration`` is a steady-state
+    hfx/workloads/traces.py reads); a task set with ``duration`` is a steady-state
     stream of that many seconds."""
     if workload.endswith((".jsonl", ".csv")) or workload == "ramp":
         if duration is not None:
@@ -230,7 +230,7 @@ def load_workload(workload: str, qps: float, seed: int,
                              "--duration applies to task sets")
         if workload == "ramp":
             return ramp(qps, seed)
-        from hfx.evaluation.trace_formats import parse_slo_map, read_trace
+        from hfx.workloads.traces import parse_slo_map, read_trace
 
         return read_trace(workload, trace_format,
                           parse_slo_map(slo_map) if slo_map else None, time_scale, trace_qps)

@@ -4,7 +4,7 @@ Each format has one reader (registered in ``FORMATS``) that turns a file into ra
 (``TraceRow``); ``read_trace`` turns rows into ``Request`` objects: SLOs assigned, arrivals shifted
 to start at 0, optionally sped up or rescaled to a target rate.
 
-- ``hfx``: HFX's own trace columns, JSONL or CSV (``hfx.evaluation.workloads.load_trace``).
+- ``hfx``: HFX's own trace columns, JSONL or CSV (``hfx.workloads.load.load_trace``).
 - ``hfx-record``: the JSONL rows ``hfx serve --record FILE`` writes, one per served request.
 - ``azure``: Azure LLM inference traces, 2023 and 2024 (github.com/Azure/AzurePublicDataset,
   ``AzureLLMInferenceTrace_code.csv`` / ``_conv.csv``).
@@ -31,9 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal, overload
 
-from hfx.evaluation.tasks import TASKS
-from hfx.evaluation.workloads import TRACE_FIELDS, TraceError
 from hfx.request import SLO, Request
+from hfx.workloads.load import TRACE_FIELDS, TraceError
+from hfx.workloads.tasks import TASKS
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ import aiohttp
 from hfx.clock import cancel
 
 if TYPE_CHECKING:
+    from hfx.backends.vllm.process import VLLMPlacement
     from hfx.cluster.control import ControlPlane
-    from hfx.cluster.vllm_process import VLLMPlacement
 
 log = logging.getLogger(__name__)
 

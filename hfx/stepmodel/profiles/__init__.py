@@ -1,4 +1,5 @@
-"""The shipped step-time profiles, ``<model>@<hardware>.json`` (hfx/latency.py loads them)."""
+"""The shipped step-time profiles, ``<model>@<hardware>.json`` (hfx/stepmodel/latency.py loads
+them)."""
 
 from __future__ import annotations
 

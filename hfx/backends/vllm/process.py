@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
+from hfx.backends.vllm.instance import VLLMInstance
+from hfx.backends.vllm.metrics import server_info
+from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Relay
 from hfx.cluster.provisioner import Plan
-from hfx.cluster.upstream import DEFAULT_IDLE_TIMEOUT, Relay
-from hfx.cluster.vllm_instance import VLLMInstance
-from hfx.cluster.vllm_metrics import server_info
 from hfx.engine import EngineConfig, Role
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class VLLMLaunch:
 
 class ServerProcess(Protocol):
     """A vLLM server HFX started and stops: ``VLLMServer`` here, or ``RayVLLMServer`` under a
-    Ray actor (hfx/cluster/vllm_ray.py)."""
+    Ray actor (hfx/backends/vllm/ray_actor.py)."""
 
     url: str
 

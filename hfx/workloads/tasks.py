@@ -1,7 +1,7 @@
 """The seeds' task tables: Table 1's tasks and task sets, PolyServe's tiers, our bursty cycle.
 
 Plain data with no numpy, so the CLI can list and validate workload names without loading the
-generators (hfx/evaluation/workloads.py draws requests from these tables).
+generators (hfx/workloads/load.py draws requests from these tables).
 """
 
 from __future__ import annotations

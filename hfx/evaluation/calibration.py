@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from hfx.latency import StepTimeModel
 from hfx.request import SLO, Request
+from hfx.stepmodel.latency import StepTimeModel
 
 # Simulated (mean TTFT, mean TPOT) in seconds of the calibration run's requests under a model.
 Simulate = Callable[[StepTimeModel], tuple[float, float]]
@@ -94,8 +94,8 @@ def replay(model: StepTimeModel, served: Sequence[Served], engine: ReplayEngine,
     simulated."""
     from hfx.clock import run
     from hfx.config import SimConfig
-    from hfx.latency import Profile
     from hfx.sim import run_cluster
+    from hfx.stepmodel.latency import Profile
 
     config = SimConfig(policy="rr", instances=1, planner=engine.planner, step_noise=0.0,
                        max_num_batched_tokens=engine.max_num_batched_tokens,

@@ -1,0 +1,1 @@
+"""Instances as Ray actors: ``RayInstance`` proxies, ``EngineActor`` runs a ``LocalInstance``."""
