@@ -49,8 +49,8 @@ def main() -> None:
     schedule = [(args.calm, args.base), (args.burst, args.base * args.factor),
                 (args.calm, args.base)]
     requests = phases("four-task", schedule, args.seed)
-    # Paper mode, as the presets: the seed's engine, dispatcher and Scaler signal (seed 000
-    # §7.1, seed 001 §3.3.3).
+    # Paper mode, as the presets: the seed's engine, dispatcher and Scaler signal (HyperFlexis
+    # §7.1, HFX paper §3.3.3).
     seed_hfx = {"policy": "hfx", "planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER,
                 **SEED_SCALER}
     runs = {

@@ -71,7 +71,7 @@ def bench_policy(name: str, instances: int, depth: int, decisions: int,
 
 def bench_sa(n: int, repeat: int) -> dict:
     """One full annealing run: the jobs are tight enough (long prompts, TTFT 0.7 s, some already
-    waited) that no ordering meets every SLO, so the early exit of seed 004 §4.3 never fires."""
+    waited) that no ordering meets every SLO, so the early exit of SA §4.3 never fires."""
     rng = random.Random(n)
     jobs = [Job(rng.randint(300, 1500), rng.randint(10, 100), rng.random() * 0.4, 0.7,
                 rng.choice([0.5, 0.7, 1.0])) for _ in range(n)]

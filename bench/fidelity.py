@@ -1,7 +1,7 @@
 """Simulator fidelity (issues 8, 15): the same workload on the real engine and on the simulator.
 
 1. Profile the real executor (``hfx profile``'s code and quick grid; or ``--profile PATH``).
-2. Serve the four-task workload (seed 000 Table 1 lengths, Poisson arrivals) on one instance of
+2. Serve the four-task workload (HyperFlexis Table 1 lengths, Poisson arrivals) on one instance of
    the real engine (TorchExecutor, random weights) in real time on the ordinary event loop,
    through the same control plane and policy as the simulator.
 3. Profile again, and fit on both measurements and on the steps of a calibration run (the

@@ -1,4 +1,4 @@
-"""Seed 000 Figure 6: responsiveness of HFX-PM to a dynamic ramp of priorities (§9.1).
+"""HyperFlexis Figure 6: responsiveness of HFX-PM to a dynamic ramp of priorities (§9.1).
 
 The lowest priority's client (P3, wikisql) starts at 0 s; P2, P1 and P0 join at 20, 40 and 60 s,
 each sending --qps requests/s until 90 s. Priorities replace SLOs (0 = most important); each
@@ -65,7 +65,7 @@ def main() -> None:
 
     out: dict = {"qps_per_client": args.qps, "instances": args.instances, "policies": {}}
     for policy in ("rr", "hfx"):
-        # Paper mode, as the presets: hfx on the seed's engine and dispatcher (seed 000 §7.1).
+        # Paper mode, as the presets: hfx on the seed's engine and dispatcher (HyperFlexis §7.1).
         seed = ({"planner": SEED_ENGINE, "policy_params": SEED_DISPATCHER} if policy == "hfx"
                 else {})
         cfg = SimConfig(workload="ramp", policy=policy, qps=args.qps, priorities=LEVELS,
@@ -108,7 +108,7 @@ def main() -> None:
         hist.set_ylabel("requests/s")
     axes[0][0].legend(fontsize=7, ncol=2)
     axes[1][0].legend(fontsize=7, ncol=4)
-    fig.suptitle(f"Priority ramp (seed 000 Fig. 6): {args.qps:g} QPS per client, "
+    fig.suptitle(f"Priority ramp (HyperFlexis Fig. 6): {args.qps:g} QPS per client, "
                  f"{args.instances} instance(s)")
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)

@@ -1,5 +1,5 @@
 """Fast scaling (issue 8): time-to-serve of a new instance by weight path — disk, CPU offload,
-peer (seed 000 Table 2: Qwen-7B 4.14 s / 2.73 s / 0.89 s on Ascend).
+peer (HyperFlexis Table 2: Qwen-7B 4.14 s / 2.73 s / 0.89 s on Ascend).
 
 A source instance runs the model and publishes its weights (WeightManager.share). For each path a
 warm-pool instance (parameter memory allocated and touched, no weights: ``warm_model``) is timed

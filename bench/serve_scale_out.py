@@ -1,5 +1,5 @@
 """Scale-out of ``hfx serve`` for real (issue 19): time from the Scaler's decision to the first
-token served by the new instance, per weight path (seed 000 §6, Table 2).
+token served by the new instance, per weight path (HyperFlexis §6, Table 2).
 
 An in-process server with one instance of a random-weight model and the Scaler (max 2) is
 asked to scale out (``Scaler.scale_out_now``). The new instance loads its weights through the

@@ -2,7 +2,7 @@
 
 (a) four-task, 2 instances, at a QPS near saturation: simulated seconds and requests per wall
     second (median of --repeat runs). Target: >= 200x real time.
-(b) PolyServe-scale stress (seed 003 evaluates at this scale): 300,000 requests of the four-task
+(b) PolyServe-scale stress (PolyServe evaluates at this scale): 300,000 requests of the four-task
     mix on 32 instances, at the per-instance load of (a). Target: < 120 s wall on one core.
 (c) --grid: the scale grid of issue 18, every policy x instances x requests at 45 QPS per
     instance, each run in its own process under --run-timeout; growth ratios per policy (wall

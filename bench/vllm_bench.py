@@ -6,11 +6,11 @@ Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, 
 
 1. **start and scale-out**: seconds from process start to ``/health`` of each server; and a
    Scaler launch from the warm pool (a server already up) against a cold one (a process
-   start) — seed 000 Table 2's question, on a model of 3.3M parameters, so what is measured is
+   start) — HyperFlexis Table 2's question, on a model of 3.3M parameters, so what is measured is
    vLLM's own start-up, not weight loading;
 2. **profile**: the step-time model fitted from both servers measured at once
    (hfx/backends/vllm/profiler.py), as ``hfx serve --engine vllm`` does at start;
-3. **policies**: the four-task workload (seed 000 Table 1's lengths and SLOs, Poisson) at each
+3. **policies**: the four-task workload (HyperFlexis Table 1's lengths and SLOs, Poisson) at each
    ``--qps``, under each ``--policies``, HFX's control plane over the two servers on the real
    clock; attainment and latencies, and the same requests simulated with the fitted profile
    (vLLM's scheduler is chunked prefill, so the simulated engines use the ``chunked`` planner

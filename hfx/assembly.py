@@ -53,7 +53,7 @@ def make_tl_manager(config: ClusterConfig, profile: Profile) -> TLManager:
 
 
 def make_mapper(config: ClusterConfig, tasks: Sequence[TaskSpec]) -> PriorityMapper | None:
-    """HFX-PM with each priority's nominal SLO ± 25% (seed 000 §7.3), when priorities are on;
+    """HFX-PM with each priority's nominal SLO ± 25% (HyperFlexis §7.3), when priorities are on;
     the priorities split ``tasks`` by TTFT strictness."""
     if not config.priorities:
         return None

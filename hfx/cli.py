@@ -161,8 +161,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("planners: ", ", ".join(PLANNERS))
     print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
                                   for w, ts in WORKLOADS.items()),
-          "; ramp (the priority ramp, seed 000 §9.1); " + ", ".join(TIERED)
-          + " (PolyServe's setting, seed 003 §5.1); " + ", ".join(BURSTY)
+          "; ramp (the priority ramp, HyperFlexis §9.1); " + ", ".join(TIERED)
+          + " (PolyServe's setting, PolyServe §5.1); " + ", ".join(BURSTY)
           + " (four-task, 30 s at half the rate, 10 s at 2.5×); or a .jsonl/.csv trace")
     print("profiles: ", ", ".join(shipped_profiles()))
     from hfx.model.shapes import SHAPES
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="simulate a grid of policies × QPS",
                            description="Run every policy at every QPS (in parallel processes), "
-                           "print a table, write JSON and a PNG like seed 000 Figure 3.")
+                           "print a table, write JSON and a PNG like HyperFlexis Figure 3.")
     sweep.add_argument("--config", help="YAML file of options (flags override it)")
     sweep.add_argument("--preset", help="a named experiment (hfx list shows them); sets the "
                        "workload, the series and the QPS grid")
@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof = sub.add_parser("profile", help="measure the real engine and fit a step-time profile",
                           description="Time prefill and decode steps of the real executor on "
-                          "seed 000 Appendix A's grid (or of a vLLM server: --engine vllm), "
+                          "HyperFlexis Appendix A's grid (or of a vLLM server: --engine vllm), "
                           "fit Eq. 1 and Eq. 2, write a profile JSON that hfx sim --profile "
                           "and hfx serve --profile accept.")
     prof.add_argument("--config", help="YAML file of options (flags override it)")

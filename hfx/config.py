@@ -20,7 +20,7 @@ from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
 from hfx.workloads.tasks import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
 
-DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain (issue 17)
+DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain
 # The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
 # (bench/step_noise.py, docs/results/step_noise.json).
 DEFAULT_STEP_NOISE = 0.1
@@ -31,7 +31,7 @@ class Section(BaseModel):
     setting has one definition, one default and one flag wherever it applies; a YAML file may
     give a section's settings flat or under its name (``scaler: {max_instances: 4}``)."""
 
-    # defer_build: schemas are built on first validation, not at CLI start (issue 18).
+    # defer_build: schemas are built on first validation, not at CLI start.
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     section: ClassVar[str]
 
@@ -41,23 +41,24 @@ class FleetSection(Section):
 
     section: ClassVar[str] = "fleet"
 
-    instances: int = Field(2, ge=1, description="number of instances, colocated mode (seed 000 "
+    instances: int = Field(2, ge=1, description="number of instances, colocated mode (HyperFlexis "
                            "§8.1: 2)")
     mode: Literal["colocated", "pd"] = Field("colocated", description="colocated, or pd: "
                                              "prefill and decode on separate instances")
-    prefill: int = Field(2, ge=1, description="prefill instances in pd mode (seed 000 §8.1.2: 2)")
-    decode: int = Field(2, ge=1, description="decode instances in pd mode (seed 000 §8.1.2: 2)")
+    prefill: int = Field(2, ge=1,
+                         description="prefill instances in pd mode (HyperFlexis §8.1.2: 2)")
+    decode: int = Field(2, ge=1, description="decode instances in pd mode (HyperFlexis §8.1.2: 2)")
     devices_per_node: int = Field(8, ge=1, description="devices per server, for KV links "
-                                  "(seed 000 §7.1: 8 NPUs)")
+                                  "(HyperFlexis §7.1: 8 NPUs)")
     intra_node_gbps: float = Field(720.0, gt=0, description="KV link bandwidth within a node, "
-                                   "Gb/s (seed 001 §4.1: HCCS 720)")
+                                   "Gb/s (HFX paper §4.1: HCCS 720)")
     inter_node_gbps: float = Field(200.0, gt=0, description="KV link bandwidth across nodes, "
-                                   "Gb/s (seed 001 §4.1: 200 GbE RoCE)")
+                                   "Gb/s (HFX paper §4.1: 200 GbE RoCE)")
     link_latency: float = Field(0.5e-3, ge=0, description="fixed cost of one KV transfer, s")
     kv_bytes_per_token: int | None = Field(None, ge=1, description="KV bytes per token; default:"
                                            " from the profile's model config")
     monitor_interval: float = Field(1.0, gt=0, description="Monitor snapshot interval, s "
-                                    "(seed 000 §9.3: 1 s)")
+                                    "(HyperFlexis §9.3: 1 s)")
 
     @property
     def initial_instances(self) -> int:
@@ -102,20 +103,20 @@ class PolicySection(Section):
                                    "predictions are scaled by (1 + this); 0.2 = 20% too slow")
     priorities: int | None = Field(None, ge=1, description=(
         "give each task a priority instead of its SLO (0 = most important, by TTFT SLO) and map "
-        "priorities to SLOs with HFX-PM (seed 000 §5.2); N levels"))
+        "priorities to SLOs with HFX-PM (HyperFlexis §5.2); N levels"))
     priority_window: int = Field(200, ge=1, description="HFX-PM sliding window, completed "
                                  "requests (the seed gives no value)")
 
 
 class ScalerSection(Section):
-    """The Scaler (seed 000 §6, Algorithm 3) and how new instances get their weights."""
+    """The Scaler (HyperFlexis §6, Algorithm 3) and how new instances get their weights."""
 
     section: ClassVar[str] = "scaler"
 
     max_instances: int | None = Field(None, ge=1, description=(
         "turn the Scaler on, up to this many instances (in pd mode both pools together; seed "
         "000 §8: 2 → 4 colocated, 4 → 8 P/D)"))
-    scaling_interval: float = Field(1.0, gt=0, description="Scaler period τ, s (seed 000 §9.3)")
+    scaling_interval: float = Field(1.0, gt=0, description="Scaler period τ, s (HyperFlexis §9.3)")
     scale_out_ratio: float = Field(1.1, gt=0, description="ε_o: scale out when R_in/R_out "
                                    "exceeds it (the seed's value was lost; ours)")
     scale_in_ratio: float = Field(0.9, gt=0, description="ε_i: scale in below it (ours)")
@@ -123,11 +124,11 @@ class ScalerSection(Section):
                                   "waited this fraction of their SLO on average (ours)")
     wait_indicator: Literal["per-class", "mean"] = Field("per-class", description=(
         "W, the Scaler's wait signal: the mean over the queue of wait / SLO per SLO class, the "
-        "largest (ours), or over the whole queue (mean: seed 001 §3.3.3), where loose requests "
+        "largest (ours), or over the whole queue (mean: HFX paper §3.3.3), where loose requests "
         "can hide a tight class that misses"))
     scaling_cooldown: float = Field(2.0, ge=0, description="seconds between scaling actions")
     weight_path: Literal["d2d", "cpu", "disk"] = Field("d2d", description="how a new instance "
-                                                       "gets its weights (seed 000 §6, Table 2)")
+                                                       "gets its weights (HyperFlexis §6, Table 2)")
     warm_pool: int | None = Field(None, ge=0, description="warm instances (runtime up, no "
                                   "weights); default: the free devices, max - initial")
     cold_start: float = Field(20.0, ge=0, description="runtime start without a warm instance, s")
@@ -181,15 +182,15 @@ class WorkloadSection(Section):
     section: ClassVar[str] = "workload"
 
     workload: str = Field("four-task", description=(
-        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of seed 000 §9.1; qps is "
-        f"per client), {', '.join(TIERED)} (PolyServe's setting, seed 003 §5.1; 4 × "
+        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of HyperFlexis §9.1; qps is "
+        f"per client), {', '.join(TIERED)} (PolyServe's setting, PolyServe §5.1; 4 × "
         f"requests-per-task requests), {', '.join(BURSTY)} (30 s at half the rate, 10 s at "
         "2.5×), or a trace file (.jsonl/.csv)"))
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
-                       "between the tasks (seed 000 §7.3); ignored for trace files")
+                       "between the tasks (HyperFlexis §7.3); ignored for trace files")
     seed: int = Field(0, ge=0, description="random seed of the workload")
     requests_per_task: int = Field(DEFAULT_REQUESTS_PER_TASK, ge=1,
-                                   description="requests drawn per task (seed 000 §7.3: 300)")
+                                   description="requests drawn per task (HyperFlexis §7.3: 300)")
     duration: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
         "a steady-state run: Poisson arrivals at --qps for this many seconds, instead of "
         "--requests-per-task per task (which then drain, flattering every policy)"))
@@ -291,7 +292,7 @@ class ModelConfig(Section):
 
 
 class VLLMSection(Section):
-    """Real vLLM engines as the instances (issue 15): HFX dispatches, vLLM runs the batches."""
+    """Real vLLM engines as the instances: HFX dispatches, vLLM runs the batches."""
 
     section: ClassVar[str] = "vllm"
 
@@ -310,7 +311,7 @@ class VLLMSection(Section):
                                         "take to start")
     upstream_idle_timeout: float = Field(120.0, gt=0, allow_inf_nan=False, description=(
         "seconds a vLLM stream may be silent before it counts as broken: the request resumes "
-        "elsewhere and the server is health-checked (issue 28)"))
+        "elsewhere and the server is health-checked"))
     backend_check_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description=(
         "seconds between health checks of --backend servers that left the fleet; one that "
         "answers again is re-admitted"))
@@ -327,7 +328,7 @@ class ProfileConfig(ModelConfig, VLLMSection):
     block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
     kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
     quick: bool = Field(False, description="a grid a CPU runs in about a minute (prefill batches"
-                        " ≤ 8, decode ≤ 64, lengths ≤ 1024); default: seed 000 Appendix A's")
+                        " ≤ 8, decode ≤ 64, lengths ≤ 1024); default: HyperFlexis Appendix A's")
     repeats: int | None = Field(None, ge=1, description="timed runs per point (median); default"
                                 " 3")
     out: str = Field("profile.json", description="where to write the profile JSON")
@@ -383,7 +384,7 @@ class GatewaySection(Section):
         "stream's tokens into fewer, multi-token chunks, for clients that accept them"))
     api_workers: str = Field("1", pattern=r"^(auto|[1-9][0-9]*)$", description=(
         "front processes that carry HTTP, tokenization, SSE and the streams from vLLM servers, "
-        "sharing the port; the control plane decides in one process beside them (issue 28). 1: "
+        "sharing the port; the control plane decides in one process beside them. 1: "
         "everything in one process; auto: one per core"))
     shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
                                     "in-flight requests finish (new ones get 503); a second "
@@ -407,7 +408,7 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
         "seconds a request may go past its TTFT SLO without a first token before it is shed "
         "(HTTP 503)"))
     priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
-                            "important), from Table 1's four-task SLOs (seed 000 §7.3)")
+                            "important), from Table 1's four-task SLOs (HyperFlexis §7.3)")
     profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
                                 "the sim executor); default tiny@cpu for the tiny shape on CPU, "
                                 "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
@@ -428,7 +429,7 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
     @classmethod
     def _one_instance_per_backend(cls, values: Any) -> Any:
         """Every --backend is served: colocated, the instance count follows them unless
-        given (issue 28: a second --backend was silently dropped)."""
+        given (a second --backend was silently dropped)."""
         if (isinstance(values, dict) and values.get("engine") == "vllm"
                 and values.get("mode", "colocated") == "colocated"
                 and values.get("backend") and "instances" not in values):

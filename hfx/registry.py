@@ -1,7 +1,7 @@
 """A registry of named plugins that imports each one on first use; lazy package exports.
 
 The CLI lists names and validates a configuration against them on every start; importing every
-policy and planner (and numpy with them) for that cost half a second (issue 18). A registry here
+policy and planner (and numpy with them) for that cost half a second. A registry here
 holds ``name → "module:Class"`` and resolves the class only when it is looked up.
 """
 

@@ -1,7 +1,7 @@
 """Domain model: SLOs, requests, and the record of what happened to each request.
 
-Attainment follows seed 000 Eq. 4: a request meets its SLO when its TTFT is met AND its mean
-TPOT is met. The deadline-based variant (seed 003 §2.3, "DSLO") requires token i (0-based) to
+Attainment follows HyperFlexis Eq. 4: a request meets its SLO when its TTFT is met AND its mean
+TPOT is met. The deadline-based variant (PolyServe §2.3, "DSLO") requires token i (0-based) to
 exist by arrival + TTFT + i·TPOT; it is reported beside Eq. 4.
 """
 
@@ -34,7 +34,7 @@ class Request:
 
     ``max_tokens`` is the number of tokens to generate; in simulation it is the trace's output
     length, so a request finishes by length. ``priority`` is 0 for the most important class
-    (seed 000 §5.2; other systems use the opposite direction).
+    (HyperFlexis §5.2; other systems use the opposite direction).
     """
 
     id: str
@@ -82,7 +82,7 @@ class RequestRecord:
     # The SLO the dispatcher was given (explicit, or mapped from a priority by HFX-PM)...
     slo: SLO | None = None
     # ...and the SLO attainment is scored against: the explicit one, or for a priority request
-    # the nominal SLO of its priority (seed 000 §9.1: mapping "configured to satisfy" targets).
+    # the nominal SLO of its priority (HyperFlexis §9.1: mapping "configured to satisfy" targets).
     target: SLO | None = None
     best_effort: bool = False  # the policy knew the SLO was already lost when it placed it
     error: str | None = None  # why the request failed or was rejected
@@ -129,7 +129,7 @@ class RequestRecord:
         return None if self.finish_time is None else self.finish_time - self.request.arrival
 
     def meets_slo(self) -> bool:
-        """Seed 000 Eq. 4: TTFT met and mean TPOT met; an unfinished request misses."""
+        """HyperFlexis Eq. 4: TTFT met and mean TPOT met; an unfinished request misses."""
         if self.outcome is not Outcome.FINISHED or self.target is None:
             return False
         ttft, tpot = self.ttft, self.tpot
@@ -137,7 +137,7 @@ class RequestRecord:
         return ttft <= self.target.ttft and tpot <= self.target.tpot
 
     def meets_deadline_slo(self) -> bool:
-        """Seed 003 §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
+        """PolyServe §2.3: token i (0-based) produced by arrival + TTFT + i·TPOT."""
         if self.outcome is not Outcome.FINISHED or self.target is None:
             return False
         import numpy as np  # here, not at module import: the CLI imports this module

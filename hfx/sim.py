@@ -192,7 +192,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     spans = instance_spans(control)
     records = list(control.records.values())
     # A steady-state run scores the arrivals after the warm-up; a request still pending when
-    # the run stops is a miss (issue 17).
+    # the run stops is a miss.
     measured = [r for r in records if r.request.arrival >= config.warmup]
     result = {
         "policy": config.policy,

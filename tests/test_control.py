@@ -261,7 +261,7 @@ def test_monitor_snapshots_reach_the_policy_every_interval():
 
 
 def test_priority_slo_is_clamped_while_a_higher_priority_waits_for_its_first_token():
-    """HFX-PM's contention rule (seed 000 §5.2, our reading): with a more important request
+    """HFX-PM's contention rule (HyperFlexis §5.2, our reading): with a more important request
     still without its first token, a priority's SLO keeps its own lower bound; otherwise the
     bound relaxes to the strictest priority's."""
     ranges = [PriorityRange.around(SLO(0.2, 0.02)), PriorityRange.around(SLO(2.0, 0.2))]

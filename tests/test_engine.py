@@ -263,7 +263,7 @@ def test_watermark_keeps_blocks_free_for_running_decodes(vloop):
 
 
 def test_slo_paced_best_effort_takes_leftovers_and_is_preempted_for_an_slo_request(vloop):
-    """SLOs-Serve (seed 002 §4.1): best-effort work runs on what SLO work leaves and is the
+    """SLOs-Serve (SLOs-Serve §4.1): best-effort work runs on what SLO work leaves and is the
     first to lose its KV; an SLO request is never preempted for it."""
     from hfx.stepmodel.latency import StepTimeModel
 

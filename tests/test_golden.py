@@ -52,19 +52,19 @@ CASES: dict[str, dict[str, Any]] = {
     "polyserve-tiered-512": {"policy": "polyserve", "workload": "tiered-512-512", "qps": 60,
                              "requests_per_task": 20, "model": "llama-3.1-8b", "hardware": "h200",
                              "instances": 4},
-    # P/D: the P-stage dispatcher, the Migrator, KV links (seed 000 §5.1).
+    # P/D: the P-stage dispatcher, the Migrator, KV links (HyperFlexis §5.1).
     **{f"{p}-pd": {"policy": p, "mode": "pd", "qps": 200, "requests_per_task": 150}
        for p in ("hfx", "rr", "least-loaded")},
-    # The Scaler (seed 000 §6): out in the burst, in after it, 2 s apart (cool-down).
+    # The Scaler (HyperFlexis §6): out in the burst, in after it, 2 s apart (cool-down).
     "hfx-scaling-burst": {**SEED, "policy": "hfx", "workload": BURST, "max_instances": 4},
     "rr-scaling-burst-cpu-path": {"policy": "rr", "workload": BURST, "max_instances": 4,
                                   "weight_path": "cpu"},
     "hfx-pd-scaling": {"policy": "hfx", "mode": "pd", "qps": 240, "requests_per_task": 60,
                        "max_instances": 8},
-    # HFX-PM (seed 000 §5.2).
+    # HFX-PM (HyperFlexis §5.2).
     "hfx-priorities": {**SEED, "policy": "hfx", "qps": 200, "requests_per_task": 150,
                        "priorities": 4},
-    # The dispatcher's model 30% too slow (seed 000 Figure 4 setting).
+    # The dispatcher's model 30% too slow (HyperFlexis Figure 4 setting).
     "hfx-predictor-error": {**SEED, "policy": "hfx", "qps": 200, "requests_per_task": 150,
                             "predictor_error": 0.3},
     # SCORPIO's TPOT admission binds here (its model 21x too slow: 554 of 1,004 checks fail);

@@ -1,4 +1,4 @@
-"""Seed 000 Eq. 3 and Eq. 4, and the deadline-based SLO of seed 003, on hand-made records."""
+"""HyperFlexis Eq. 3 and Eq. 4, and the deadline-based SLO of PolyServe, on hand-made records."""
 
 from __future__ import annotations
 

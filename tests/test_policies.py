@@ -161,7 +161,7 @@ def test_sa_assigns_each_request_to_the_largest_remaining_memory():
     assert placed == {"big": 0, "a": 1, "b": 1}
 
 
-# ---- HFX in P/D (seed 000 §5.1) -----------------------------------------------------------------
+# ---- HFX in P/D (HyperFlexis §5.1) ---------------------------------------------------------------
 
 
 def decode_view(free_blocks: int = 6250) -> ClusterView:

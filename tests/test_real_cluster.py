@@ -1,5 +1,5 @@
 """The control plane over real engines on the ordinary event loop: tokens stream to listeners,
-and P/D moves real KV between instances without changing a token (seed 000 §5.1)."""
+and P/D moves real KV between instances without changing a token (HyperFlexis §5.1)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_a_request_no_engine_can_serve_fails_with_the_reason(loaded):
 @pytest.mark.parametrize("path", ["d2d", "cpu", "disk"])
 def test_serve_scales_out_with_weights_loaded_by_the_planned_path(path, caplog):
     """``hfx serve``'s Scaler starts a real instance whose weights come by the weight path
-    (seed 000 §6) through the WeightManager: its own copy, equal to the running peer's, and the
+    (HyperFlexis §6) through the WeightManager: its own copy, equal to the running peer's, and the
     same greedy tokens from both."""
     from hfx.config import ServeConfig
     from hfx.serving.build import build_server

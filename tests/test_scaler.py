@@ -302,7 +302,7 @@ def _scaler(fleet: FakeFleet, max_instances: int, min_instances: int | None = No
 
 
 def test_pd_scaler_moves_the_least_used_prefill_instance_to_the_growing_decode_pool():
-    """Seed 000 §6: a shrinking pool gives an instance to a growing one (role switch) rather
+    """HyperFlexis §6: a shrinking pool gives an instance to a growing one (role switch) rather
     than stopping one and starting another; the least KV-utilised instance goes; the switch
     waits for its drain; then the cool-down holds further actions."""
     fleet = FakeFleet({0: Role.PREFILL, 1: Role.PREFILL, 2: Role.DECODE, 3: Role.DECODE},

@@ -1,4 +1,4 @@
-"""HFX-PM (seed 000 Algorithm 2, Eq. 6) on hand-made windows, and priority runs end to end."""
+"""HFX-PM (HyperFlexis Algorithm 2, Eq. 6) on hand-made windows, and priority runs end to end."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ def test_stop_tokens_and_max_tokens(model, ref):
 
 
 def test_kv_transfer_between_instances_keeps_the_tokens(model, ref):
-    """P/D: prefill on one engine, move the KV, decode on another (seed 000 §5.1)."""
+    """P/D: prefill on one engine, move the KV, decode on another (HyperFlexis §5.1)."""
     p = prompts(1, seed=10, low=30, high=31)[0]
     want = reference_greedy(ref, p, 10)
     prefill = make_engine(model, num_blocks=16, block_size=4, role=Role.PREFILL)

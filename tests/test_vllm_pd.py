@@ -1,4 +1,4 @@
-"""P/D over real vLLM servers (issue 15, seed 000 §5.1): the ``vllm`` tier.
+"""P/D over real vLLM servers (issue 15, HyperFlexis §5.1): the ``vllm`` tier.
 
 One prefill and one decode vLLM CPU server, both started with vLLM's ExampleConnector over a
 shared directory: HFX's P stage sends the prompt to the prefill server for its first token,

@@ -1,5 +1,5 @@
 """Fast scaling's weight paths: a peer process copies a running instance's weights; disk is the
-fallback when the peer fails (seed 000 §6)."""
+fallback when the peer fails (HyperFlexis §6)."""
 
 from __future__ import annotations
 

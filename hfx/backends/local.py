@@ -71,7 +71,7 @@ class LocalInstance:
         if self.engine.abort(request_id):
             self._wake.set()
 
-    # ---- P/D migration (seed 000 §5.1): the TLManager drives these ---------------------------
+    # ---- P/D migration (HyperFlexis §5.1): the TLManager drives these ---------------------------
     def migration_state(self, request_id: str) -> Sequence:
         """Prefill role: the held sequence's progress, to reserve room for it elsewhere."""
         return self.engine.held[request_id].migrated_copy()
@@ -93,7 +93,7 @@ class LocalInstance:
         self._wake.set()
 
     def set_role(self, role: Role) -> None:
-        """Switch a drained (empty) instance between prefill and decode (seed 000 §6)."""
+        """Switch a drained (empty) instance between prefill and decode (HyperFlexis §6)."""
         if self.engine.has_work() or self.engine.held or self.engine.incoming:
             raise RuntimeError(f"instance {self.id} still holds requests; drain it first")
         self.engine.config.role = role
@@ -138,7 +138,7 @@ class LocalInstance:
 
     def _step_failed(self, e: StepFailed, failures_in_a_row: int) -> bool:
         """A step raised. One request alone in it, the first time in a row: that request
-        failed, not the instance (issue 16: one bad request never takes an instance down).
+        failed, not the instance (one bad request never takes an instance down).
         Otherwise the instance is broken: fail it, and name the step's requests as suspects,
         which are never resumed elsewhere. Returns whether the instance goes on."""
         now = asyncio.get_running_loop().time()

@@ -1,7 +1,7 @@
 """Admission control: the one rule that sheds load, for ``hfx sim`` and ``hfx serve`` alike.
 
-A fleet past its capacity must say no rather than queue without bound (issue 16): HFX keeps a
-request whose TTFT is already lost in a best-effort tier (seed 000 §5.1 leaves its fate open),
+A fleet past its capacity must say no rather than queue without bound: HFX keeps a
+request whose TTFT is already lost in a best-effort tier (HyperFlexis §5.1 leaves its fate open),
 and under sustained overload that tier only grows. Two bounds, each off unless set:
 
 - ``max_queued``: requests waiting at the dispatcher. An arrival beyond it is shed at once

@@ -4,10 +4,10 @@ It composes parts named for their jobs and routes events between them:
 
 - ``RequestLedger`` (ledger.py): records, token listeners, who still awaits a first token;
 - ``Stage`` (stage.py): a policy with its view and wake-up timer — dispatch, and in P/D the
-  Migrator's stage inside ``Migration`` (migration.py, seed 000 §5.1);
+  Migrator's stage inside ``Migration`` (migration.py, HyperFlexis §5.1);
 - ``Fleet`` (fleet.py): membership, drain, role switch, views, KV links, cost;
 - ``Recovery`` (recovery.py): what becomes of a failed instance's requests;
-- HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (seed 000 §5.2);
+- HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (HyperFlexis §5.2);
 - ``AdmissionLimits`` (admission.py): the queue bound and the first-token wait bound that shed
   load, in simulation and serving alike.
 
@@ -434,7 +434,7 @@ class ControlPlane:
 
     def _on_lost(self, record: RequestRecord, instance_id: int, now: float,
                  why: str | None) -> None:
-        """One request's stream broke on a server that may be fine (issue 28): it costs the
+        """One request's stream broke on a server that may be fine: it costs the
         request, not the fleet."""
         if self._recover(record, instance_id, now, why):
             self.recovery.num_lost_resumed += 1

@@ -2,8 +2,8 @@
 
 Membership (the initial fleet, an instance joining, draining, leaving, switching role in P/D),
 the views the policies see (the Monitor's latest snapshot plus the control plane's own
-outstanding-work tallies), the KV links between the P/D pools (TLManager, seed 000 §6), and each
-instance's lifetime for cost (seed 000 Eq. 3). The Scaler changes the fleet through these
+outstanding-work tallies), the KV links between the P/D pools (TLManager, HyperFlexis §6), and each
+instance's lifetime for cost (HyperFlexis Eq. 3). The Scaler changes the fleet through these
 methods; the control plane routes requests.
 """
 
@@ -35,7 +35,7 @@ class Fleet:
         self.monitor = monitor
         self.tl = tl_manager
         self.retired: dict[int, Instance] = {}  # released instances, kept for the record
-        # Instance lifetimes on the loop's clock, for cost (seed 000 Eq. 3).
+        # Instance lifetimes on the loop's clock, for cost (HyperFlexis Eq. 3).
         self.active_since: dict[int, float] = {}
         self.released_at: dict[int, float] = {}
         self.views: dict[int, InstanceView] = {}
@@ -54,7 +54,7 @@ class Fleet:
             self.active_since[inst.id] = now
         snapshot = self.monitor.collect(self.instances.values())
         self.views = {i: InstanceView(i, s.role, s) for i, s in snapshot.items()}
-        if self.tl is not None:  # links before anyone serves (seed 000 §6)
+        if self.tl is not None:  # links before anyone serves (HyperFlexis §6)
             for v in self.views.values():
                 (self.tl.add_prefill if v.role is Role.PREFILL else self.tl.add_decode)(v.id)
 
@@ -117,7 +117,7 @@ class Fleet:
         stage = self.stages[instance.role]
         stage.view.instances.append(view)
         stage.view.changed()
-        if self.tl is not None:  # links to the other pool before it serves (seed 000 §6)
+        if self.tl is not None:  # links to the other pool before it serves (HyperFlexis §6)
             (self.tl.add_prefill if instance.role is Role.PREFILL else self.tl.add_decode)(
                 instance.id)
         self.monitor.latest[instance.id] = stats
@@ -162,7 +162,7 @@ class Fleet:
         task.add_done_callback(self._stopping.discard)
 
     def switch_role(self, instance_id: int, role: Role, ready_at: float) -> None:
-        """P/D: a drained instance serves the other pool from ``ready_at`` (seed 000 §6)."""
+        """P/D: a drained instance serves the other pool from ``ready_at`` (HyperFlexis §6)."""
         instance = self._leave(instance_id)
         instance.set_role(role)
         asyncio.get_running_loop().call_at(ready_at, self.join, instance)

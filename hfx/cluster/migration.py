@@ -1,4 +1,4 @@
-"""P/D migration (seed 000 §5.1): the Migrator's stage and the KV moves it decides.
+"""P/D migration (HyperFlexis §5.1): the Migrator's stage and the KV moves it decides.
 
 A prefill instance reports each request it prefilled (status PREFILLED: first token sampled, KV
 held). The Migrator, a policy over the decode instances, picks where it decodes. A migration

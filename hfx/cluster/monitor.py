@@ -1,7 +1,7 @@
-"""The Monitor: periodic snapshots of every instance (seed 000 §4, §9.3).
+"""The Monitor: periodic snapshots of every instance (HyperFlexis §4, §9.3).
 
 Policies read the latest snapshot, not the engines. The default interval is 1 s, the seed's
-choice after its ablation (seed 000 §9.3: 50 ms, 1 s and 5 s perform alike; 1 s balances
+choice after its ablation (HyperFlexis §9.3: 50 ms, 1 s and 5 s perform alike; 1 s balances
 responsiveness and overhead).
 """
 
@@ -14,7 +14,7 @@ from hfx.clock import cancel
 from hfx.cluster.instance import Instance
 from hfx.engine.stats import InstanceStats
 
-DEFAULT_MONITOR_INTERVAL = 1.0  # seconds, seed 000 §9.3
+DEFAULT_MONITOR_INTERVAL = 1.0  # seconds, HyperFlexis §9.3
 
 
 class Monitor:

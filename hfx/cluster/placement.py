@@ -21,7 +21,7 @@ EngineFactory = Callable[[EngineConfig], EngineCore]
 @runtime_checkable
 class WeightLoadingFactory(Protocol):
     """An engine factory whose engines hold real weights. ``loading(path, peer)`` is a factory
-    whose engines get them by a weight path (seed 000 §6): ``d2d`` from a running peer (a
+    whose engines get them by a weight path (HyperFlexis §6): ``d2d`` from a running peer (a
     ``WeightHandle``; None: this process's own), ``cpu`` from a host-memory copy, ``disk``."""
 
     @property

@@ -1,5 +1,5 @@
-"""Provisioning: how long a new instance takes to serve, and the warm pool (seed 000 §6 "Fast
-Scaling"; seed 001 §3.4).
+"""Provisioning: how long a new instance takes to serve, and the warm pool (HyperFlexis §6 "Fast
+Scaling"; HFX paper §3.4).
 
 A warm-pool instance has its runtime up and no weights (the pool size defaults to the devices
 not in use). Its time to serve is the weight load alone, by one of three paths:
@@ -11,7 +11,7 @@ not in use). Its time to serve is the weight load alone, by one of three paths:
 - ``cpu``: reloaded from weights offloaded to host memory;
 - ``disk``: read from storage.
 
-Defaults are calibrated so that Qwen2.5-7B (15.2 GB, TP1) reproduces seed 000 Table 2 exactly:
+Defaults are calibrated so that Qwen2.5-7B (15.2 GB, TP1) reproduces HyperFlexis Table 2 exactly:
 D2D 0.89 s, CPU offloading 2.73 s, disk 4.14 s, with a 0.5 s start common to all paths (engine
 warm-up after the weights land). Without a warm instance the runtime must start first
 (``cold_start``, 20 s: our estimate for a vLLM-Ascend process on a fresh device; the seeds give
@@ -96,7 +96,7 @@ class Provisioner:
             self.warm_pool -= 1
         path, fell_back = self.path, False
         if path == "d2d" and (peers_running == 0 or self._rng.random() < self.d2d_failure_rate):
-            path, fell_back = "disk", True  # seed 000 §6: on failure, fall back to disk
+            path, fell_back = "disk", True  # HyperFlexis §6: on failure, fall back to disk
         seconds = self.load.load_time(path) + (0.0 if warm else self.cold_start)
         return Plan(path, seconds, warm, fell_back)
 

@@ -28,7 +28,7 @@ class Recovery:
 
     def resumable(self, record: RequestRecord, instance_id: int, suspect: bool = False) -> bool:
         """``suspect``: it was in the step that broke the instance; it may be the cause, and a
-        request that broke one instance is never sent to break another (issue 16)."""
+        request that broke one instance is never sent to break another."""
         if suspect or record.retries >= self.max_retries:
             return False
         if record.request.prompt_token_ids is not None and record.num_tokens and (

@@ -1,10 +1,10 @@
-"""The Scaler: SLO-aware autoscaling (seed 000 §6, Algorithm 3; seed 001 §3.3.3).
+"""The Scaler: SLO-aware autoscaling (HyperFlexis §6, Algorithm 3; HFX paper §3.3.3).
 
-Every τ seconds (1 s, seed 000 §9.3) it computes, per pool (the whole fleet when colocated; the
+Every τ seconds (1 s, HyperFlexis §9.3) it computes, per pool (the whole fleet when colocated; the
 prefill and the decode pool separately in P/D):
 
 1. ρ = R_in / R_out over a fixed 10 s window of the pool's queue: enqueue and dequeue
-   timestamps (seed 001 §3.3.3). The queue is the global request queue for a colocated or
+   timestamps (HFX paper §3.3.3). The queue is the global request queue for a colocated or
    prefill pool (dequeue = dispatch) and the Migrator's for a decode pool (dequeue = migration
    start). Suppressed (None) until the window holds ``min_samples`` events. ρ > 1: the queue
    grows. (Counting request *completions* instead reads every startup as overload: completions
@@ -22,7 +22,7 @@ last grew while its queue is not growing (ρ ≤ 1), or, with no growth to undo,
 rule; in P/D it lets a pool give an instance to the other). Why not ρ < ε_i alone: ρ is a queue
 ratio, ≈ 1 at any steady load however many instances serve it and < 1 while a new instance clears
 a backlog, so alone it flapped the fleet in and out during a burst and never shrank it after;
-seed 000 §6 asks for low load "for a sustained period".
+HyperFlexis §6 asks for low load "for a sustained period".
 
 The seed's numeric defaults were lost in its text; ours: ε_o = 1.1 and ε_i = 0.9, about twice
 the ±5% noise of ρ over a 10 s window holding 400–1,200 events (with ε_o = 1.2 a sustained 10%
@@ -56,8 +56,8 @@ from hfx.engine.stats import InstanceStats
 class ScalerConfig:
     min_instances: int
     max_instances: int
-    interval: float = 1.0  # τ, seed 000 §9.3
-    window: float = 10.0  # seed 001 §3.3.3
+    interval: float = 1.0  # τ, HyperFlexis §9.3
+    window: float = 10.0  # HFX paper §3.3.3
     min_samples: int = 20  # events in the window before ρ is trusted
     scale_out_ratio: float = 1.1  # ε_o (ours)
     scale_in_ratio: float = 0.9  # ε_i (ours)
@@ -237,7 +237,7 @@ class Scaler:
             self._event(now, "released", role, "drained", iid)
 
     def on_failed(self, iid: int, role: Role) -> None:
-        """An instance broke (issue 9): replace it now, without waiting for the indicators or
+        """An instance broke: replace it now, without waiting for the indicators or
         the cool-down; the failed one was released when it drained."""
         now = asyncio.get_running_loop().time()
         self._event(now, "failed", role, "instance failed", iid)

@@ -1,4 +1,4 @@
-"""Priority-based SLO mapping, HFX-PM (seed 000 §5.2, Algorithm 2, Eq. 6; seed 001 §3.3.2).
+"""Priority-based SLO mapping, HFX-PM (HyperFlexis §5.2, Algorithm 2, Eq. 6; HFX paper §3.3.2).
 
 A request may carry a priority p in [0, N−1] instead of an SLO. **0 is the most important**
 (other systems use the opposite direction). The mapper turns p into a (TTFT, TPOT) SLO from what
@@ -20,7 +20,7 @@ the system achieved recently:
    sooner when nobody more important is waiting; the upper bound max(p) always holds.
 5. An empty window falls back to the middle of the priority's range.
 
-Ranges (seed 000 §7.3): each priority's nominal SLO ± 25%; with ``--priorities N`` on a task
+Ranges (HyperFlexis §7.3): each priority's nominal SLO ± 25%; with ``--priorities N`` on a task
 set, the nominal SLO of a priority is the Table 1 SLO of its tasks (their median when several).
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from hfx.request import SLO
 
 DEFAULT_WINDOW = 200  # completed requests per window (the seed gives no value)
-RANGE_SPREAD = 0.25  # ± around the nominal SLO (seed 000 §7.3)
+RANGE_SPREAD = 0.25  # ± around the nominal SLO (HyperFlexis §7.3)
 
 
 @dataclass(frozen=True, slots=True)

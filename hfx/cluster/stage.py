@@ -1,6 +1,6 @@
 """A scheduling stage: one policy, the instances it sees, its wake-up timer.
 
-Colocated serving has one stage (dispatch). P/D has two (seed 000 §5.1): the P-stage dispatcher
+Colocated serving has one stage (dispatch). P/D has two (HyperFlexis §5.1): the P-stage dispatcher
 over the prefill instances and the D-stage Migrator over the decode instances. A stage calls its
 policy whenever something may have changed — an arrival into its queue, a finished request while
 it still queues work, a Monitor snapshot, an instance joining or draining, or the wake-up time the

@@ -1,26 +1,26 @@
-"""TLManager: KV transfer links between prefill and decode instances (seed 000 §5.1, §6;
-seed 001 §3.4).
+"""TLManager: KV transfer links between prefill and decode instances (HyperFlexis §5.1, §6;
+HFX paper §3.4).
 
 Links between every prefill and every decode instance are set up in advance — when the fleet
-starts and when an instance joins — so that no migration pays for an on-demand setup (seed 000
+starts and when an instance joins — so that no migration pays for an on-demand setup (HyperFlexis
 §6, contrasting Mooncake). A transfer of n tokens takes
 
     n · kv_bytes_per_token / bandwidth + latency
 
 with kv_bytes_per_token = layers × 2 × KV heads × head dim × dtype bytes (from the model config),
-and the bandwidth of the link: within a node HCCS at 720 Gb/s, across nodes 200 GbE RoCE (seed 001
+and the bandwidth of the link: within a node HCCS at 720 Gb/s, across nodes 200 GbE RoCE (HFX paper
 §4.1). Transfers on one link run one after another (FIFO), so a busy link delays the next one.
-Instance i sits on node ⌊i · tp / devices_per_node⌋ (seed 000 §7.1: 8 NPUs per server).
+Instance i sits on node ⌊i · tp / devices_per_node⌋ (HyperFlexis §7.1: 8 NPUs per server).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-INTRA_NODE_GBPS = 720.0  # HCCS, seed 001 §4.1
-INTER_NODE_GBPS = 200.0  # 200 GbE RoCE, seed 001 §4.1
+INTRA_NODE_GBPS = 720.0  # HCCS, HFX paper §4.1
+INTER_NODE_GBPS = 200.0  # 200 GbE RoCE, HFX paper §4.1
 LINK_LATENCY = 0.5e-3  # seconds per transfer: launch and completion signalling (ours)
-DEVICES_PER_NODE = 8  # seed 000 §7.1
+DEVICES_PER_NODE = 8  # HyperFlexis §7.1
 
 
 @dataclass(slots=True)

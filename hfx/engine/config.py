@@ -10,7 +10,7 @@ from hfx.engine.sequence import Role
 @dataclass(slots=True)
 class EngineConfig:
     num_kv_blocks: int
-    block_size: int = 16  # tokens per KV block (vLLM's default; issue 3)
+    block_size: int = 16  # tokens per KV block (vLLM's default)
     max_num_seqs: int = 256  # running sequences at most (vLLM's default)
     # Tokens one step may compute; None takes the planner's own default (prefill-first 8192,
     # chunked 2048: vLLM v1's online-serving budget).

@@ -41,7 +41,7 @@ class StepOutput(NamedTuple):
     suspects: tuple[str, ...] = ()
     # Why the FINISHED_FAILED requests in ``transitions`` failed.
     failure: str | None = None
-    # Each token's own time, where they differ (a relayed stream's batch, issue 28); else
+    # Each token's own time, where they differ (a relayed stream's batch); else
     # every token is at ``time``.
     token_times: list[float] | None = None
 

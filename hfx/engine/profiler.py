@@ -1,6 +1,6 @@
 """``hfx profile``: measure a real executor on the seed's grid and fit the step-time model.
 
-Seed 000 Appendix A profiles batch sizes 1, 2, …, 192 and input lengths 4, …, 2020 and fits Eq. 1
+HyperFlexis Appendix A profiles batch sizes 1, 2, …, 192 and input lengths 4, …, 2020 and fits Eq. 1
 and Eq. 2 by least squares on the relative error. Here each grid point is one step built by hand
 (prefill: β prompts of length l; decode: β sequences at context l) and timed on the executor:
 the mean of a few repeats after a warm-up (the mean, not the median, because the simulator must
@@ -49,7 +49,7 @@ class Grid:
 
     @classmethod
     def full(cls) -> Grid:
-        """Seed 000 Appendix A, prefill steps capped at 16,384 tokens (as the roofline's)."""
+        """HyperFlexis Appendix A, prefill steps capped at 16,384 tokens (as the roofline's)."""
         return cls(GRID_BATCH, GRID_BATCH, GRID_LENGTH, 16384, 3)
 
     @classmethod

@@ -15,7 +15,7 @@ from hfx.sampling import GREEDY, SamplingParams
 
 
 class Role(str, enum.Enum):
-    """What an instance does: both phases, or one side of P/D disaggregation (seed 000 §5.1)."""
+    """What an instance does: both phases, or one side of P/D disaggregation (HyperFlexis §5.1)."""
 
     COLOCATED = "colocated"
     PREFILL = "prefill"  # holds a finished prefill's KV until the request is migrated
@@ -33,7 +33,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = 5
     FINISHED_MIGRATED = 6  # left this instance with its KV
     FINISHED_FAILED = 7  # its step raised in the executor: failed alone, the engine goes on
-    # Its stream from a remote server broke (issue 28): lost here, resumable elsewhere; the
+    # Its stream from a remote server broke: lost here, resumable elsewhere; the
     # instance goes on unless its health check fails too.
     FINISHED_LOST = 8
 

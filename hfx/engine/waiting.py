@@ -1,7 +1,7 @@
 """The queue of sequences waiting for KV, with the blocks they will need kept as a total.
 
 A deque with a running sum: in overload the queue grows without bound, and a sum over it on
-every stats snapshot (the Monitor's, each second) made long simulated runs quadratic (issue 18).
+every stats snapshot (the Monitor's, each second) made long simulated runs quadratic.
 A waiting sequence's length does not change until it runs, so the sum stays exact.
 """
 

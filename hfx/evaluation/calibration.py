@@ -1,4 +1,4 @@
-"""Calibrating a step-time model against a served run (issue 15).
+"""Calibrating a step-time model against a served run.
 
 A profile measured on an idle server predicts each step alone. Serving adds what a profile never
 sees. On a shared host, API-server, gateway and client processes take cores from the engine, so

@@ -1,4 +1,4 @@
-"""Capacity as users mean it (issue 17): the highest QPS a fleet sustains at a target attainment.
+"""Capacity as users mean it: the highest QPS a fleet sustains at a target attainment.
 
 Each probe is a steady-state run (``--duration`` of Poisson arrivals, ``--warmup`` left out,
 a bounded drain whose leftovers count as missed), so a rate the fleet cannot keep up with shows
@@ -46,7 +46,7 @@ def slo_classes(workload: str) -> list[tuple[float, float, float, float, float]]
     workload draws from; none for a trace file."""
     if workload.endswith((".jsonl", ".csv")):
         return []
-    if workload in TIERED:  # seed 003 §5.1: tier and TTFT drawn independently
+    if workload in TIERED:  # PolyServe §5.1: tier and TTFT drawn independently
         prompt, output = TIERED[workload]
         return [(share / len(TTFTS), ttft, tpot, prompt, output)
                 for tpot, share in TIERS for ttft in TTFTS]

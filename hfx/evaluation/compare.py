@@ -1,4 +1,4 @@
-"""One evaluation protocol for every policy (issue 29): the same engine terms, the same tuning
+"""One evaluation protocol for every policy: the same engine terms, the same tuning
 budget, both SLO metrics.
 
 1. **Contenders.** Each policy runs on its own engine planner; HFX runs twice, as shipped and as
@@ -99,7 +99,7 @@ class Contender:
 
 CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     # HyperFlexis §5.1: θ (admit at this probability of a timely first token), and our
-    # override's leads (issue 17); the engine's paced chunks' share of the TTFT slack.
+    # override's leads; the engine's paced chunks' share of the TTFT slack.
     Contender("hfx", {"policy": "hfx"}, _grid(
         theta=(0.8, 0.9), lead_prefills=(2.5, 5.0, 10.0), planner__slack_share=(0.25, 0.4)),
         help="as shipped: deadline-chunked engine, the override on"),

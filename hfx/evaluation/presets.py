@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (seed 000 §7.1)
+SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (HyperFlexis §7.1)
 SEED_DISPATCHER = {"override": "off"}  # Algorithm 1 as the seed has it (hfx.py)
-SEED_SCALER = {"wait_indicator": "mean"}  # W over the whole queue (seed 001 §3.3.3; scaler.py)
+SEED_SCALER = {"wait_indicator": "mean"}  # W over the whole queue (HFX paper §3.3.3; scaler.py)
 
 
 @dataclass(frozen=True)
@@ -42,46 +42,46 @@ def _policies(*names: str) -> tuple[tuple[str, dict[str, Any]], ...]:
 
 PRESETS: dict[str, Preset] = {
     "fig3-four-task": Preset(
-        "seed 000 Figure 3, colocated, 2 instances, four-task: hfx vs rr vs scorpio",
+        "HyperFlexis Figure 3, colocated, 2 instances, four-task: hfx vs rr vs scorpio",
         "four-task", _policies("hfx", "rr", "scorpio"),
         (40, 60, 80, 100, 120, 140, 160, 200, 240),
         ratios=(("hfx", "rr"), ("hfx", "scorpio"))),
     "fig3-two-task": Preset(
-        "seed 000 Figure 3, colocated, 2 instances, two-task: hfx vs rr vs scorpio",
+        "HyperFlexis Figure 3, colocated, 2 instances, two-task: hfx vs rr vs scorpio",
         "two-task", _policies("hfx", "rr", "scorpio"),
         (40, 60, 80, 100, 120, 140, 160, 200, 240),
         ratios=(("hfx", "rr"), ("hfx", "scorpio"))),
     "fig7-wikisql": Preset(
-        "seed 000 Figure 7, single task wikisql (TTFT 0.7 s, TPOT 0.5 s): hfx vs aladdin vs sa",
+        "HyperFlexis Figure 7, single task wikisql (TTFT 0.7 s, TPOT 0.5 s): hfx vs aladdin vs sa",
         "wikisql", _policies("hfx", "aladdin", "sa"), (10, 20, 30, 40, 45, 50, 60),
         ratios=(("hfx", "aladdin"), ("hfx", "sa"))),
     "fig4-four-task": Preset(
-        "seed 000 Figure 4, P/D with 2 prefill + 2 decode instances, four-task: hfx vs rr-pd",
+        "HyperFlexis Figure 4, P/D with 2 prefill + 2 decode instances, four-task: hfx vs rr-pd",
         "four-task", (("hfx", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
         (40, 80, 120, 160, 200, 240, 280), ratios=(("hfx", "rr-pd"),),
         config={"mode": "pd", "prefill": 2, "decode": 2}),
     "fig4-two-task": Preset(
-        "seed 000 Figure 4 setting on two-task, P/D 2 + 2: hfx vs rr-pd",
+        "HyperFlexis Figure 4 setting on two-task, P/D 2 + 2: hfx vs rr-pd",
         "two-task", (("hfx", {"policy": "hfx"}), ("rr-pd", {"policy": "rr-pd"})),
         (40, 80, 120, 160, 200, 240, 280), ratios=(("hfx", "rr-pd"),),
         config={"mode": "pd", "prefill": 2, "decode": 2}),
     "fig5-four-task": Preset(
-        "seed 000 Figure 5, four-task with priorities instead of SLOs: hfx-pm vs rr",
+        "HyperFlexis Figure 5, four-task with priorities instead of SLOs: hfx-pm vs rr",
         "four-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
         (40, 80, 120, 160, 200, 240), ratios=(("hfx-pm", "rr"),), config={"priorities": 4}),
     "fig5-two-task": Preset(
-        "seed 000 Figure 5, two-task with priorities instead of SLOs: hfx-pm vs rr",
+        "HyperFlexis Figure 5, two-task with priorities instead of SLOs: hfx-pm vs rr",
         "two-task", (("hfx-pm", {"policy": "hfx"}), ("rr", {"policy": "rr"})),
         (40, 80, 120, 160, 200, 240), ratios=(("hfx-pm", "rr"),), config={"priorities": 2}),
     "fig3-scaling-four-task": Preset(
-        "seed 000 Figure 3 with scaling, four-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
+        "HyperFlexis Figure 3 with scaling, four-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
         "four-task",
         (("hfx-scaling", {"policy": "hfx", "max_instances": 4}), *_policies("hfx", "rr",
                                                                             "scorpio")),
         (40, 60, 80, 100, 120, 160, 200, 240),
         ratios=(("hfx-scaling", "rr"), ("hfx-scaling", "scorpio"))),
     "fig3-scaling-two-task": Preset(
-        "seed 000 Figure 3 with scaling, two-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
+        "HyperFlexis Figure 3 with scaling, two-task: hfx-scaling (2 → 4) vs hfx, rr, scorpio (2)",
         "two-task",
         (("hfx-scaling", {"policy": "hfx", "max_instances": 4}), *_policies("hfx", "rr",
                                                                             "scorpio")),
@@ -100,28 +100,28 @@ PRESETS: dict[str, Preset] = {
                 ("hfx-pd-scaling W/class", "hfx-pd-scaling")),
         config={"mode": "pd", "prefill": 2, "decode": 2}),
     "fig8-monitor": Preset(
-        "seed 000 Figure 8 (top): Qwen2.5-32B, four-task, 2 instances, hfx, monitor interval",
+        "HyperFlexis Figure 8 (top): Qwen2.5-32B, four-task, 2 instances, hfx, monitor interval",
         "four-task",
         tuple((f"monitor {m:g}s", {"policy": "hfx", "monitor_interval": m})
               for m in (0.05, 1.0, 5.0)),
         (10, 20, 30, 40, 50, 60, 80), config={"model": "qwen2.5-32b"}),
     "fig8-scaling": Preset(
-        "seed 000 Figure 8 (bottom): Qwen2.5-32B, four-task, hfx up to 4 instances, scaling "
+        "HyperFlexis Figure 8 (bottom): Qwen2.5-32B, four-task, hfx up to 4 instances, scaling "
         "interval",
         "four-task",
         tuple((f"scaling {t:g}s", {"policy": "hfx", "max_instances": 4, "scaling_interval": t})
               for t in (0.5, 1.0, 2.0)),
         (10, 20, 30, 40, 50, 60, 80), config={"model": "qwen2.5-32b"}),
     "peers-four-task": Preset(
-        "issue 10 exp. 1: hfx vs slos-serve vs polyserve vs rr, four-task, 2 instances",
+        "exp. 1 (docs/results.md): hfx vs slos-serve vs polyserve vs rr, four-task, 2 instances",
         "four-task", _policies("hfx", "slos-serve", "polyserve", "rr"),
         (40, 80, 120, 160, 200, 240), ratios=(("hfx", "slos-serve"), ("hfx", "polyserve"))),
     "peers-two-task": Preset(
-        "issue 10 exp. 1: hfx vs slos-serve vs polyserve vs rr, two-task, 2 instances",
+        "exp. 1 (docs/results.md): hfx vs slos-serve vs polyserve vs rr, two-task, 2 instances",
         "two-task", _policies("hfx", "slos-serve", "polyserve", "rr"),
         (40, 80, 120, 160, 200, 240), ratios=(("hfx", "slos-serve"), ("hfx", "polyserve"))),
     "peers-four-task-scaling": Preset(
-        "issue 10 exp. 1, each system's own scaling up to 4 instances, four-task",
+        "exp. 1 (docs/results.md), each system's own scaling up to 4 instances, four-task",
         "four-task",
         (("hfx-scaling", {"policy": "hfx", "instances": 2, "max_instances": 4}),
          ("slos-serve", {"policy": "slos-serve", "instances": 4}),
@@ -130,14 +130,14 @@ PRESETS: dict[str, Preset] = {
         (80, 160, 240, 320, 400), ratios=(("hfx-scaling", "slos-serve"),
                                           ("hfx-scaling", "polyserve"))),
     "polyserve-512": Preset(
-        "PolyServe's setting (seed 003 §5.1): 20 x Llama-3.1-8B on H200, uniform 512/512, TPOT "
+        "PolyServe's setting (PolyServe §5.1): 20 x Llama-3.1-8B on H200, uniform 512/512, TPOT "
         "tiers 20/30/50/100 ms",
         "tiered-512-512", _policies("hfx", "slos-serve", "polyserve", "rr"),
         (400, 800, 1200, 1600),
         config={"instances": 20, "model": "llama-3.1-8b", "hardware": "h200",
                 "requests_per_task": 750}),
     "polyserve-4096": Preset(
-        "PolyServe's setting (seed 003 §5.1): 20 x Llama-3.1-8B on H200, uniform 4096/1024",
+        "PolyServe's setting (PolyServe §5.1): 20 x Llama-3.1-8B on H200, uniform 4096/1024",
         "tiered-4096-1024", _policies("hfx", "slos-serve", "polyserve", "rr"),
         (50, 100, 150, 200),
         config={"instances": 20, "model": "llama-3.1-8b", "hardware": "h200",

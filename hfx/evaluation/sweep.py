@@ -1,4 +1,5 @@
-"""Sweeps: a grid of (series, QPS) runs, a table, a JSON file and a plot like seed 000 Figure 3."""
+"""Sweeps: a grid of (series, QPS) runs, a table, a JSON file and a plot like HyperFlexis
+Figure 3."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def ratio_table(results: list[dict], pairs: Iterable[tuple[str, str]]) -> str:
 
 def capacity(results: list[dict], metric: str = "attainment", threshold: float = 0.9
              ) -> dict[str, float | None]:
-    """SLOs-Serve's capacity reading (seed 002 §6.1): per series, the highest QPS per instance
+    """SLOs-Serve's capacity reading (SLOs-Serve §6.1): per series, the highest QPS per instance
     at which ``metric`` (the mean over seeds) stays ≥ ``threshold``, interpolated linearly
     between grid points; None if even the lowest QPS misses it. On finite traces this is where
     a draining trace crosses the threshold, not a rate the fleet sustains (``hfx capacity``)."""

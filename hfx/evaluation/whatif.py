@@ -1,4 +1,4 @@
-"""``hfx whatif`` (issue 32): one trace — recorded by ``hfx serve --record`` or a public one —
+"""``hfx whatif``: one trace — recorded by ``hfx serve --record`` or a public one —
 replayed under every (policy, fleet size) on the simulator, which is the serving code on a
 virtual clock; the answer an operator asks first: the smallest fleet that meets the SLO target,
 per policy, and what each costs.
@@ -31,7 +31,7 @@ def whatif(base: SimConfig, policies: list[str], fleets: list[int], target: floa
            jobs: int | None = None, ray_address: str | None = None,
            progress: bool = True) -> dict[str, Any]:
     """Every (policy, fleet size) on ``base``'s workload; the smallest fleet per policy whose
-    attainment (seed 000 Eq. 4) meets ``target``, and the same under per-token deadlines."""
+    attainment (HyperFlexis Eq. 4) meets ``target``, and the same under per-token deadlines."""
     if base.mode != "colocated":
         raise ValueError("hfx whatif sizes colocated fleets (--instances); run P/D splits "
                          "with hfx sim --mode pd")

@@ -110,7 +110,7 @@ SHAPES: dict[str, ModelShape] = {
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=256),
     # The smallest model vLLM's CPU attention runs (head sizes 32, 64, 80, ...; tiny's 16 is
-    # refused): 3.3M parameters, the vLLM tier's model (issue 15).
+    # refused): 3.3M parameters, the vLLM tier's model.
     "mini": ModelShape(vocab_size=512, hidden_size=256, intermediate_size=768,
                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=256),

@@ -1,5 +1,5 @@
-"""WeightManager: every running instance is a weight source for new ones (seed 000 §6 "Fast
-Scaling"; seed 001 §3.4).
+"""WeightManager: every running instance is a weight source for new ones (HyperFlexis §6 "Fast
+Scaling"; HFX paper §3.4).
 
 A new instance from the warm pool gets its weights by one of three paths, as the Provisioner
 models them (hfx/cluster/provisioner.py):
@@ -12,7 +12,7 @@ models them (hfx/cluster/provisioner.py):
   is present, so the copy back is a DMA).
 - ``disk``: read from the checkpoint's safetensors files.
 
-``load_weights`` tries the peer first and falls back to disk on any failure (seed 000 §6: "in
+``load_weights`` tries the peer first and falls back to disk on any failure (HyperFlexis §6: "in
 case of failure, fall back to loading from disk"), reporting which path it took.
 """
 
@@ -190,7 +190,7 @@ def warm_model(shape: ModelShape, dtype: torch.dtype = torch.float32,
 class WeightSources:
     """Where a new instance may get its weights, by path: a running peer's published segment
     (``d2d``), a host-memory copy (``cpu``), a checkpoint directory (``disk``). A missing source
-    makes its path fall back to disk (seed 000 §6)."""
+    makes its path fall back to disk (HyperFlexis §6)."""
 
     peer: WeightHandle | None = None
     host: OffloadedWeights | None = None
@@ -210,7 +210,7 @@ def fill_weights(model: CausalLM, path: str, sources: WeightSources) -> str:
             sources.host.restore(model)
             taken = "cpu"
     except PeerUnavailable:
-        pass  # seed 000 §6: fall back to loading from disk
+        pass  # HyperFlexis §6: fall back to loading from disk
     if taken == "disk":
         if sources.checkpoint is None:
             raise PeerUnavailable(f"no {path} source and no checkpoint on disk to fall back to")

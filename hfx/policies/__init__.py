@@ -26,7 +26,7 @@ POLICIES: Registry[type[Policy]] = Registry("policy", {
 
 
 # P/D mode: name → (P-stage dispatcher, D-stage migrator). Round robin and least-loaded run the
-# same rule in both stages (the seeds' RR-PD baseline, seed 000 §8.1.2).
+# same rule in both stages (the seeds' RR-PD baseline, HyperFlexis §8.1.2).
 PD_POLICIES: dict[str, tuple[str, str]] = {
     "hfx": ("hfx.policies.hfx_pd:HFXPrefillDispatcher", "hfx.policies.hfx_pd:HFXMigrator"),
     "rr-pd": ("hfx.policies.round_robin:RoundRobin",) * 2,

@@ -42,7 +42,7 @@ class ClusterView:
     # Moved on by whoever owns the views (the fleet) when a snapshot, an instance's acceptance
     # or the membership changes — not the live tallies (outstanding). A policy may keep what it
     # derives from the snapshots until it moves: at 1,000 instances an O(N) pass per call was
-    # the dispatcher's cost (issue 18).
+    # the dispatcher's cost.
     version: int = 0
     _accepting: dict[Role | None, tuple[int, list[InstanceView]]] = field(
         default_factory=dict, repr=False)

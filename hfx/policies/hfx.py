@@ -1,5 +1,5 @@
-"""``hfx``: the HFX multi-SLO dispatcher, colocated mode (seed 000 §5.1, Algorithm 1, Eq. 5,
-Appendix B; seed 001 §3.3.1).
+"""``hfx``: the HFX multi-SLO dispatcher, colocated mode (HyperFlexis §5.1, Algorithm 1, Eq. 5,
+Appendix B; HFX paper §3.3.1).
 
 - Q_R, the global request queue, is ordered by (TPOT, arrival): one FIFO per TPOT target,
   scanned from the strictest target up.
@@ -43,8 +43,8 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   instance is mature one decode step after its batch's prefill), leaving TPOT to the engine.
   Eq. 4 scores the mean TPOT, so one long prefill's stall is spread over every output token;
   where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
-  guard holds long prompts back until their TTFT is lost (docs/results.md, issue 17).
-- ``override`` (ours, issue 17; "on" by default, "off" is the seed's dispatcher): a request
+  guard holds long prompts back until their TTFT is lost (docs/results.md).
+- ``override`` (ours; "on" by default, "off" is the seed's dispatcher): a request
   that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
   anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
   ``lead_steps`` step floors before its TTFT deadline; it then goes, past the budget and the
@@ -97,7 +97,7 @@ SWITCH = ("on", "off")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
-    """Seed 000 Algorithm 1: now + E_p + (E_p / relax)·E_d, relax = min TPOT − E_d.
+    """HyperFlexis Algorithm 1: now + E_p + (E_p / relax)·E_d, relax = min TPOT − E_d.
 
     With relax ≤ 0 (the batch already misses its TPOT) it is one decode iteration after the
     prefill, when the dispatcher re-evaluates.
@@ -110,9 +110,9 @@ def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
 
 class HFXDispatcher(Policy):
     name = "hfx"
-    # PolyServe's TPOT-aware chunked prefill (seed 003 §4.5) that runs a prompt whole when
+    # PolyServe's TPOT-aware chunked prefill (PolyServe §4.5) that runs a prompt whole when
     # paced chunks would cost its TTFT (deadline_chunked.py), not the seeds' prefill-first
-    # vLLM-Ascend (seed 000 §7.1): steady-state capacities in docs/results.md (issue 17). The
+    # vLLM-Ascend (HyperFlexis §7.1): steady-state capacities in docs/results.md. The
     # seed's engine: --planner prefill-first (the paper-mode presets pin it).
     planner = "deadline-chunked"
 
@@ -325,7 +325,7 @@ class HFXDispatcher(Policy):
         self._prefilled_at[iid] = now + e_p
         self.maturity.set(iid, self.next_maturity(now, e_p, sh, model))
 
-    # ---- what the P stage of P/D changes (seed 001 §3.3.1, steps 2 and 4) ---------------------
+    # ---- what the P stage of P/D changes (HFX paper §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
         """Eq. 5 with the tightest targets involved: queued requests and those in flight."""
         if self.tpot_guard == "off":

@@ -1,4 +1,4 @@
-"""HFX in P/D-disaggregated mode (seed 000 §5.1 "PD-Disaggregated Architecture"; seed 001
+"""HFX in P/D-disaggregated mode (HyperFlexis §5.1 "PD-Disaggregated Architecture"; HFX paper
 §3.3.1 "Disaggregated Mode"): the four dispatching steps run twice, once per stage.
 
 P stage (``HFXPrefillDispatcher``, over prefill instances): a prefill batch cannot be interrupted,
@@ -30,7 +30,7 @@ from hfx.stepmodel.latency import StepTimeModel
 
 class HFXPrefillDispatcher(HFXDispatcher):
     name = "hfx"
-    planner = "prefill-first"  # P/D (seed 000 §5.1): prefill instances run whole prompts
+    planner = "prefill-first"  # P/D (HyperFlexis §5.1): prefill instances run whole prompts
 
     def __init__(self, **params: Any) -> None:
         # No decode to guard on a prefill instance, so nothing to override: the seed's P stage.

@@ -1,8 +1,8 @@
-"""Q_W, HFX's instances ordered by maturity time (seed 000 Algorithm 1).
+"""Q_W, HFX's instances ordered by maturity time (HyperFlexis Algorithm 1).
 
 A heap of (maturity, instance) with lazy deletion: setting a time pushes a new entry and the old
 one is skipped when it surfaces. Sorting every instance by maturity on each dispatcher call was
-O(N log N) per arrival — the dispatcher's whole cost at 1,000 instances (issue 18); a call now
+O(N log N) per arrival — the dispatcher's whole cost at 1,000 instances; a call now
 pays for the instances it serves.
 """
 

@@ -2,7 +2,7 @@
 KV reservation).
 
 ``history`` mode keeps a per-task running mean and standard deviation of the observed output
-lengths (Welford's update) — seed 004 §5.1 models each task's lengths as a Gaussian fitted to
+lengths (Welford's update) — SA §5.1 models each task's lengths as a Gaussian fitted to
 what it has seen; SCORPIO's classifier and Aladdin's historical mean are replaced by the same
 per-task statistics. A task with too few observations falls back to the mean over all tasks,
 then to ``prior``. ``oracle`` mode returns the request's true output length, for ablations.
@@ -65,7 +65,7 @@ class OutputLengthPredictor:
         return self.prior if m is None else max(1.0, m.mean)
 
     def sample(self, request: Request, rng: random.Random) -> int:
-        """A draw from the task's fitted Gaussian (seed 004 §5.1), at least 1 token."""
+        """A draw from the task's fitted Gaussian (SA §5.1), at least 1 token."""
         if self.mode == "oracle":
             return request.max_tokens
         m = self._moments(request.task)

@@ -1,4 +1,4 @@
-"""``polyserve``: PolyServe (seed 003) as a policy, colocated mode.
+"""``polyserve``: PolyServe (PolyServe) as a policy, colocated mode.
 
 - Binning (§4.2): one queue per TPOT tier, earliest deadline (arrival + TTFT) first. TPOTs
   at or above the engine's saturated step (a decode of ``max_num_seqs`` sequences over a full
@@ -49,7 +49,7 @@ from hfx.stepmodel.latency import StepTimeModel
 
 class IterationTable:
     """Iteration time by (batch size, KV tokens), interpolated bilinearly on a profiled grid
-    (seed 003 §4.5). Built from a step-time model; a measured table can replace ``times``."""
+    (PolyServe §4.5). Built from a step-time model; a measured table can replace ``times``."""
 
     BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     KV = (0, 1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000)
@@ -93,7 +93,7 @@ class PolyServe(Policy):
         self._own: dict[int, int] = defaultdict(int)  # in-flight requests of its own tier
         self._counted: dict[str, int] = {}  # the requests ``_own`` counts → their instance
         # Prompts dispatched since each instance's last Monitor snapshot: (time, tokens), and
-        # their sum; pruned when a new snapshot arrives, not on every call (issue 18).
+        # their sum; pruned when a new snapshot arrives, not on every call.
         self._recent: dict[int, list[tuple[float, int]]] = defaultdict(list)
         self._recent_tokens: dict[int, int] = defaultdict(int)
         self._stats_time: dict[int, float] = {}
@@ -237,7 +237,7 @@ class PolyServe(Policy):
                     self._own[inst.id] += 1
                     self._counted[req.id] = inst.id
             # Only the head was looked at: replace it in place rather than copy the whole
-            # queue (a copy per call grows with the backlog, issue 18).
+            # queue (a copy per call grows with the backlog).
             queue[:looked] = waiting
         if self.num_queued():  # requests wait for capacity: look again at the next iteration
             decision.wake_at = now + max(view.step_model.decode_a, 1e-3)

@@ -1,5 +1,5 @@
 """``rr``: round robin at arrival (the seeds' "RR", Llumnix with round-robin dispatch;
-seed 000 §7.4). Every request goes to the next accepting instance the moment it arrives."""
+HyperFlexis §7.4). Every request goes to the next accepting instance the moment it arrives."""
 
 from __future__ import annotations
 

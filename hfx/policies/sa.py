@@ -1,6 +1,6 @@
-"""``sa``: the SLO-aware scheduler with simulated annealing (seed 004).
+"""``sa``: the SLO-aware scheduler with simulated annealing (SA).
 
-- Instance assignment (seed 004 §4.4): round robin, each request to the instance with the largest
+- Instance assignment (SA §4.4): round robin, each request to the instance with the largest
   *remaining memory*, estimated as tokens (Eq. 20) and charged with the request's prompt and
   predicted output. When even the largest cannot hold the request, every instance's remaining
   memory is reset to its current free KV (a fresh round).
@@ -8,10 +8,10 @@
   hfx/policies/sa_search.py (objective: attainment / mean latency). The search reruns whenever
   the pending set changed, over the oldest ``window`` requests.
 - Release: the first planned batch is handed to the instance once its previous batches' prefills
-  are predicted done (seed 004 §4.4: "a batch ... is scheduled for execution from this queue as
+  are predicted done (SA §4.4: "a batch ... is scheduled for execution from this queue as
   soon as the corresponding LLM instance is prepared and available"); the engine then decodes
   everything with continuous batching, as the seed's vLLM did.
-- Output length (seed 004 §5.1): a draw from the task's Gaussian fitted to observed lengths.
+- Output length (SA §5.1): a draw from the task's Gaussian fitted to observed lengths.
 - ``max_batch`` bounds a batch; the seed ran 1, 2 and 4 on V100s, we default to 16 for the
   larger NPU profile.
 """
@@ -133,7 +133,7 @@ class SimulatedAnnealing(Policy):
             chosen = plan.order[:size]
             batch = [pending[j] for j in chosen]
             # The plan indexes the head (the first ``window``): delete there, in place, rather
-            # than copy a backlog that grows in overload (issue 18).
+            # than copy a backlog that grows in overload.
             for j in sorted(chosen, reverse=True):
                 del pending[j]
             self._plans[iid] = None

@@ -1,24 +1,24 @@
-"""Simulated-annealing search over request order and batch sizes (seed 004 §4.3).
+"""Simulated-annealing search over request order and batch sizes (SA §4.3).
 
 A *solution* is an order of the pending requests (a permutation) and a list of batch sizes that
 sum to their number; batch k holds the next ``sizes[k]`` requests of the order. Batches prefill
 one after another, so batch k waits for the prefills of batches 0..k-1 (the instance decodes
 them meanwhile, under continuous batching).
 
-Objective (seed 004 Eq. 2 and Eq. 13): SLO attainment divided by mean predicted E2E latency.
+Objective (SA Eq. 2 and Eq. 13): SLO attainment divided by mean predicted E2E latency.
 
-Moves (seed 004 §4.3): *squeeze* a request into the previous batch if it is not in the first
+Moves (SA §4.3): *squeeze* a request into the previous batch if it is not in the first
 batch and that batch is below the maximum size; *delay* a request into the next batch if that
 batch is below the maximum (a new batch after the last); *swap* two requests.
 
-Hyperparameters (seed 004 §5.1, symbols lost in the text; our reading): initial temperature
+Hyperparameters (SA §5.1, symbols lost in the text; our reading): initial temperature
 T0 = 500, stop when the temperature falls below T_min = 20, K = 100 iterations per temperature,
 cooling factor α = 0.95. Fig. 8 of the seed raises T0 from 100 to 200, so 100 cannot be the stop
 threshold. The seed does not give the scale of the acceptance test; ours is relative: a worse
 solution is accepted with probability exp(-1000·(f_old - f_new) / f_old / T), so at T = 20 a 1%
 worse solution passes with p ≈ 0.6 and a 10% worse one with p ≈ 0.007.
 
-Speed (issue 18): one search is 63 temperatures × 100 moves = 6,300 objective evaluations; seed
+Speed: one search is 63 temperatures × 100 moves = 6,300 objective evaluations; seed
 004 reports ~0.48 ms for it. The loop below works in place on arrays and is compiled by numba
 when it is installed (a core dependency); without numba the same source runs as Python, ~100×
 slower and bit for bit the same plan. Its random moves come from its own xorshift32 generator
@@ -217,7 +217,7 @@ def _anneal(jobs: np.ndarray, coef: np.ndarray, base_ctx: float, base_batch: int
             max_batch: int, state: int, t0: float, t_min: float, iterations: int, alpha: float,
             order: np.ndarray, sizes: np.ndarray, nb: int,
             score: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Seed 004 Algorithm 1's annealing from (order, sizes); returns the best solution seen.
+    """SA Algorithm 1's annealing from (order, sizes); returns the best solution seen.
     A candidate is re-evaluated from the first batch its move touched."""
     n = len(order)
     cur_o, cur_s, cur_nb, cur_score = order.copy(), sizes.copy(), nb, score
@@ -311,7 +311,7 @@ def evaluate(jobs: list[Job], order: list[int], sizes: list[int], model: StepTim
 
 def objective(jobs: list[Job], order: list[int], sizes: list[int], model: StepTimeModel,
               base_ctx: float = 0.0, base_batch: int = 0) -> float:
-    """Seed 004's objective: SLO attainment / mean predicted E2E latency."""
+    """SA's objective: SLO attainment / mean predicted E2E latency."""
     return evaluate(jobs, order, sizes, model, base_ctx, base_batch)[0]
 
 
@@ -348,14 +348,14 @@ def full_batches(n: int, max_batch: int) -> list[int]:
 def anneal(jobs: list[Job], model: StepTimeModel, max_batch: int, seed: int,
            base_ctx: float = 0.0, base_batch: int = 0, t0: float = T0, t_min: float = T_MIN,
            iterations: int = ITERATIONS, alpha: float = ALPHA) -> Plan:
-    """Seed 004 Algorithm 1: two starting solutions, then annealing from the better one.
+    """SA Algorithm 1: two starting solutions, then annealing from the better one.
     ``seed`` (any int) fixes the moves."""
     n = len(jobs)
     arr, coef = _jobs_array(jobs), _coef(model)
     base_ctx, base_batch = float(base_ctx), int(base_batch)
     sizes0 = full_batches(n, max_batch)
     arrival = list(range(n))
-    # Each request's E2E latency alone (seed 004 Eq. 17), to order the second start.
+    # Each request's E2E latency alone (SA Eq. 17), to order the second start.
     alone = [model.prefill_one(j.prompt_len)
              + j.output_len * model.decode_time(j.prompt_len + j.output_len / 2, 1) for j in jobs]
     by_latency = sorted(range(n), key=lambda i: (alone[i], i))
@@ -363,7 +363,7 @@ def anneal(jobs: list[Job], model: StepTimeModel, max_batch: int, seed: int,
     o_latency, _ = _arrays(by_latency, sizes0)
     s_arrival, _ = _evaluate(arr, o_arrival, s0, len(sizes0), coef, base_ctx, base_batch)
     s_latency, met = _evaluate(arr, o_latency, s0, len(sizes0), coef, base_ctx, base_batch)
-    if met == n:  # ordering by latency meets every SLO: the search is over (seed 004 §4.3)
+    if met == n:  # ordering by latency meets every SLO: the search is over (SA §4.3)
         return Plan(by_latency, sizes0, float(s_latency))
     start = (o_arrival, s_arrival) if s_arrival >= s_latency else (o_latency, s_latency)
     if n < 2:

@@ -1,5 +1,5 @@
-"""``scorpio``: SCORPIO (arXiv 2505.23022) extended with round robin across instances, as seed 000
-§7.4 runs it.
+"""``scorpio``: SCORPIO (arXiv 2505.23022) extended with round robin across instances, as
+HyperFlexis §7.4 runs it.
 
 - Assignment: each arriving request goes round robin to an instance's waiting queue, kept in
   least-time-to-TTFT-deadline order (arrival + TTFT).
@@ -14,7 +14,7 @@
   (α, β, γ, δ) come from the dispatcher's step-time model, Eq. 2: α = b', β = c', γ = 0, δ = a'.
 - Running requests are batched by credits inside the engine (planner ``credit``).
 - Output length: the shared per-task mean (SCORPIO's classifier is not available here).
-- Speed (ours, issue 18): a decision re-walks only the queues that an event changed (an
+- Speed (ours): a decision re-walks only the queues that an event changed (an
   assignment, a finish, a Monitor snapshot) or whose guard's next rejection is due, so the
   per-task output means it reads are refreshed with each Monitor round, not on every finish.
 """
@@ -35,7 +35,7 @@ from hfx.request import Request, RequestRecord
 class TPOTMix:
     """A running set's TPOT targets as SCORPIO reads them: the tightest and Σ 1/TPOT. The virtual
     batch size Σ TRP = tightest · Σ 1/TPOT with one more request is then O(1), not a pass over
-    the batch for every queued request (issue 18)."""
+    the batch for every queued request."""
 
     tightest: float = math.inf
     inverse_sum: float = 0.0

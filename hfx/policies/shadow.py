@@ -1,7 +1,7 @@
 """The dispatcher's shadow of one instance: what it sent there and what it expects.
 
 Policies never read engines. They keep this estimate instead, updated on each dispatch and each
-finished request, and corrected by every Monitor snapshot (seed 000 §5.1 step 5: "updates its
+finished request, and corrected by every Monitor snapshot (HyperFlexis §5.1 step 5: "updates its
 local shadow state ... periodic telemetry from the monitor used to correct delayed
 observations").
 """

@@ -1,4 +1,4 @@
-"""Q_R: requests ordered by (TPOT, arrival) — stricter TPOT first (seed 000 Algorithm 1).
+"""Q_R: requests ordered by (TPOT, arrival) — stricter TPOT first (HyperFlexis Algorithm 1).
 
 One FIFO per TPOT target, scanned from the strictest target up. Taking a request from the middle
 only marks it; marked requests are dropped when they reach the head, so a scan never rebuilds a

@@ -1,4 +1,4 @@
-"""``slos-serve``: SLOs-Serve (seed 002) as a policy: soft admission control by dynamic
+"""``slos-serve``: SLOs-Serve (SLOs-Serve) as a policy: soft admission control by dynamic
 programming, SLO-driven routing, and a best-effort tier.
 
 Admission (§3.2.1, the request-throughput form of Appendix C). For one replica, candidates and

@@ -78,7 +78,7 @@ def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlaceme
 
     launch = None
     extra: list[str] = []
-    if config.mode == "pd":  # every server a KV producer and consumer (seed 000 §5.1)
+    if config.mode == "pd":  # every server a KV producer and consumer (HyperFlexis §5.1)
         connector = config.vllm_kv_transfer_config
         if connector is None:
             storage = tempfile.mkdtemp(prefix="hfx-kv-")
@@ -176,7 +176,7 @@ def build_server(config: ServeConfig) -> Server:
 
 
 def _record(config: ServeConfig, server: Server) -> None:
-    """--record FILE: every request served, as a trace to replay (issue 32)."""
+    """--record FILE: every request served, as a trace to replay."""
     if config.record is None:
         return
     from hfx.serving.recorder import Recorder
@@ -199,7 +199,7 @@ def _calibrator(config: ServeConfig, control: ControlPlane, profile: Profile,
 
 
 def _build_vllm(config: ServeConfig) -> Server:
-    """HFX over vLLM servers (issue 15): the checkpoint gives the gateway its tokenizer and
+    """HFX over vLLM servers: the checkpoint gives the gateway its tokenizer and
     limits (the servers load the weights themselves); the profile is the dispatcher's view of
     their step times (--profile, else measured on all of them at start)."""
     import json

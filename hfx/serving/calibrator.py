@@ -1,4 +1,4 @@
-"""The dispatcher's step-time model, kept calibrated on what the gateway serves (issue 15).
+"""The dispatcher's step-time model, kept calibrated on what the gateway serves.
 
 A profile is measured on idle servers before serving. Against vLLM on a shared host its decode
 steps came out 1.2-2.5x too fast once serving loaded the machine (docs/performance.md), and the

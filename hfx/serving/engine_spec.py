@@ -3,7 +3,7 @@
 ``EngineSpec`` is picklable, so that a Ray actor builds its own engine: the weights are made or
 read where they run, never shipped through the object store. Instances of the fleet at start
 share one copy of the weights per process. An instance the Scaler adds loads them by the
-provisioner's weight path (seed 000 §6 "Fast Scaling", Table 2) through the WeightManager:
+provisioner's weight path (HyperFlexis §6 "Fast Scaling", Table 2) through the WeightManager:
 
 - ``d2d``: copied from a running peer's published weights (a shared-memory segment; in another
   process, a Ray actor's, by its ``WeightHandle``);
@@ -79,7 +79,7 @@ class EngineSpec:
     def prepare(self, path: str, warm_pool: int = 0) -> None:
         """Off the scaling path, once, at start: publish this process's weights as the source
         ``path`` reads (and the disk copy it falls back to), and allocate ``warm_pool`` warm
-        models — parameter memory allocated and touched, no weights (seed 000 §6's warm pool:
+        models — parameter memory allocated and touched, no weights (HyperFlexis §6's warm pool:
         runtimes up, weights not loaded)."""
         from hfx.model.build import resolve_dtype
         from hfx.model.weight_manager import (

@@ -1,4 +1,4 @@
-"""A front process of ``hfx serve --api-workers N`` (issue 28): the data plane.
+"""A front process of ``hfx serve --api-workers N``: the data plane.
 
 It answers clients with the same gateway as the one-process server (gateway.py: routes, auth,
 limits, validation, SSE) over a ``FrontServer``: tokenization, detokenization and the checks

@@ -1,4 +1,4 @@
-"""The control process's side of the front processes (issue 28).
+"""The control process's side of the front processes.
 
 With ``--api-workers N`` (N > 1) HTTP, tokenization, detokenization, SSE and the streams from
 vLLM servers run in N front processes (hfx/serving/front.py); this process keeps the one place

@@ -1,4 +1,4 @@
-"""The channel between the control process and its front processes (issue 28).
+"""The channel between the control process and its front processes.
 
 A Unix-domain stream socket per front, driven by each side's own event loop, carrying frames of
 msgpack (a 4-byte length, then the payload). The control process listens; each front connects

@@ -1,4 +1,4 @@
-"""``hfx serve --record FILE`` (issue 32): what was served, one JSONL row per request, to replay
+"""``hfx serve --record FILE``: what was served, one JSONL row per request, to replay
 later with ``hfx sim --workload FILE`` or ``hfx whatif --trace FILE``.
 
 A row is taken when a request ends, from its record in the deciding process, and kept in

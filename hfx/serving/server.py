@@ -77,7 +77,7 @@ class RecordView(Protocol):
 class TokenQueue:
     """A stream's events on their way to its response: put by whoever hears them, taken all at
     once by the one reader, so that tokens that arrive between two turns of the loop cost the
-    reader one wake-up (issue 28), and no lock or count per token as ``asyncio.Queue`` keeps."""
+    reader one wake-up, and no lock or count per token as ``asyncio.Queue`` keeps."""
 
     __slots__ = ("_items", "_waiter")
 
@@ -255,7 +255,7 @@ class Server(Intake):
         self.placement: Any = None
         # What else runs beside the control plane while serving (the --backend healer).
         self.services: list[Service] = []
-        self.recorder: Recorder | None = None  # --record: every request's row (issue 32)
+        self.recorder: Recorder | None = None  # --record: every request's row
         self._ids = itertools.count()
 
     @property
@@ -297,7 +297,7 @@ class Server(Intake):
 
     # ---- requests --------------------------------------------------------------------------
     def check_feasible(self, slo: SLO, prompt_len: int) -> None:
-        """Refuse an SLO no instance could meet even alone (seed 000 §3's step-time model)."""
+        """Refuse an SLO no instance could meet even alone (HyperFlexis §3's step-time model)."""
         prefill = self.step_model.prefill_one(prompt_len)
         decode = self.step_model.decode_time(prompt_len + 1, 1)
         if slo.ttft < prefill:

@@ -1,4 +1,4 @@
-"""``hfx serve --api-workers N``: the process tree (issue 28).
+"""``hfx serve --api-workers N``: the process tree.
 
 This process is the control process: it binds the listening socket, starts the control plane
 and the hub (hub.py), and N front processes (front.py) that share the socket, as vLLM's

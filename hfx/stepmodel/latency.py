@@ -1,6 +1,6 @@
 """Step-time model: predicts one engine step's duration from the batch composition.
 
-The HFX form (seed 000 §3, Eq. 1 and Eq. 2; coefficients fitted as in Appendix A):
+The HFX form (HyperFlexis §3, Eq. 1 and Eq. 2; coefficients fitted as in Appendix A):
 
     prefill   E_p = a  + b·Σ l_in        + c·Σ l_in²                          (Eq. 1)
     decode    E_d = a' + b'·Σ l_cur      + c'·B                               (Eq. 2)

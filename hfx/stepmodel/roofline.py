@@ -12,10 +12,10 @@ with T the tokens in the step, S the sequences that sample a token, A the attent
 (Σ c·(k + c/2) for a prefill chunk of c new tokens over k cached ones; Σ l_cur for decodes),
 P_layers the transformer parameters, V·h the LM head, W the weight bytes, kv the KV bytes per
 token, F peak dense FP16/BF16 FLOP/s, M HBM bandwidth, η the efficiencies stated in HARDWARE,
-t_fixed the per-step host overhead (scheduling, launch). This is the max-form of seed 002 §3.1.1.
+t_fixed the per-step host overhead (scheduling, launch). This is the max-form of SLOs-Serve §3.1.1.
 
 The HFX form (Eq. 1/2, hfx/stepmodel/latency.py) is then fitted to this roofline on the grid of
-seed 000 Appendix A (batch sizes 1…192, input lengths 4…2020), minimising squared relative error,
+HyperFlexis Appendix A (batch sizes 1…192, input lengths 4…2020), minimising squared relative error,
 and the fit's MAPE is stored with the profile. Regenerate the shipped files with
 ``python -m hfx.stepmodel.roofline``.
 """
@@ -41,7 +41,7 @@ class ModelSpec:
     kv_heads: int  # num_key_value_heads
     intermediate: int  # intermediate_size (SwiGLU: three matrices)
     vocab: int  # vocab_size
-    tp: int  # tensor parallel degree used by the seeds (seed 000 §7.2)
+    tp: int  # tensor parallel degree used by the seeds (HyperFlexis §7.2)
 
     @property
     def head_dim(self) -> int:
@@ -90,7 +90,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, tp=1),
         ModelSpec("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, tp=2),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, tp=8),
-        # PolyServe's model (seed 003 §5.1), on one device.
+        # PolyServe's model (PolyServe §5.1), on one device.
         ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, tp=1),
     )
 }
@@ -103,9 +103,9 @@ HARDWARE: dict[str, HardwareSpec] = {
         # per-step host overhead (vLLM's scheduler and launch at small batch).
         HardwareSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 0.6, 0.8, 3e-3, 10e-6),
         # Huawei Ascend 910B (the seeds' device): 313 TFLOP/s FP16, 1.6 TB/s HBM2e, 64 GB
-        # (seed 000 §7.1), HCCS 720 Gb/s = 90 GB/s (seed 001 §4.1). Efficiencies: 55% of peak,
+        # (HyperFlexis §7.1), HCCS 720 Gb/s = 90 GB/s (HFX paper §4.1). Efficiencies: 55% of peak,
         # 65% of bandwidth, 10 ms per-step host overhead (vLLM-Ascend runs eager on aarch64
-        # hosts, whose single-thread speed seed 000 §5.1 calls limited).
+        # hosts, whose single-thread speed HyperFlexis §5.1 calls limited).
         HardwareSpec("ascend-910b", 313e12, 1.6e12, 64e9, 90e9, 0.55, 0.65, 10e-3, 20e-6),
     )
 }
@@ -171,7 +171,7 @@ def kv_bytes_from_meta(meta: dict) -> int | None:
     return m["layers"] * 2 * m["kv_heads"] * (m["hidden"] // m["heads"]) * BYTES_FP16
 
 
-# Seed 000 Appendix A profiling grid.
+# HyperFlexis Appendix A profiling grid.
 GRID_BATCH = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
 GRID_LENGTH = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 284, 512, 768, 1024, 1536, 2020)
 MAX_PREFILL_TOKENS = 16384  # prefill batches above this are never planned by the engine

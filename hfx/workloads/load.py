@@ -1,12 +1,12 @@
 """Workloads: the seeds' Table 1 tasks with Poisson arrivals, and trace files.
 
-Table 1 (seed 000 §7.3) gives each task's SLO and the mean ± std of its input and output lengths
+Table 1 (HyperFlexis §7.3) gives each task's SLO and the mean ± std of its input and output lengths
 over 300 samples. The datasets themselves cannot be fetched here, so lengths are sampled from a
 **log-normal distribution with the same mean and standard deviation** (lengths are positive and
 right-skewed; sharegpt's std exceeds its mean, which a normal cannot represent without piling
 mass at the clip), rounded to whole tokens and clipped to [1, MAX_LEN].
 
-Arrivals (seed 000 §7.3): each task is a Poisson process at an equal share of the total QPS and
+Arrivals (HyperFlexis §7.3): each task is a Poisson process at an equal share of the total QPS and
 contributes the same number of requests (300 by default); the merged stream is sorted by time.
 The seed fixes the whole stream; each task draws from its own generator, so adding a task to a
 set does not change the others.
@@ -103,7 +103,7 @@ def _task_stream(tasks: Iterable[TaskSpec], key: list[int],
     return [r[3] for r in rows]
 
 
-# ---- priorities (HFX-PM, seed 000 §5.2, §7.3) ---------------------------------------------------
+# ---- priorities (HFX-PM, HyperFlexis §5.2, §7.3) -------------------------------------------------
 def priority_levels(tasks: tuple[TaskSpec, ...] | list[TaskSpec], levels: int
                     ) -> tuple[dict[str, int], list[SLO]]:
     """Tasks in order of TTFT SLO (strictest first) split into ``levels`` priorities, 0 the
@@ -130,7 +130,7 @@ def with_priorities(requests: list[Request], of_task: dict[str, int]) -> list[Re
 
 
 def ramp(qps: float, seed: int, until: float = 90.0, step: float = 20.0) -> list[Request]:
-    """Seed 000 §9.1 dynamic ramp on the four-task set: the lowest priority's client starts at
+    """HyperFlexis §9.1 dynamic ramp on the four-task set: the lowest priority's client starts at
     0 s, the next every ``step`` seconds (P3 at 0, P2 at 20, P1 at 40, P0 at 60 s), each sending
     ``qps`` requests/s until ``until``. Requests carry Table 1 SLOs; use --priorities 4."""
     tasks = sorted(WORKLOADS["four-task"], key=lambda t: t.slo.ttft, reverse=True)

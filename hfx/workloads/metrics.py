@@ -1,8 +1,8 @@
-"""Metrics over request records (seed 000 §3 and §7.5).
+"""Metrics over request records (HyperFlexis §3 and §7.5).
 
 - attainment: seed Eq. 4, the fraction of *all* requests that finished with TTFT and mean TPOT
   within their SLO (rejected, shed, failed and aborted requests count as misses);
-- attainment_dslo: the deadline-based variant (seed 003 §2.3);
+- attainment_dslo: the deadline-based variant (PolyServe §2.3);
 - ttft / tpot / e2e: mean and percentiles over finished requests, in seconds;
 - goodput_rps: requests that met their SLO per second of the run; throughput_rps: finished
   requests per second; both over the span from the first arrival to the last finish;
@@ -20,7 +20,7 @@ import numpy as np
 
 from hfx.request import Outcome, RequestRecord
 
-COST_UNIT_SECONDS = 0.05  # seed 000 §7.5
+COST_UNIT_SECONDS = 0.05  # HyperFlexis §7.5
 
 
 def cost_units(spans: Iterable[tuple[float, float]], unit: float = COST_UNIT_SECONDS) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hfx.request import SLO
 
 MAX_LEN = 16384  # clip for sampled lengths (tokens)
-DEFAULT_REQUESTS_PER_TASK = 300  # seed 000 §7.3
+DEFAULT_REQUESTS_PER_TASK = 300  # HyperFlexis §7.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class TaskSpec:
     output_std: float
 
 
-# Seed 000 Table 1.
+# HyperFlexis Table 1.
 TASKS: dict[str, TaskSpec] = {
     t.name: t
     for t in (
@@ -47,20 +47,20 @@ WORKLOADS: dict[str, tuple[TaskSpec, ...]] = {
     "four-task": tuple(TASKS[n] for n in
                        ("medical_qa", "tldr_content_gen", "tldr_headline_gen", "wikisql")),
     "two-task": (TASKS["gsm8k"], TASKS["sharegpt"]),
-    # Single-task evaluation (seed 000 §9.2): wikisql with TTFT 0.7 s and TPOT 0.5 s.
+    # Single-task evaluation (HyperFlexis §9.2): wikisql with TTFT 0.7 s and TPOT 0.5 s.
     "wikisql": (_with_slo(TASKS["wikisql"], SLO(0.7, 0.5)),),
-    # Every Table 1 task at once (ours, issue 29): the comparison protocol tunes each policy's
+    # Every Table 1 task at once (ours): the comparison protocol tunes each policy's
     # knobs on it (hfx/evaluation/compare.py), and evaluates none of them on it.
     "six-task": tuple(TASKS.values()),
 }
 
 
-# Bursts (ours, issue 17): a task set whose rate cycles 30 s at half the mean, then 10 s at 2.5×
+# Bursts (ours): a task set whose rate cycles 30 s at half the mean, then 10 s at 2.5×
 # (mean: the given QPS), Poisson within each phase.
 BURSTY = {"bursty-four-task": ("four-task", ((30.0, 0.5), (10.0, 2.5)))}
 
 
-# PolyServe's setting (seed 003 §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the
+# PolyServe's setting (PolyServe §5.1): TPOT tiers 20/30/50/100 ms with 10/20/30/40% of the
 # requests, TTFT drawn from {300, 500, 1000} ms, lengths uniform with the given means.
 TIERS = ((0.02, 0.1), (0.03, 0.2), (0.05, 0.3), (0.1, 0.4))
 TTFTS = (0.3, 0.5, 1.0)

@@ -1,4 +1,4 @@
-"""Instances as Ray actors (issue 9): the same Instance protocol, an engine in another process.
+"""Instances as Ray actors: the same Instance protocol, an engine in another process.
 
 ``EngineActor`` runs a ``LocalInstance`` on the actor's own event loop, anywhere in the Ray
 cluster. ``RayInstance`` is its proxy on the control plane's loop:
@@ -14,7 +14,7 @@ cluster. ``RayInstance`` is its proxy on the control plane's loop:
   reports every request it held as failed, exactly like an executor that raised, and the control
   plane resumes them elsewhere or fails them with the reason.
 
-P/D migration (seed 000 §5.1) keeps the control plane synchronous: a prefill actor sends each
+P/D migration (HyperFlexis §5.1) keeps the control plane synchronous: a prefill actor sends each
 prefilled request's migration state with the PREFILLED event; a decode proxy answers
 ``reserve_import`` from the latest stats less what it reserved since (the engine's own rule,
 all-or-nothing with the watermark), and should the actor find the blocks taken after all, the
@@ -90,7 +90,7 @@ class EngineActor:
         return asyncio.get_running_loop().time()
 
     async def share_weights(self) -> Any:
-        """Publish this engine's weights for a new instance to copy (the d2d path, seed 000 §6):
+        """Publish this engine's weights for a new instance to copy (the d2d path, HyperFlexis §6):
         a WeightHandle, or None for an engine without real weights."""
         model = getattr(self.instance.engine.executor, "model", None)
         if model is None:

@@ -1,4 +1,4 @@
-"""Re-admission of attached vLLM servers (``--backend``) that left the fleet (issue 28).
+"""Re-admission of attached vLLM servers (``--backend``) that left the fleet.
 
 HFX does not own these servers, so nothing replaces one that failed (the Scaler starts servers
 from ``--checkpoint``); without this, each failure shrank the fleet for good. Every ``interval``

@@ -1,4 +1,4 @@
-"""A vLLM OpenAI server as an instance (issue 15): the same Instance protocol, over HTTP.
+"""A vLLM OpenAI server as an instance: the same Instance protocol, over HTTP.
 
 HFX keeps its queues, policies and token-level records; a request it dispatches here goes to the
 server's streaming ``/v1/completions`` with token-id prompts (HFX tokenized it once),
@@ -13,14 +13,14 @@ SLO accounting and metrics are the ones every other instance kind feeds.
 - **Stats**: the control plane's own accounting here (requests sent, their tokens so far) plus
   the server's ``/metrics``, scraped every ``scrape_interval`` seconds (docs/architecture.md
   lists which field comes from where).
-- **Faults** (issue 28): a stream that breaks (dropped, a malformed or error event, a 5xx, no
+- **Faults**: a stream that breaks (dropped, a malformed or error event, a 5xx, no
   finish reason, silent past ``idle_timeout``) costs that request, not the fleet: it is
   reported lost and the control plane resumes it elsewhere from the tokens it already has.
   The server leaves the fleet only when its health check fails too, after ``MAX_FAULTS``
   broken streams in a row, or after ``FAILED_SCRAPES`` unanswered scrapes; then every request
   it held is reported aborted with the reason and resumed elsewhere. An attached server
   (``--backend``) that is healthy again is re-admitted (``BackendHealer``).
-- **P/D** (seed 000 §5.1) through vLLM's KV connectors, which every server is started with: a
+- **P/D** (HyperFlexis §5.1) through vLLM's KV connectors, which every server is started with: a
   prefill instance sends the prompt with ``max_tokens=1``; the connector saves the prompt's KV as
   the prefill ends, and the first token comes back as PREFILLED (the request is held here for
   the Migrator). A decode instance gets, when the migration completes, the prompt plus that
@@ -65,7 +65,7 @@ _FINISHED = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FIN
 
 def vllm_priority(request: Request, best_effort: bool) -> int:
     """vLLM runs lower values first and may preempt higher ones for them. HFX orders running
-    requests by TPOT, tightest first (seed 000 §5.2's Q_R); the TPOT SLO in milliseconds is
+    requests by TPOT, tightest first (HyperFlexis §5.2's Q_R); the TPOT SLO in milliseconds is
     that order. Best-effort requests go after every SLO'd one."""
     if best_effort or request.slo is None:
         return BEST_EFFORT_PRIORITY
@@ -102,7 +102,7 @@ class VLLMInstance:
         self.on_stop: Callable[[ServerProcess], Awaitable[None]] | None = None
         self.scrape_interval = scrape_interval
         self.engine_metrics: dict[str, float] = {}  # the latest scrape, for operators
-        # Where its streams run: this process, or the front processes (issue 28).
+        # Where its streams run: this process, or the front processes.
         self.relay: Relay = relay or LocalRelay(idle_timeout)
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop
         self._probe: asyncio.Future[str | None] | None = None  # a health check under way
@@ -181,7 +181,7 @@ class VLLMInstance:
         """Requests streaming from this server now: id → tokens so far (for operators)."""
         return {rid: sent.tokens for rid, sent in list(self._sent.items())}
 
-    # ---- P/D (seed 000 §5.1): the Migration drives these ------------------------------------
+    # ---- P/D (HyperFlexis §5.1): the Migration drives these ------------------------------------
     def migration_state(self, request_id: str) -> Sequence:
         """Prefill role: the prefilled request's progress (prompt computed, first token)."""
         return self._held[request_id]
@@ -219,7 +219,7 @@ class VLLMInstance:
             stop_token_ids=state.stop_token_ids), state.best_effort)
 
     def set_role(self, role: Role) -> None:
-        """Between prefill and decode when drained (seed 000 §6): every server is started
+        """Between prefill and decode when drained (HyperFlexis §6): every server is started
         with the same KV connector, so either role is a matter of what HFX sends it."""
         if self._sent or self._held or self._incoming:
             raise RuntimeError(f"instance {self.id} still holds requests; drain it first")
@@ -268,7 +268,7 @@ class VLLMInstance:
             self._end(rid, RequestStatus.FINISHED_FAILED, ending.message)
         elif ending.kind == "fault":
             # The stream broke: this request is lost here. Whether the server is too, its
-            # health check says; meanwhile every other stream goes on (issue 28).
+            # health check says; meanwhile every other stream goes on.
             self.num_faults += 1
             failure = f"instance {self.id} (vLLM at {self.url}): {ending.message}"
             task = asyncio.get_running_loop().create_task(self._lost(rid, stream_id, failure))

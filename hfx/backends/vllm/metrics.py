@@ -1,6 +1,6 @@
 """What a vLLM server says about itself: its Prometheus ``/metrics`` page read into numbers, and
 the served model, limits and KV size an instance checks requests against; and the HTTP client
-that HFX talks to vLLM servers with (issue 15)."""
+that HFX talks to vLLM servers with."""
 
 from __future__ import annotations
 

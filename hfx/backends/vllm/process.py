@@ -1,4 +1,4 @@
-"""vLLM OpenAI servers as child processes of ``hfx serve --engine vllm`` (issue 15).
+"""vLLM OpenAI servers as child processes of ``hfx serve --engine vllm``.
 
 In-process ``AsyncLLM`` still spawns its engine processes and saves no start-up, so HTTP to a
 server process is the integration surface: each instance is ``python -m
@@ -272,7 +272,7 @@ class VLLMPlacement:
     """Every instance a vLLM server: the ``backends`` given (servers someone else runs) first,
     then servers started here from ``launch``; and a warm pool for the Scaler.
 
-    The warm pool (seed 000 §6: runtimes up, no request on them) is ``warm_pool`` servers
+    The warm pool (HyperFlexis §6: runtimes up, no request on them) is ``warm_pool`` servers
     started with the fleet and kept idle. A scale-out takes one, which is ready at once; a
     released server goes back to the pool while it has room (its runtime stays up, as the
     seed's device does), else it is stopped. Without a warm server a scale-out is a cold start:

@@ -1,4 +1,4 @@
-"""Fit the step-time model (seed 000 Eq. 1 and Eq. 2) from running vLLM servers (issue 15).
+"""Fit the step-time model (HyperFlexis Eq. 1 and Eq. 2) from running vLLM servers.
 
 vLLM's steps cannot be timed from outside, so each grid point is timed as a client sees it,
 on every server at once (servers on one host slow each other down, and serving keeps them all

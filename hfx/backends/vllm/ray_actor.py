@@ -1,4 +1,4 @@
-"""vLLM servers under Ray actors: ``hfx serve --engine vllm --ray`` (issue 15).
+"""vLLM servers under Ray actors: ``hfx serve --engine vllm --ray``.
 
 Each server is a child process of a Ray actor, so Ray places it on any node with the CPUs (or
 the GPU) asked for; the server listens on its node's address, and the control plane reaches it

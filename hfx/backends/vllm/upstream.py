@@ -1,4 +1,4 @@
-"""One streamed completion from a vLLM OpenAI server, read at little cost per token (issue 28).
+"""One streamed completion from a vLLM OpenAI server, read at little cost per token.
 
 The hot path of HFX over vLLM: every token of the fleet passes here. It uses aiohttp, whose
 HTTP parser is C and whose connection pool does no work per event (httpx's pool checked every

@@ -51,7 +51,7 @@ class BatchPlanner(ABC):
     default_token_budget: ClassVar[int]
     needs_model: ClassVar[bool] = False
     # Class attributes a config may set per engine (``EngineConfig.planner_params``): the knobs
-    # a fair comparison tunes (issue 29).
+    # a fair comparison tunes.
     tunables: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: EngineConfig, model: StepTimeModel | None = None) -> None:

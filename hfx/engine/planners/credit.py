@@ -1,4 +1,4 @@
-"""Credit-based decode batching (SCORPIO, arXiv 2505.23022, as HFX's seed 000 §7.4 runs it).
+"""Credit-based decode batching (SCORPIO, arXiv 2505.23022, as HFX's HyperFlexis §7.4 runs it).
 
 Prefills are planned as in prefill-first. For decodes, each running sequence earns a credit of
 TRP = (tightest TPOT in the running set) / (its own TPOT) per step and decodes in a step once its

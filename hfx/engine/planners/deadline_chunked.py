@@ -1,4 +1,4 @@
-"""HFX's engine (ours, issue 17): PolyServe's TPOT-aware chunked prefill (seed 003 §4.5, §4.7)
+"""HFX's engine (ours): PolyServe's TPOT-aware chunked prefill (PolyServe §4.5, §4.7)
 that does not let chunking cost a prompt its TTFT.
 
 TPOT-paced chunks keep every step within the tightest running TPOT, so a long prompt beside a

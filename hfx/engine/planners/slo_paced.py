@@ -1,4 +1,4 @@
-"""SLOs-Serve batch formation with dynamic batch size (seed 002 §3.2.2, Algorithm 2; §4.1).
+"""SLOs-Serve batch formation with dynamic batch size (SLOs-Serve §3.2.2, Algorithm 2; §4.1).
 
 Each step lasts at most t0, the tightest TPOT among decoding SLO requests, and carries the largest
 token batch the step-time model fits into t0 (``time2bs``). Decode tokens are allocated earliest

@@ -1,4 +1,4 @@
-"""PolyServe's continuous batching with dynamic chunking (seed 003 §4.5, §4.7).
+"""PolyServe's continuous batching with dynamic chunking (PolyServe §4.5, §4.7).
 
 Every running sequence decodes each step. The prefill token budget is what keeps the step within
 the tightest TPOT of the running sequences (``time2bs``; the configured budget when none decodes).
@@ -81,7 +81,7 @@ class TPOTChunkedPlanner(BatchPlanner):
         return out
 
     def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
-        """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (seed 003
+        """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (PolyServe
         §4.7), the rest is fewer than two budgets."""
         return seq.num_missing < 2 * budget
 
@@ -89,7 +89,7 @@ class TPOTChunkedPlanner(BatchPlanner):
 def _prompts(started: list[Sequence], state: EngineState) -> Iterator[Sequence]:
     """Prompts in order: those already started, then the waiting queue from its head — one at
     a time, since the caller admits each or stops (a copy of the queue per step grew with the
-    backlog, issue 18)."""
+    backlog)."""
     yield from started
     waiting = state.waiting
     while waiting:

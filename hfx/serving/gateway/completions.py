@@ -1,6 +1,6 @@
 """The completion routes, ``POST /v1/completions`` and ``/v1/chat/completions``: every token
 of the fleet leaves through here, so they are raw ASGI from the server's ``send`` to the
-stream's tokens (issue 28). No framework wraps each chunk (FastAPI's and Starlette's middleware
+stream's tokens. No framework wraps each chunk (FastAPI's and Starlette's middleware
 and ``StreamingResponse`` cost a task group per response and several frames per chunk), the
 reader wakes once per batch of tokens, and each chunk is pre-encoded bytes with only the text
 piece encoded per token.
@@ -311,7 +311,7 @@ class Completions:
                      ) -> None:
         """A non-streamed answer. Nothing is sent until the end, so a client that leaves is
         noticed from its disconnect, and its request aborted: its KV freed as a streaming
-        disconnect frees it (issue 16)."""
+        disconnect frees it."""
         watch = self._watch(gen.stream, receive)
         try:
             await gen.drain()
