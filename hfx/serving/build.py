@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +19,6 @@ from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.load import TASKS
 
 if TYPE_CHECKING:
-    from hfx.backends.vllm.process import VLLMPlacement
     from hfx.cluster.placement import Placement
 
 SIM_PROFILE = "qwen2.5-7b@ascend-910b"
@@ -47,67 +43,16 @@ def _profile(config: ServeConfig, device: str, spec: EngineSpec) -> Profile:
                          config.block_size)
 
 
-def _start_ray(config: ServeConfig) -> None:
-    """Join Ray for --ray / --ray-address: a local instance unless an address is given."""
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--ray needs Ray: pip install 'hfx[ray]'") from None
-    ray.init(address=config.ray_address, ignore_reinit_error=True)
-
-
 def _placement(config: ServeConfig, spec: EngineSpec, device: str) -> Placement | None:
     """Ray actors with --ray / --ray-address; this process otherwise (None)."""
     if not (config.ray or config.ray_address):
         return None
-    _start_ray(config)
+    from hfx.backends.ray.cluster import join_ray
     from hfx.backends.ray.instance import RayPlacement
 
+    join_ray(config)
     return RayPlacement(spec, num_cpus=config.ray_cpus_per_instance,
                         num_gpus=1 if device.startswith("cuda") else 0)
-
-
-def _vllm_placement(config: ServeConfig, name: str, max_len: int) -> VLLMPlacement:
-    from hfx.backends.vllm.process import (
-        ServerFactory,
-        VLLMLaunch,
-        VLLMPlacement,
-        VLLMServer,
-        example_connector,
-    )
-
-    launch = None
-    extra: list[str] = []
-    if config.mode == "pd":  # every server a KV producer and consumer (HyperFlexis §5.1)
-        connector = config.vllm_kv_transfer_config
-        if connector is None:
-            storage = tempfile.mkdtemp(prefix="hfx-kv-")
-            atexit.register(shutil.rmtree, storage, ignore_errors=True)  # the KV files left
-            connector = example_connector(storage)
-        extra += ["--kv-transfer-config", connector]
-    if config.max_num_batched_tokens is not None:  # the budget the calibration replays
-        extra += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
-    if config.checkpoint is not None:
-        launch = VLLMLaunch.of(config, config.checkpoint, name, max_len, config.max_num_seqs,
-                               config.kv_capacity_tokens, config.block_size, config.device,
-                               tuple(extra))
-    warm = 0
-    if config.max_instances is not None and launch is not None:  # as the provisioner counts
-        initial = config.prefill + config.decode if config.mode == "pd" else config.instances
-        warm = (config.warm_pool if config.warm_pool is not None
-                else config.max_instances - initial)
-    new_server: ServerFactory = VLLMServer
-    if config.ray or config.ray_address:  # each server a child of a Ray actor, on any node
-        if launch is None:
-            raise ValueError("--ray starts vLLM servers: give --checkpoint (servers attached "
-                             "with --backend run where their owner put them)")
-        _start_ray(config)
-        from hfx.backends.vllm.ray_actor import ray_server_factory
-
-        new_server = ray_server_factory(config.ray_cpus_per_instance,
-                                        0 if launch.device == "cpu" else 1)
-    return VLLMPlacement(launch, tuple(config.backend), config.max_num_seqs, warm, new_server,
-                         config.upstream_idle_timeout)
 
 
 def build_server(config: ServeConfig) -> Server:
@@ -204,6 +149,7 @@ def _build_vllm(config: ServeConfig) -> Server:
     their step times (--profile, else measured on all of them at start)."""
     import json
 
+    from hfx.backends.vllm.build import vllm_placement
     from hfx.engine import Role
 
     if config.checkpoint is None:
@@ -216,7 +162,7 @@ def _build_vllm(config: ServeConfig) -> Server:
     max_len = min(config.max_model_len, int(hf.get("max_position_embeddings", 1 << 31)))
     vocab = int(hf["vocab_size"])
     name = config.served_model_name or Path(config.checkpoint).name
-    placement = _vllm_placement(config, name, max_len)
+    placement = vllm_placement(config, name, max_len)
     roles = ([Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
              if config.mode == "pd" else [Role.COLOCATED] * config.instances)
     fleet = placement.prepare(list(enumerate(roles)))

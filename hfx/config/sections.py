@@ -1,20 +1,12 @@
-"""Configuration: one validated pydantic model per command; its fields generate the CLI flags.
-
-Each field carries its help text and its default; defaults are the seeds' values where the seeds
-give one, cited beside the field. A YAML file (``--config``) supplies values that flags override.
-"""
+"""The configuration's sections: each setting defined once, with its help text and default
+(the papers' values where they give one, cited beside the field). Commands (commands.py)
+compose the sections they need."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import types
-import typing
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
@@ -152,30 +144,6 @@ class AdmissionSection(Section):
         "(HTTP 503); default: no bound (the seeds' behaviour)"))
 
 
-class ClusterConfig(FleetSection, EngineSection, PolicySection, ScalerSection,
-                    AdmissionSection):
-    """Everything ``hfx.assembly.build_cluster`` needs; ``hfx sim`` and ``hfx serve`` share it."""
-
-    @model_validator(mode="after")
-    def _scaling_bounds(self) -> ClusterConfig:
-        initial = self.initial_instances
-        if self.max_instances is not None and self.max_instances < initial:
-            raise ValueError(f"max_instances ({self.max_instances}) is below the initial "
-                             f"fleet ({initial})")
-        return self
-
-    @model_validator(mode="after")
-    def _known_policy(self) -> ClusterConfig:
-        if self.mode == "pd":
-            if self.policy not in PD_POLICIES and self.policy != "rr":
-                raise ValueError(f"unknown P/D policy {self.policy!r}; choose one of "
-                                 f"{', '.join(PD_POLICIES)}")
-        elif self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of "
-                             f"{', '.join(POLICIES)}")
-        return self
-
-
 class WorkloadSection(Section):
     """What arrives: a task set at a rate, or a trace file."""
 
@@ -254,27 +222,6 @@ class WorkloadSection(Section):
         return DEFAULT_DRAIN_SECONDS if self.duration is not None else None
 
 
-class SimConfig(WorkloadSection, ClusterConfig):
-    """One simulated run: a workload on a fleet under one policy."""
-
-    model: str = Field("qwen2.5-7b", description="model of the shipped roofline profile "
-                       "(qwen2.5-7b, qwen2.5-32b, llama-3-70b)")
-    hardware: str = Field("ascend-910b", description="device of the shipped roofline profile "
-                          "(ascend-910b, the seeds' NPU; h200)")
-    profile: str | None = Field(None, description="step-time profile JSON; overrides "
-                                "--model/--hardware")
-    step_noise: float = Field(DEFAULT_STEP_NOISE, ge=0, allow_inf_nan=False, description=(
-        "coefficient of variation of each simulated step's time around the profile's "
-        "prediction (seeded by --seed); the policies still predict with the profile, so they "
-        "are no oracle. 0: exact step times (measured on the real engine: bench/"
-        "step_noise.py)"))
-    token_delivery: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
-        "seconds from a simulated step to the control plane's record of its tokens (what a real "
-        "server's front end, stream and loop add); default: the profile's "
-        "meta.token_delivery_seconds, which hfx serve's live calibration fits and --record "
-        "writes beside the trace, else 0"))
-
-
 class ModelConfig(Section):
     """The real model an executor runs: a checkpoint directory, or random weights of a shape."""
 
@@ -319,19 +266,6 @@ class VLLMSection(Section):
                                                 "--kv-transfer-config JSON for every server; "
                                                 "default: ExampleConnector over a temporary "
                                                 "directory (one machine)")
-
-
-class ProfileConfig(ModelConfig, VLLMSection):
-    """``hfx profile``: measure the model on the seed's grid and fit the step-time model; with
-    ``--engine vllm``, a vLLM server (``--backend URL``, or one started from --checkpoint)."""
-
-    block_size: int = Field(16, ge=1, description="tokens per KV block (vLLM's default)")
-    kv_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, tokens")
-    quick: bool = Field(False, description="a grid a CPU runs in about a minute (prefill batches"
-                        " ≤ 8, decode ≤ 64, lengths ≤ 1024); default: HyperFlexis Appendix A's")
-    repeats: int | None = Field(None, ge=1, description="timed runs per point (median); default"
-                                " 3")
-    out: str = Field("profile.json", description="where to write the profile JSON")
 
 
 class GatewaySection(Section):
@@ -391,168 +325,8 @@ class GatewaySection(Section):
                                     "signal exits at once")
 
 
-class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
-    """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances. The
-    cluster sections are ``hfx sim``'s; the defaults below differ where serving needs it."""
-
-    policy: str = Field("hfx", description=f"dispatch policy ({', '.join(POLICIES)}; in pd mode "
-                        f"{', '.join(PD_POLICIES)})")
-    instances: int = Field(1, ge=1, description="instances, colocated mode")
-    prefill: int = Field(1, ge=1, description="prefill instances in pd mode")
-    decode: int = Field(1, ge=1, description="decode instances in pd mode")
-    kv_capacity_tokens: int = Field(65536, ge=16, description="KV cache capacity per instance, "
-                                    "tokens")
-    max_queued: int | None = Field(1024, ge=1, description="requests waiting at the "
-                                   "dispatcher at most; an arrival beyond is shed (HTTP 429)")
-    max_wait: float | None = Field(30.0, ge=0, allow_inf_nan=False, description=(
-        "seconds a request may go past its TTFT SLO without a first token before it is shed "
-        "(HTTP 503)"))
-    priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
-                            "important), from Table 1's four-task SLOs (HyperFlexis §7.3)")
-    profile: str | None = Field(None, description="step-time profile for the dispatcher (and "
-                                "the sim executor); default tiny@cpu for the tiny shape on CPU, "
-                                "qwen2.5-7b@ascend-910b for --executor sim, else measured at "
-                                "start (hfx profile --quick)")
-
-
-    @property
-    def num_api_workers(self) -> int:
-        """auto: the cores this process may run on (its affinity and cgroup's cpuset, not the
-        machine's count)."""
-        if self.api_workers != "auto":
-            return int(self.api_workers)
-        if hasattr(os, "sched_getaffinity"):
-            return max(1, len(os.sched_getaffinity(0)))
-        return os.cpu_count() or 1
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_instance_per_backend(cls, values: Any) -> Any:
-        """Every --backend is served: colocated, the instance count follows them unless
-        given (a second --backend was silently dropped)."""
-        if (isinstance(values, dict) and values.get("engine") == "vllm"
-                and values.get("mode", "colocated") == "colocated"
-                and values.get("backend") and "instances" not in values):
-            values = {**values, "instances": len(values["backend"])}
-        return values
-
-    @model_validator(mode="after")
-    def _backends_fit(self) -> ServeConfig:
-        if self.engine != "vllm" or not self.backend:
-            return self
-        fleet = self.prefill + self.decode if self.mode == "pd" else self.instances
-        if fleet < len(self.backend):
-            what = ("--prefill + --decode" if self.mode == "pd" else "--instances")
-            raise ValueError(f"{len(self.backend)} --backend URLs given but {what} is {fleet}; "
-                             "every backend must serve (raise the count or drop a URL)")
-        return self
-
-
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
     WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection,
     AdmissionSection, ModelConfig, GatewaySection, VLLMSection)}
 
 
-# ---- CLI generation --------------------------------------------------------------------------
-def parse_params(text: str) -> dict[str, float | str]:
-    """``a=1,b=x`` → {"a": 1.0, "b": "x"}: numbers where they parse, strings otherwise."""
-    out: dict[str, float | str] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"expected key=value, got {item!r}")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _scalar_type(annotation: Any) -> type:
-    """int | None → int; str → str."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0]
-    return annotation
-
-
-def section_of(schema: type[BaseModel], name: str) -> str | None:
-    """The section that defines field ``name`` of ``schema`` (None: the command's own field)."""
-    for cls in reversed(schema.__mro__):
-        if (isinstance(cls, type) and issubclass(cls, Section) and "section" in vars(cls)
-                and name in vars(cls).get("__annotations__", {})):
-            return cls.section
-    return None
-
-
-def add_model_args(parser: argparse.ArgumentParser, model: type[BaseModel],
-                   exclude: tuple[str, ...] = ()) -> None:
-    """One ``--flag`` per field, with the field's description and default as help, grouped by
-    the section that defines it."""
-    groups: dict[str | None, argparse._ArgumentGroup] = {}
-    fields = [(section_of(model, n), n, f) for n, f in model.model_fields.items()
-              if n not in exclude]
-    order = [None, *SECTIONS]
-    for section, name, field in sorted(fields, key=lambda x: order.index(x[0])):
-        if section not in groups:
-            title = f"{model.__name__} options" if section is None else f"{section} options"
-            doc = None if section is None else SECTIONS[section].__doc__
-            groups[section] = parser.add_argument_group(title, doc)
-        group = groups[section]
-        kind = _scalar_type(field.annotation)
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} (default: {field.default})".replace("%", "%%")
-        if typing.get_origin(kind) is Literal:
-            group.add_argument(flag, choices=typing.get_args(kind), default=argparse.SUPPRESS,
-                               dest=name, help=help_text)
-        elif typing.get_origin(kind) is list:
-            group.add_argument(flag, action="append", default=argparse.SUPPRESS, dest=name,
-                               metavar="VALUE", help=f"{field.description} (repeatable)")
-        elif typing.get_origin(kind) is dict:
-            group.add_argument(flag, type=parse_params, default=argparse.SUPPRESS, dest=name,
-                               metavar="K=V,...", help=help_text)
-        elif kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=help_text)
-        else:
-            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, dest=name,
-                               metavar=kind.__name__.upper(), help=help_text)
-
-
-def flatten_sections(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """YAML settings given flat or under their section's name, as one flat mapping."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        key = key.replace("-", "_")
-        if key in SECTIONS and isinstance(value, dict):
-            for k, v in value.items():
-                k = k.replace("-", "_")
-                if k not in SECTIONS[key].model_fields:
-                    raise SystemExit(f"{where}: {key}: unknown setting {k!r}; the {key} section "
-                                     f"has {', '.join(SECTIONS[key].model_fields)}")
-                flat[k] = v
-        else:
-            flat[key] = value
-    return flat
-
-
-def model_from_args(schema: type[BaseModel], args: argparse.Namespace,
-                    config_file: str | Path | None = None, /, **overrides: Any) -> BaseModel:
-    """Field values from the YAML file, then from the flags given, then ``overrides``.
-
-    Raises SystemExit with the validation messages on bad values.
-    """
-    values: dict[str, Any] = {}
-    if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
-        if not isinstance(data, dict):
-            raise SystemExit(f"{config_file}: expected a mapping of option: value")
-        values.update(flatten_sections(data, str(config_file)))
-    values.update({k: v for k, v in vars(args).items() if k in schema.model_fields})
-    values.update(overrides)
-    try:
-        return schema(**values)
-    except ValidationError as e:
-        lines = [(f"  --{'.'.join(map(str, err['loc'])).replace('_', '-')}: " if err["loc"]
-                  else "  ") + err["msg"].removeprefix("Value error, ") for err in e.errors()]
-        raise SystemExit("invalid configuration:\n" + "\n".join(lines)) from None

@@ -1,0 +1,7 @@
+"""``python -m hfx.cli``."""
+
+import sys
+
+from hfx.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""``hfx capacity``: the highest sustained QPS at a target attainment, per seed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hfx.cli.common import config_of, write_json
+from hfx.config import SimConfig, add_model_args
+
+
+def add_parser(sub: Any) -> None:
+    cap = sub.add_parser("capacity", help="the highest sustained QPS at a target attainment",
+                         description="Bisect over steady-state runs (--duration, default 300 s "
+                         "after a 60 s --warmup) for the highest QPS whose attainment meets "
+                         "--target, per seed; print each seed's and the mean ± std. --qps is "
+                         "where the search starts.")
+    cap.add_argument("--config", help="YAML file of options (flags override it)")
+    cap.add_argument("--json", metavar="PATH", help="write the result here")
+    cap.add_argument("--target", type=float, default=0.9,
+                     help="attainment the rate must keep (default: 0.9)")
+    cap.add_argument("--seeds", type=int, default=3, help="workload seeds, from --seed on "
+                     "(default: 3)")
+    cap.add_argument("--tolerance", type=float, default=0.02,
+                     help="stop when the bracket is this close, relative (default: 0.02)")
+    cap.add_argument("--jobs", type=int, default=None,
+                     help="parallel processes (default: one per core, at most one per seed)")
+    cap.add_argument("--ray-address", metavar="ADDR", default=None,
+                     help="run the seeds on a Ray cluster instead of local processes: auto, "
+                     "ray://HOST:10001, or local (start one here)")
+    add_model_args(cap, SimConfig)
+    cap.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hfx.evaluation.capacity import capacity
+
+    config = config_of(SimConfig, args, args.config)
+    result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs,
+                      args.ray_address)
+    for s in result["seeds"]:
+        probes = "  ".join(f"{p['qps']:.4g}:{p['attainment']:.3f}" for p in s["probes"])
+        print(f"seed {s['seed']}: {s['capacity']:.4g} QPS   (qps:attainment  {probes})")
+    print(f"{result['policy']} on {result['workload']}, {result['instances']} instances: "
+          f"capacity at {result['target']:.0%} attainment {result['capacity_mean']:.4g} ± "
+          f"{result['capacity_std']:.2g} QPS ({result['per_instance_mean']:.4g} per instance; "
+          f"{len(result['seeds'])} seeds, {result['duration']:g} s steady state after "
+          f"{result['warmup']:g} s warm-up)")
+    if args.json:
+        write_json(args.json, result)
+    return 0
