@@ -25,7 +25,8 @@ from hfx.engine.executor import StepNoise
 from hfx.policies import make_pd_policies, make_policy
 from hfx.stepmodel.latency import Profile
 from hfx.stepmodel.roofline import kv_bytes_from_meta, weight_bytes_per_device
-from hfx.workloads.load import WORKLOADS, TaskSpec, priority_levels
+from hfx.workloads.load import priority_levels
+from hfx.workloads.tasks import WORKLOADS, TaskSpec
 
 DEFAULT_WEIGHT_BYTES = 15.2e9  # Qwen2.5-7B in bf16, one device: the seeds' model (Table 2)
 

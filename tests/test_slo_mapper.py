@@ -10,7 +10,8 @@ from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange, eq6_index
 from hfx.config import SimConfig
 from hfx.request import SLO
 from hfx.sim import simulate
-from hfx.workloads.load import TASKS, load_trace, priority_levels
+from hfx.workloads.load import load_trace, priority_levels
+from hfx.workloads.tasks import TASKS
 
 WIDE = PriorityRange(SLO(0.01, 0.01), SLO(100.0, 100.0))
 

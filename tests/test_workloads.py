@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hfx.request import SLO
-from hfx.workloads.load import TASKS, TraceError, generate, load_trace, lognormal_lengths
+from hfx.workloads.load import TraceError, generate, load_trace, lognormal_lengths
+from hfx.workloads.tasks import TASKS
 
 
 def test_four_task_set_equal_shares_and_table1_slos():
@@ -95,3 +96,30 @@ def test_bad_csv_rows_name_file_and_line(tmp_path):
         load_trace(path)
     with pytest.raises(TraceError, match="no such trace"):
         load_trace(tmp_path / "missing.csv")
+
+
+def test_each_workload_name_is_taken_by_its_kind_and_unknown_ones_list_every_kind():
+    from hfx.workloads.kinds import Bursty, Ramp, TaskSets, Tiered, Traces, kind_of
+
+    expected = {"four-task": TaskSets, "six-task": TaskSets, "ramp": Ramp,
+                "tiered-512-512": Tiered, "bursty-four-task": Bursty, "my.jsonl": Traces,
+                "run.csv": Traces}
+    assert {name: type(kind_of(name)) for name in expected} == expected
+    with pytest.raises(ValueError) as e:
+        kind_of("four_task")
+    for needle in ("four-task", "ramp", "tiered-4096-1024", "bursty-four-task", ".jsonl"):
+        assert needle in str(e.value)
+
+
+def test_kinds_that_set_their_own_arrivals_refuse_a_duration():
+    from hfx.workloads.load import load_workload
+
+    for name in ("ramp", "trace.jsonl"):
+        with pytest.raises(ValueError, match="--duration applies to task sets"):
+            load_workload(name, 4.0, 0, duration=10.0)
+    # A bursty set without a duration runs whole 40 s cycles, as many as its requests take
+    # at the mean rate (4 tasks × 200 at 10/s: 80 s, two cycles; × 50: 20 s, still one).
+    for per_task, cycles in ((50, 1), (200, 2)):
+        last = max(r.arrival for r in load_workload("bursty-four-task", 10.0, 0,
+                                                    requests_per_task=per_task))
+        assert 40.0 * cycles - 10 < last < 40.0 * cycles

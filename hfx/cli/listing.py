@@ -15,15 +15,14 @@ def run(args: argparse.Namespace) -> int:
     from hfx.engine.planners import PLANNERS
     from hfx.policies import POLICIES
     from hfx.stepmodel.profiles import shipped_profiles
-    from hfx.workloads.tasks import BURSTY, TIERED, WORKLOADS
+    from hfx.workloads.kinds import KINDS
+    from hfx.workloads.tasks import WORKLOADS
 
     print("policies: ", ", ".join(POLICIES))
     print("planners: ", ", ".join(PLANNERS))
     print("workloads:", ", ".join(f"{w} ({', '.join(t.name for t in ts)})"
                                   for w, ts in WORKLOADS.items()),
-          "; ramp (the priority ramp, HyperFlexis §9.1); " + ", ".join(TIERED)
-          + " (PolyServe's setting, PolyServe §5.1); " + ", ".join(BURSTY)
-          + " (four-task, 30 s at half the rate, 10 s at 2.5×); or a .jsonl/.csv trace")
+          "; " + "; ".join(kind.describe() for kind in KINDS[1:]))
     print("profiles: ", ", ".join(shipped_profiles()))
     from hfx.model.shapes import SHAPES
 

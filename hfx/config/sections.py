@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
-from hfx.workloads.tasks import BURSTY, DEFAULT_REQUESTS_PER_TASK, TIERED, WORKLOADS
+from hfx.workloads.kinds import describe as describe_workloads
+from hfx.workloads.kinds import kind_of
+from hfx.workloads.tasks import DEFAULT_REQUESTS_PER_TASK
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain
 # The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
@@ -149,11 +151,7 @@ class WorkloadSection(Section):
 
     section: ClassVar[str] = "workload"
 
-    workload: str = Field("four-task", description=(
-        f"task set ({', '.join(WORKLOADS)}), ramp (the priority ramp of HyperFlexis §9.1; qps is "
-        f"per client), {', '.join(TIERED)} (PolyServe's setting, PolyServe §5.1; 4 × "
-        f"requests-per-task requests), {', '.join(BURSTY)} (30 s at half the rate, 10 s at "
-        "2.5×), or a trace file (.jsonl/.csv)"))
+    workload: str = Field("four-task", description=describe_workloads())
     qps: float = Field(4.0, gt=0, description="total arrival rate, requests/s, split equally "
                        "between the tasks (HyperFlexis §7.3); ignored for trace files")
     seed: int = Field(0, ge=0, description="random seed of the workload")
@@ -193,11 +191,7 @@ class WorkloadSection(Section):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, v: str) -> str:
-        if v not in WORKLOADS and v not in ("ramp", *TIERED, *BURSTY) and \
-                not v.endswith((".jsonl", ".csv")):
-            raise ValueError(f"unknown workload {v!r}; choose one of {', '.join(WORKLOADS)}, "
-                             f"ramp, {', '.join((*TIERED, *BURSTY))}, or give a trace file "
-                             "(.jsonl, .csv)")
+        kind_of(v)  # ValueError naming what would do
         return v
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.engine_spec import EngineSpec
 from hfx.serving.server import ServeOptions, Server
 from hfx.stepmodel.latency import Profile, load_profile
-from hfx.workloads.load import TASKS
+from hfx.workloads.tasks import TASKS
 
 if TYPE_CHECKING:
     from hfx.cluster.placement import Placement

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from hfx.request import SLO, Request
+from hfx.workloads.kinds import Draw, kind_of
 from hfx.workloads.tasks import (
     BURSTY,
     DEFAULT_REQUESTS_PER_TASK,
     MAX_LEN,
-    TASKS,
     TIERED,
     TIERS,
     TTFTS,
@@ -221,33 +221,14 @@ def load_workload(workload: str, qps: float, seed: int,
                   duration: float | None = None, trace_format: str = "auto",
                   slo_map: str | None = None, time_scale: float = 1.0,
                   trace_qps: float | None = None) -> list[Request]:
-    """A named task set, the priority ramp, or a trace file (.jsonl, .csv, in any format
-    hfx/workloads/traces.py reads); a task set with ``duration`` is a steady-state
-    stream of that many seconds."""
-    if workload.endswith((".jsonl", ".csv")) or workload == "ramp":
-        if duration is not None:
-            raise ValueError(f"{workload}: a trace or the ramp sets its own arrivals; "
-                             "--duration applies to task sets")
-        if workload == "ramp":
-            return ramp(qps, seed)
-        from hfx.workloads.traces import parse_slo_map, read_trace
-
-        return read_trace(workload, trace_format,
-                          parse_slo_map(slo_map) if slo_map else None, time_scale, trace_qps)
-    if workload in TIERED:
-        return tiered(workload, qps, seed, 4 * requests_per_task, duration)
-    if workload in BURSTY:  # finite: whole cycles, as many as the task set's requests take
-        base, cycle = BURSTY[workload]
-        period = sum(length for length, _ in cycle)
-        span = requests_per_task * len(WORKLOADS[base]) / qps
-        return bursty(workload, qps, seed, duration or period * max(1, round(span / period)))
-    return generate(workload, qps, seed, requests_per_task, duration)
+    """The requests of any kind of workload (hfx/workloads/kinds.py): a task set (with
+    ``duration``, a steady-state stream of that many seconds), the priority ramp, a tiered or
+    bursty set, or a trace file."""
+    draw = Draw(qps, seed, requests_per_task, duration, trace_format, slo_map, time_scale,
+                trace_qps)
+    return kind_of(workload).requests(workload, draw)
 
 
 def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:
     """The Table 1 tasks a workload draws from (all six for a trace file)."""
-    if workload == "ramp":
-        return WORKLOADS["four-task"]
-    if workload in BURSTY:
-        return WORKLOADS[BURSTY[workload][0]]
-    return WORKLOADS.get(workload, tuple(TASKS.values()))
+    return kind_of(workload).tasks(workload)
