@@ -24,10 +24,10 @@ from pathlib import Path
 
 from scaling_speed import drop_page_cache
 
+from hfx.backends import engine_spec
 from hfx.config import ServeConfig
 from hfx.evaluation import write_json
 from hfx.request import SLO, Request
-from hfx.serving import engine_spec
 from hfx.serving.build import build_server
 
 PROMPT = list(range(3, 35))  # 32 tokens

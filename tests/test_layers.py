@@ -25,7 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "hfx"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("hfx.clock", "hfx.request", "hfx.sampling", "hfx.registry", "hfx")),
+    # ``hfx.backends`` itself is the backends' registry of import paths, read by the config.
+    ("base", ("hfx.clock", "hfx.request", "hfx.sampling", "hfx.registry", "hfx",
+              "hfx.backends")),
     ("stepmodel", ("hfx.stepmodel",)),
     ("model", ("hfx.model",)),
     ("engine", ("hfx.engine",)),
@@ -33,7 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workloads", ("hfx.workloads",)),
     ("config", ("hfx.config",)),
     ("cluster", ("hfx.cluster",)),
-    ("backends", ("hfx.backends",)),
+    ("backends", ("hfx.backends.base", "hfx.backends.local", "hfx.backends.own",
+                  "hfx.backends.engine_spec", "hfx.backends.ray", "hfx.backends.vllm")),
     ("assembly", ("hfx.assembly", "hfx.sim")),
     ("evaluation", ("hfx.evaluation",)),
     ("serving", ("hfx.serving",)),

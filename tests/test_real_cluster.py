@@ -113,7 +113,7 @@ def test_serve_scales_out_with_weights_loaded_by_the_planned_path(path, caplog):
         await control.stop()
         return heard
 
-    with caplog.at_level("INFO", logger="hfx.serving.engine_spec"):
+    with caplog.at_level("INFO", logger="hfx.backends.engine_spec"):
         heard = asyncio.run(go())
     old, new = (control.instances[i].engine.executor.model for i in (0, 1))
     assert old is not new

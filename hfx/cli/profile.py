@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hfx.cli.common import config_of
 from hfx.config import ProfileConfig, add_model_args
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_parser(sub: Any) -> None:
@@ -26,26 +22,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_of(ProfileConfig, args, args.config)
-    if config.engine == "vllm":
-        from hfx.backends.vllm.build import profile_server
+    from hfx.backends import BACKENDS
+    from hfx.backends.base import Backend
 
-        profile = profile_server(config)
-    else:
-        try:
-            from hfx.engine.profiler import Grid, profile_model
-            from hfx.model.build import build_model
-        except ImportError as e:
-            raise ValueError(f"hfx profile needs the torch extra ({e}); install the CPU build "
-                             "with: pip install torch==2.13.0 && pip install -e '.[torch]'"
-                             ) from None
-        loaded = build_model(config.shape, config.checkpoint, config.dtype, config.device,
-                             config.weight_seed)
-        grid = Grid.quick() if config.quick else Grid.full()
-        if config.repeats is not None:
-            grid = replace(grid, repeats=config.repeats)
-        profile = profile_model(loaded, grid, config.kv_tokens, config.block_size,
-                                progress=True)
+    config = config_of(ProfileConfig, args, args.config)
+    backend: Backend = BACKENDS.get_or_raise(config.engine)
+    profile = backend.profile(config)
     Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(config.out)
     m = profile.model

@@ -8,7 +8,7 @@ protocol either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from hfx.cluster.instance import Instance
@@ -33,7 +33,7 @@ class WeightLoadingFactory(Protocol):
 
 
 class Placement(Protocol):
-    def initial(self, configs: list[tuple[int, EngineConfig]]) -> list[Instance]:
+    def initial(self, configs: list[tuple[int, EngineConfig]]) -> Sequence[Instance]:
         """The fleet at start: one instance per (id, engine config), ready to serve."""
         ...
 

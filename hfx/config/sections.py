@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hfx.backends import BACKENDS
 from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
 from hfx.workloads.kinds import describe as describe_workloads
@@ -237,9 +238,16 @@ class VLLMSection(Section):
 
     section: ClassVar[str] = "vllm"
 
-    engine: Literal["hfx", "vllm"] = Field("hfx", description="hfx: HFX's own engine core "
-                                           "(--executor); vllm: vLLM OpenAI servers, started "
-                                           "from --checkpoint or given by --backend")
+    engine: str = Field("hfx", description=f"where instances run ({', '.join(BACKENDS)}): "
+                        "hfx: HFX's own engine core (--executor); vllm: vLLM OpenAI servers, "
+                        "started from --checkpoint or given by --backend")
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"unknown engine {v!r}; choose one of {', '.join(BACKENDS)}")
+        return v
     backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
                                "server to dispatch to (repeatable; started with "
                                "--scheduling-policy priority); --instances beyond these are "

@@ -1,0 +1,61 @@
+"""What a backend gives ``hfx serve`` and ``hfx profile``; ``BACKENDS`` (hfx/backends/__init__.py)
+names each by its ``--engine`` value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hfx.cluster.control import ControlPlane
+    from hfx.cluster.placement import EngineFactory, Placement
+    from hfx.config import ProfileConfig, ServeConfig
+    from hfx.model.tokenizer import Tokenizer
+    from hfx.stepmodel.latency import Profile
+
+
+class Service(Protocol):
+    """A background task of the serving process, started and stopped with it."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class Served:
+    """A backend's fleet before the control plane is built over it, and what the gateway must
+    know of its model."""
+
+    config: ServeConfig  # the configuration to build with (a backend may fill in a field)
+    model_name: str
+    tokenizer: Tokenizer
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int | None
+    profile: Profile  # the dispatcher's step-time model
+    engines: EngineFactory | None  # the engines LocalPlacement builds (None: ``placement`` does)
+    placement: Placement | None  # None: engines on this process's loop
+    placeholder_text: str | None = None  # a simulated executor's text per token
+    # Live calibration replays each instance's requests on this engine: a planner (None: the
+    # policy's own) and token budget (None: the configured one); none unless ``calibrate``.
+    calibrate: bool = True
+    replay_planner: str | None = None
+    replay_token_budget: int | None = None
+    # After the control plane is built (a warm pool's weights), and if building it fails.
+    prepare: Callable[[ControlPlane], None] = lambda control: None
+    close: Callable[[], None] = lambda: None
+    services: Callable[[ControlPlane], list[Service]] = field(default=lambda control: [])
+
+
+class Backend(Protocol):
+    """Where instances run, for ``hfx serve`` (``serve``) and ``hfx profile`` (``profile``)."""
+
+    def serve(self, config: ServeConfig) -> Served: ...
+
+    def profile(self, config: ProfileConfig) -> Profile: ...
+
+
+def describe(backend: Any) -> str:
+    return (backend.__doc__ or "").strip().splitlines()[0]
