@@ -35,7 +35,7 @@ def test_profile_fits_and_simulates(tmp_path):
 
 
 def test_a_profile_pooled_with_an_earlier_one_fits_both_measurements():
-    """What bench/fidelity.py brackets a run with: the samples before it, then after it."""
+    """What bench/engine/fidelity.py brackets a run with: the samples before it, then after it."""
     loaded = build_model("tiny", device="cpu")
     grid = Grid((1, 2), (1, 4), (8, 32, 64), 256, 1)
     before = profile_model(loaded, grid, capacity_tokens=4096)

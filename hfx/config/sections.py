@@ -17,7 +17,7 @@ from hfx.workloads.tasks import DEFAULT_REQUESTS_PER_TASK
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain
 # The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
-# (bench/step_noise.py, docs/results/step_noise.json).
+# (bench/engine/step_noise.py, docs/results/step_noise.json).
 DEFAULT_STEP_NOISE = 0.1
 
 

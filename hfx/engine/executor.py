@@ -31,7 +31,7 @@ class StepNoise:
     """Multiplicative step-time noise: each step takes the model's time × a log-normal factor of
     mean 1 and coefficient of variation ``cv``, seeded. Without it the dispatcher, predicting
     with the same model, would be an oracle; the cv is the real engine's measured
-    spread between repeats of one step (bench/step_noise.py, docs/performance.md)."""
+    spread between repeats of one step (bench/engine/step_noise.py, docs/performance.md)."""
 
     def __init__(self, cv: float, seed: int | tuple[int, ...]) -> None:
         if not 0 <= cv < math.inf:

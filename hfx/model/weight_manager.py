@@ -177,7 +177,7 @@ def warm_model(shape: ModelShape, dtype: torch.dtype = torch.float32,
     """A warm-pool instance's model: parameter memory allocated and touched, no weights yet.
 
     Touching matters on a virtual machine, where the first write to a page is a host-side fault
-    (bench/host_overheads.py: 1 GB took 1.17 s to fill fresh, 0.05 s once touched).
+    (bench/engine/host_overheads.py: 1 GB took 1.17 s to fill fresh, 0.05 s once touched).
     """
     model = empty_model(shape, dtype, device)
     with torch.no_grad():

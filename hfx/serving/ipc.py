@@ -12,7 +12,7 @@ and the control process's tokens for a request precede its end.
 Not ZeroMQ (which vLLM v1 uses between its API servers and engine core, and which this channel
 used first): measured on this project's 2-core VM, one frame per turn of the loop between two
 asyncio processes cost ~20 µs of CPU over ZeroMQ (its I/O threads wake on both sides) and ~11
-µs over a Unix socket, sender and receiver together (``bench/ipc_cost.py``); in the relay
+µs over a Unix socket, sender and receiver together (``bench/serving/ipc_cost.py``); in the relay
 benchmark the change took the control process from 6.8 to 4.8 µs per relayed token at 32
 streams (docs/performance.md, "Relay speed").
 

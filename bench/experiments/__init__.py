@@ -1,0 +1,1 @@
+"""Experiments: capacity tables, the fair comparison of policies, the papers' figures."""

@@ -1,0 +1,106 @@
+"""The comparison protocol (issue 29): every policy tuned on the same budget, then its capacity
+on every workload × seed × engine regime under both SLO metrics (hfx/evaluation/compare.py).
+
+    python bench/experiments/compare.py --json docs/data/compare.json  # the whole table
+    python bench/experiments/compare.py --workloads four-task --seeds 0 \
+        --contenders hfx,slos-serve,rr
+    python bench/experiments/compare.py --render docs/data/compare.json  # the markdown table again
+    python bench/experiments/compare.py --tuned docs/data/compare.json ...  # tuning from there
+
+The JSON holds the protocol, each contender's tuning (every setting's capacities and the one
+chosen), every search with its probes, and the table; it is rewritten after tuning and after
+each workload's searches, so a run stopped early keeps what it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hfx.evaluation import write_json
+from hfx.evaluation.compare import (
+    CONTENDERS,
+    EVALUATION_RUN,
+    METRICS,
+    REGIMES,
+    SEEDS,
+    TARGET,
+    TUNING_RUN,
+    TUNING_SEED,
+    TUNING_WORKLOAD,
+    WORKLOADS,
+    cells,
+    evaluate,
+    headline,
+    tune,
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--regimes", default=",".join(map(str, REGIMES)),
+                    help="max_num_seqs of each engine regime")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--ray-address", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
+    ap.add_argument("--tuned", metavar="JSON", help="take the tuning from this earlier result "
+                    "instead of tuning again")
+    args = ap.parse_args()
+    if args.render:
+        print(headline(json.loads(Path(args.render).read_text())["table"]))
+        return 0
+    names = args.contenders.split(",")
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        ap.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
+    regimes = [int(r) for r in args.regimes.split(",")]
+    out: dict = {
+        "command": " ".join(["python", *sys.argv]),
+        "protocol": {"target": TARGET, "metrics": METRICS, "regimes": regimes,
+                     "tuning_workload": TUNING_WORKLOAD, "tuning_seed": TUNING_SEED,
+                     "tuning_run": TUNING_RUN, "evaluation_run": EVALUATION_RUN,
+                     "contenders": {n: {"fields": CONTENDERS[n].fields, "help": CONTENDERS[n].help,
+                                        "grid": list(CONTENDERS[n].grid)} for n in names}},
+    }
+    t0 = time.perf_counter()
+    if args.tuned:
+        earlier = json.loads(Path(args.tuned).read_text())
+        out["tuning"] = {n: earlier["tuning"][n] for n in names}
+        out["tuning_seconds"] = earlier.get("tuning_seconds")
+        out["tuned_from"] = args.tuned
+    else:
+        out["tuning"] = tune(names, regimes, args.jobs, args.ray_address)
+        out["tuning_seconds"] = round(time.perf_counter() - t0)
+    for n, by_regime in out["tuning"].items():
+        for regime, t in by_regime.items():
+            print(f"tuned {n:<12} @{regime}: {t['chosen']} (score {max(t['scores']):.1f})",
+                  flush=True)
+    if args.json:
+        write_json(args.json, out)
+    t1 = time.perf_counter()
+    rows: list[dict] = []
+    for workload in args.workloads.split(","):
+        rows += evaluate(out["tuning"], [workload], [int(s) for s in args.seeds.split(",")],
+                         regimes, args.jobs, args.ray_address)
+        out["evaluation_seconds"] = round(time.perf_counter() - t1)
+        out["searches"] = rows
+        out["table"] = cells(rows)
+        print(headline([c for c in out["table"] if c["workload"] == workload]), flush=True)
+        if args.json:
+            write_json(args.json, out)
+    print(headline(out["table"]))
+    print(f"tuning {out['tuning_seconds']} s, evaluation {out['evaluation_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

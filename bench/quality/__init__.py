@@ -1,0 +1,1 @@
+"""Test quality: mutation testing."""

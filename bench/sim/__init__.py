@@ -1,0 +1,1 @@
+"""Simulator speed: how fast a simulated run goes, where its time goes."""

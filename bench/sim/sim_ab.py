@@ -1,0 +1,90 @@
+"""Simulator speed of two checkouts, interleaved (issue 18). Writes JSON; not a test.
+
+This VM's speed moves by ±25% between minutes, so a speed change is measured by running the same
+simulations on the code before and after it, alternating, each run in a fresh process, and
+comparing medians. Each checkout is a directory holding ``hfx/`` (``git worktree add DIR REV``
+makes one). The results (attainment, engine steps) must be identical: a speed change that moves
+them is a behaviour change, and the script says so.
+
+    git worktree add /tmp/before HEAD~1
+    python bench/sim/sim_ab.py /tmp/before . --repeat 5 --json docs/data/sim_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from hfx.evaluation import write_json
+
+# Four-task at 45 QPS per instance (rr's knee, as bench/sim/sim_speed.py), one case per engine
+# planner family: prefill-first (rr), deadline-chunked (hfx), tpot-chunked (polyserve).
+CASES = [
+    {"policy": "rr", "instances": 2, "requests_per_task": 300},
+    {"policy": "hfx", "instances": 2, "requests_per_task": 300},
+    {"policy": "rr", "instances": 8, "requests_per_task": 3000},
+    {"policy": "hfx", "instances": 8, "requests_per_task": 3000},
+    {"policy": "polyserve", "instances": 8, "requests_per_task": 3000},
+    {"policy": "hfx", "instances": 32, "requests_per_task": 7500},
+]
+
+CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from hfx.config import SimConfig
+from hfx.sim import simulate
+config = SimConfig(**json.loads(sys.argv[2]))
+t0 = time.perf_counter()
+r = simulate(config)
+print(json.dumps({"wall_seconds": time.perf_counter() - t0, "attainment": r["attainment"],
+                  "engine_steps": r["engine_steps"], "finished": r["finished"]}))
+"""
+
+
+def one(tree: str, case: dict) -> dict:
+    cfg = {"workload": "four-task", "qps": 45.0 * case["instances"], **case}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tree).resolve()),
+                           json.dumps(cfg)], capture_output=True, text=True, check=True,
+                          cwd="/")  # not the repository root: the tree on sys.path is used
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out: dict = {"command": "python bench/sim/sim_ab.py " + " ".join(sys.argv[1:]),
+                 "python": platform.python_version(), "cases": []}
+    for case in CASES:
+        walls: dict[str, list[float]] = {"before": [], "after": []}
+        results: dict[str, dict] = {}
+        for _ in range(args.repeat):
+            for name in ("before", "after"):
+                r = one(getattr(args, name), case)
+                walls[name].append(r.pop("wall_seconds"))
+                results[name] = r
+        row = {**case, "wall_before": walls["before"], "wall_after": walls["after"],
+               "median_before": statistics.median(walls["before"]),
+               "median_after": statistics.median(walls["after"]),
+               "same_results": results["before"] == results["after"], "results": results}
+        row["speedup"] = row["median_before"] / row["median_after"]
+        out["cases"].append(row)
+        print(f"{case['policy']:10s} {case['instances']:3d} instances "
+              f"{4 * case['requests_per_task']:6d} requests: {row['median_before']:.2f} s -> "
+              f"{row['median_after']:.2f} s ({row['speedup']:.2f}x)"
+              + ("" if row["same_results"] else "  RESULTS DIFFER"), flush=True)
+        if args.json:
+            write_json(args.json, out)
+    return 0 if all(c["same_results"] for c in out["cases"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""What issue 18's speed targets leave per engine step, against what a step costs (issue 18).
+
+For each target, its run (four-task, 45 QPS per instance, rr; the 128-instance target names no
+size, 48k requests here) gives the engine steps and the tokens per step; the target's wall time
+divided by the steps is the budget of one step, all in (engine, control plane, policy, loop).
+Beside it:
+
+- ``now``: the wall time per step of that run as the simulator stands;
+- ``engine alone``: one ``EngineCore`` with a ``SimExecutor`` stepping a batch of decodes of the
+  run's size on the virtual loop, nothing else: the loop's wake-up, the planner, the advance.
+  No control plane, no policy, no records. A simulator that keeps this engine core cannot step
+  faster than this; a target whose budget is below it needs another engine (or interpreter).
+
+    python bench/sim/sim_budget.py --json docs/data/sim_budget.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from hfx.clock import VirtualTimeLoop
+from hfx.config import SimConfig
+from hfx.engine import EngineConfig, EngineCore, SimExecutor
+from hfx.engine.sequence import Sequence
+from hfx.evaluation import write_json
+from hfx.sim import resolve_profile, simulate
+from hfx.stepmodel.latency import Profile
+
+
+# The target, its run, and the wall time the target allows that run.
+def targets() -> list[dict]:
+    return [
+        {"target": "300,000 requests on 32 instances in <= 20 s", "instances": 32,
+         "run_requests": 300_000, "wall_for": lambda r: 20.0},
+        {"target": "128 instances >= 10x real time", "instances": 128, "run_requests": 48_000,
+         "wall_for": lambda r: r["sim_seconds"] / 10},
+        {"target": "2 instances >= 1,000x real time", "instances": 2, "run_requests": 1_200,
+         "wall_for": lambda r: r["sim_seconds"] / 1_000},
+    ]
+
+
+def engine_alone(profile: Profile, batch: int, steps: int) -> float:
+    """Wall microseconds per step of one engine decoding ``batch`` sequences."""
+    engine = EngineCore(EngineConfig(num_kv_blocks=profile.num_kv_blocks,
+                                     block_size=profile.block_size),
+                        SimExecutor(profile.model))
+    for i in range(batch):
+        engine.add_request(Sequence(f"r{i}", prompt_len=512, max_tokens=steps + 10))
+
+    async def prefill() -> None:
+        while engine.num_waiting or any(not s.output_token_ids for s in engine.state.running):
+            await engine.step()
+
+    async def decode() -> None:
+        for _ in range(steps):
+            await engine.step()
+
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(prefill())
+        t0 = time.perf_counter()
+        loop.run_until_complete(decode())
+        return (time.perf_counter() - t0) / steps * 1e6
+    finally:
+        loop.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per target (median taken)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out: dict = {"command": "python bench/sim/sim_budget.py " + " ".join(sys.argv[1:]),
+                 "targets": []}
+    for t in targets():
+        n = t["instances"]
+        config = SimConfig(workload="four-task", policy="rr", instances=n, qps=45.0 * n,
+                           requests_per_task=t["run_requests"] // 4)
+        profile = resolve_profile(config)
+        runs = [simulate(config) for _ in range(args.repeat)]
+        r = runs[0]  # deterministic: the same steps and tokens every run
+        wall = statistics.median(x["wall_seconds"] for x in runs)
+        steps = r["engine_steps"]
+        tokens = r["output_tokens_per_s"] * r["sim_seconds"]
+        per_step = tokens / steps
+        budget = t["wall_for"](r) / steps * 1e6
+        alone = statistics.median(engine_alone(profile, round(per_step), 400)
+                                  for _ in range(args.repeat))
+        row = {"target": t["target"], "instances": n, "requests": r["requests"],
+               "profile": profile.name,
+               "sim_seconds": r["sim_seconds"], "engine_steps": steps,
+               "tokens_per_step": per_step, "wall_s": wall,
+               "us_per_step_now": wall / steps * 1e6,
+               "us_per_step_budget": budget,
+               "us_per_step_engine_alone": alone,
+               "speedup_needed": wall / steps * 1e6 / budget}
+        out["targets"].append(row)
+        print(f"{t['target']}: budget {budget:.0f} us/step, now {row['us_per_step_now']:.0f}, "
+              f"engine alone {alone:.0f} ({per_step:.0f} tokens/step); needs "
+              f"{row['speedup_needed']:.1f}x", flush=True)
+    if args.json:
+        write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
