@@ -1,8 +1,8 @@
 """``hfx serve --api-workers 2`` (issue 28): the control plane in one process, HTTP and the
 streams from vLLM servers in two front processes.
 
-The tree runs as a real process tree in front of stand-in vLLM servers (tests/fake_vllm.py): it
-serves what the one-process gateway serves, token for token; its guards hold; a killed front
+The tree runs as a real process tree in front of stand-in vLLM servers
+(tests/helpers/fake_vllm.py): it serves what the one-process gateway serves, token for token; its guards hold; a killed front
 leaves nothing running upstream and is replaced; a dead control plane ends the fronts' streams
 and the fronts exit; a malformed message on the channel is dropped.
 """
@@ -23,8 +23,8 @@ pytest.importorskip("torch")
 pytest.importorskip("msgpack")
 httpx = pytest.importorskip("httpx")
 
-from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
-from live import Running, Tree  # noqa: E402
+from helpers.fake_vllm import FakeVLLM, Served, generate  # noqa: E402
+from helpers.live import Running, Tree  # noqa: E402
 
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402

@@ -15,9 +15,9 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
+from helpers.live import Running  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from live import Running  # noqa: E402
 
 MAX_MODEL_LEN = 96  # bounds every request's work: the fuzz run stays quick
 

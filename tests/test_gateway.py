@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from live import Running  # noqa: E402
+from helpers.live import Running  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live import Running, pid_alive  # noqa: E402
+from helpers.live import Running, pid_alive  # noqa: E402
 
 from hfx.backends.ray.instance import RayInstance  # noqa: E402
 
@@ -135,10 +135,10 @@ def test_a_killed_worker_does_not_hang_clients_and_is_replaced(local_ray):
 
 def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray, tmp_path):
     """``hfx serve --engine vllm --ray``: each server a child of a Ray actor (a stand-in
-    server, tests/fake_vllm.py, as the process). Requests reach them over HTTP at the node's
+    server, tests/helpers/fake_vllm.py, as the process). Requests reach them over HTTP at the node's
     address; a server killed under its actor fails its instance; the rest are stopped with
     the gateway."""
-    from fake_vllm import as_vllm_python, generate
+    from helpers.fake_vllm import as_vllm_python, generate
 
     from hfx.backends.vllm.ray_actor import RayVLLMServer
     from hfx.model.build import write_random_checkpoint
@@ -175,7 +175,7 @@ def test_vllm_servers_under_ray_actors_serve_and_die_with_the_gateway(local_ray,
 
 
 def test_a_ray_held_vllm_server_reports_its_death_without_blocking(local_ray, tmp_path):
-    from fake_vllm import as_vllm_python
+    from helpers.fake_vllm import as_vllm_python
 
     from hfx.backends.vllm.process import VLLMLaunch
     from hfx.backends.vllm.ray_actor import RayVLLMServer

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live import Running  # noqa: E402
+from helpers.live import Running  # noqa: E402
 
 from hfx.stepmodel.latency import load_profile  # noqa: E402
 

@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from fake_vllm import FakeVLLM, Served, generate  # noqa: E402
-from live import Running  # noqa: E402
+from helpers.fake_vllm import FakeVLLM, Served, generate  # noqa: E402
+from helpers.live import Running  # noqa: E402
 
 from hfx.config import ServeConfig  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402

@@ -20,11 +20,11 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402  (skips without vLLM)
+from helpers.vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402  (skips without vLLM)
 
 # isort: split
 import httpx  # noqa: E402
-from live import Running, Tree  # noqa: E402
+from helpers.live import Running, Tree  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402

@@ -1,5 +1,5 @@
 """HFX over vLLM servers (issue 15), in the fast suite: VLLMInstance against a stand-in server
-(tests/fake_vllm.py) through the real gateway and control plane. What is sent (token ids,
+(tests/helpers/fake_vllm.py) through the real gateway and control plane. What is sent (token ids,
 priority, request id), tokens back, abort on disconnect, a server that dies, an error chunk.
 The same against real vLLM is tests/test_vllm.py (marker ``vllm``)."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from fake_vllm import DropsFirstPost, FakeVLLM, Served, generate  # noqa: E402
-from live import Running  # noqa: E402
+from helpers.fake_vllm import DropsFirstPost, FakeVLLM, Served, generate  # noqa: E402
+from helpers.live import Running  # noqa: E402
 
 from hfx.backends.vllm.instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
 from hfx.backends.vllm.metrics import parse_metrics  # noqa: E402

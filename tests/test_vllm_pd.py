@@ -14,10 +14,10 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from vllm_tier import ARGS, PYTHON, vllm_metrics  # noqa: E402  (skips without vLLM)
+from helpers.vllm_tier import ARGS, PYTHON, vllm_metrics  # noqa: E402  (skips without vLLM)
 
 # isort: split
-from live import Running  # noqa: E402
+from helpers.live import Running  # noqa: E402
 
 from hfx.engine import Role  # noqa: E402
 from hfx.model.tokenizer import ByteTokenizer  # noqa: E402

@@ -9,11 +9,11 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402
+from helpers.vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402
 
 ray = pytest.importorskip("ray")
 
-from live import Running, pid_alive  # noqa: E402
+from helpers.live import Running, pid_alive  # noqa: E402
 
 from hfx.backends.vllm.ray_actor import RayVLLMServer  # noqa: E402
 
