@@ -2,9 +2,9 @@
 streams from vLLM servers in two front processes.
 
 The tree runs as a real process tree in front of stand-in vLLM servers
-(tests/helpers/fake_vllm.py): it serves what the one-process gateway serves, token for token; its guards hold; a killed front
-leaves nothing running upstream and is replaced; a dead control plane ends the fronts' streams
-and the fronts exit; a malformed message on the channel is dropped.
+(tests/helpers/fake_vllm.py): it serves what the one-process gateway serves, token for token;
+its guards hold; a killed front leaves nothing running upstream and is replaced; a dead control
+plane ends the fronts' streams and the fronts exit; a malformed message on the channel is dropped.
 """
 
 from __future__ import annotations
