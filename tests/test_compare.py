@@ -1,4 +1,4 @@
-"""The comparison protocol (issue 29): one probe set for both metrics, tuning that picks each
+"""The comparison protocol: one probe set for both metrics, tuning that picks each
 contender's best setting on the tuning workload, cells scored against the best peer."""
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ def test_slo_paced_decodes_a_request_without_a_tpot_on_leftover_budget(vloop):
 
 
 def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones():
-    """What a fair comparison tunes (issue 29): each engine's planner, its class untouched."""
+    """What a fair comparison tunes: each engine's planner, its class untouched."""
     from hfx.config import SimConfig
     from hfx.engine.planners.slo_paced import SLOPacedPlanner
     from hfx.sim import resolve_profile, sim_cluster

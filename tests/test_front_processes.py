@@ -1,4 +1,4 @@
-"""``hfx serve --api-workers 2`` (issue 28): the control plane in one process, HTTP and the
+"""``hfx serve --api-workers 2``: the control plane in one process, HTTP and the
 streams from vLLM servers in two front processes.
 
 The tree runs as a real process tree in front of stand-in vLLM servers

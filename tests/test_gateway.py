@@ -161,7 +161,7 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(gw, body, status, needle):
 
 
 def test_a_poison_sampling_request_is_served_and_breaks_nothing(gw):
-    """Valid but extreme sampling values (issue 16): top_p that keeps no token keeps the most
+    """Valid but extreme sampling values: top_p that keeps no token keeps the most
     likely one; the largest seed seeds a generator. Neither may take an instance down."""
     for extra in ({"top_p": 1e-300}, {"seed": 2**63 - 1, "temperature": 1.0}):
         r = _post(gw, {"model": gw.model, "prompt": "hello", "max_tokens": 2, **extra})

@@ -1,4 +1,4 @@
-"""``hfx serve --record FILE`` (issue 32): every request served becomes a trace row, written off
+"""``hfx serve --record FILE``: every request served becomes a trace row, written off
 the hot path and rotated by size, with the dispatcher's profile beside it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The plugin registries: every entry resolves to a class of that name, unknown names are a clear
-error, and the CLI starts without importing the engine, the policies or numpy (issue 18)."""
+error, and the CLI starts without importing the engine, the policies or numpy."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Parallel sweeps equal serial ones: the same results, in the same order, whether the runs go
-one after another, to a process pool, or to a Ray cluster (issue 18)."""
+one after another, to a process pool, or to a Ray cluster."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Graceful shutdown of ``hfx serve`` as a process (issue 16): SIGTERM lets in-flight requests
+"""Graceful shutdown of ``hfx serve`` as a process: SIGTERM lets in-flight requests
 finish and refuses new ones; a second signal exits at once."""
 
 from __future__ import annotations

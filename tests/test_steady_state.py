@@ -1,4 +1,4 @@
-"""Steady-state runs, capacity by bisection, and step-time noise (issue 17)."""
+"""Steady-state runs, capacity by bisection, and step-time noise."""
 
 from __future__ import annotations
 

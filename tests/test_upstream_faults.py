@@ -1,4 +1,4 @@
-"""An upstream's fault costs the request, not the fleet (issue 28).
+"""An upstream's fault costs the request, not the fleet.
 
 Two stand-in vLLM servers behind the real gateway; one stream misbehaves on cue while healthy
 streams run beside it. The faulty request resumes on a server and finishes whole, every healthy

@@ -1,4 +1,4 @@
-"""HFX over real vLLM servers (issue 15): the ``vllm`` tier, which ``.ci/run`` runs after the
+"""HFX over real vLLM servers: the ``vllm`` tier, which ``.ci/run`` runs after the
 README's suite (``pytest -m vllm``; the README's own run deselects it).
 
 Two vLLM CPU servers start once for the module from a random-weight ``mini`` checkpoint (the

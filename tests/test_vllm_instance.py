@@ -1,4 +1,4 @@
-"""HFX over vLLM servers (issue 15), in the fast suite: VLLMInstance against a stand-in server
+"""HFX over vLLM servers, in the fast suite: VLLMInstance against a stand-in server
 (tests/helpers/fake_vllm.py) through the real gateway and control plane. What is sent (token ids,
 priority, request id), tokens back, abort on disconnect, a server that dies, an error chunk.
 The same against real vLLM is tests/test_vllm.py (marker ``vllm``)."""

@@ -1,4 +1,4 @@
-"""Costs of this host that the real engine's numbers depend on (issue 8), as JSON:
+"""Costs of this host that the real engine's numbers depend on, as JSON:
 
 - thread hand-off: ``await loop.run_in_executor(pool, noop)``, what every TorchExecutor step
   pays to run the model off the event loop;

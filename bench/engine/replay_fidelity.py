@@ -1,4 +1,4 @@
-"""A recorded run, replayed (issue 32): what ``hfx serve --record`` wrote, run again on the
+"""A recorded run, replayed: what ``hfx serve --record`` wrote, run again on the
 simulator with the profile written beside it, against what was served.
 
 1. ``hfx serve`` on the real engine (TorchExecutor, random weights, CPU), one instance, with

@@ -1,4 +1,4 @@
-"""Fast scaling (issue 8): time-to-serve of a new instance by weight path — disk, CPU offload,
+"""Fast scaling: time-to-serve of a new instance by weight path — disk, CPU offload,
 peer (HyperFlexis Table 2: Qwen-7B 4.14 s / 2.73 s / 0.89 s on Ascend).
 
 A source instance runs the model and publishes its weights (WeightManager.share). For each path a

@@ -1,4 +1,4 @@
-"""Scale-out of ``hfx serve`` for real (issue 19): time from the Scaler's decision to the first
+"""Scale-out of ``hfx serve`` for real: time from the Scaler's decision to the first
 token served by the new instance, per weight path (HyperFlexis §6, Table 2).
 
 An in-process server with one instance of a random-weight model and the Scaler (max 2) is

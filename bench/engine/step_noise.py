@@ -1,4 +1,4 @@
-"""How much one engine step's time varies from run to run on the real engine (issue 17).
+"""How much one engine step's time varies from run to run on the real engine.
 
 The simulator's ``--step-noise`` is a coefficient of variation (std / mean) applied to every
 step; this measures it. For each model shape and a spread of prefill and decode steps (the

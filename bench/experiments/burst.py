@@ -1,4 +1,4 @@
-"""A bursty load: the four-task mix at --base QPS, three times that for 60 s, then back (issue 6).
+"""A bursty load: the four-task mix at --base QPS, three times that for 60 s, then back.
 
 Runs hfx on a fixed fleet of 2 and hfx with the Scaler (2 → 4) loading weights from disk and by
 device-to-device copy from a running peer, and writes per-second series — instances (active and

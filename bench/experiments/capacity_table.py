@@ -1,4 +1,4 @@
-"""Sustained capacity of every policy on each workload (issue 17): one table per workload.
+"""Sustained capacity of every policy on each workload: one table per workload.
 
 Each (workload, policy, seed) is one ``hfx.evaluation.capacity.seed_capacity`` search —
 bracketing then bisection over steady-state runs (300 s of Poisson arrivals after a 60 s
@@ -40,7 +40,7 @@ VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunk
                                  "policy_params": {"override": "off"}},
             "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first",  # the seed's
                                   "policy_params": {"override": "off"}},
-            # HFX as it ships with admission's wait bound (issue 16): a request still without a
+            # HFX as it ships with admission's wait bound: a request still without a
             # first token 10 s past its TTFT is shed (a miss either way), so none waits unbounded.
             "hfx+max-wait-10": {"policy": "hfx", "planner": "deadline-chunked",
                                 "policy_params": {"override": "on"}, "max_wait": 10.0},

@@ -1,4 +1,4 @@
-"""The comparison protocol (issue 29): every policy tuned on the same budget, then its capacity
+"""The comparison protocol: every policy tuned on the same budget, then its capacity
 on every workload × seed × engine regime under both SLO metrics (hfx/evaluation/compare.py).
 
     python bench/experiments/compare.py --json docs/data/compare.json  # the whole table

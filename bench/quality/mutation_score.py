@@ -1,4 +1,4 @@
-"""Mutation score of the scheduling core (issue 19): what ``mutmut run`` found, as JSON.
+"""Mutation score of the scheduling core: what ``mutmut run`` found, as JSON.
 
 Reads the result files mutmut leaves under ``mutants/`` (``*.meta``: an exit code per mutant,
 mutmut's own encoding) and counts, per module, mutants killed (a test failed), survived (every

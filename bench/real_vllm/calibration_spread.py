@@ -1,4 +1,4 @@
-"""How far the same served requests move on this machine (issue 15), from the requests
+"""How far the same served requests move on this machine, from the requests
 ``bench/real_vllm/live_calibration.py`` kept: every run served the same trace, so window k of
 every run holds the same requests at the same rate. Each window's decode scale is fitted on its own
 (``hfx.evaluation.calibration.fit_served``); if the

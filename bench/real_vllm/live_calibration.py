@@ -1,4 +1,4 @@
-"""Calibrating the dispatcher on what it serves, over real vLLM servers (issue 15).
+"""Calibrating the dispatcher on what it serves, over real vLLM servers.
 
 Two vLLM CPU servers (one core each, the ``mini`` random-weight checkpoint, as
 ``bench/real_vllm/vllm_bench.py``) are profiled once (``hfx/backends/vllm/profiler.py``'s quick

@@ -1,4 +1,4 @@
-"""HFX over real vLLM servers (issue 15): policies, simulator fidelity, gateway overhead,
+"""HFX over real vLLM servers: policies, simulator fidelity, gateway overhead,
 cold start.
 
 Two vLLM CPU servers (one core each) serve a random-weight ``mini`` checkpoint, started once

@@ -1,4 +1,4 @@
-"""Gateway speed (issue 9): what the HTTP layer sustains and what it adds to TTFT.
+"""Gateway speed: what the HTTP layer sustains and what it adds to TTFT.
 
 Starts ``hfx serve --executor sim`` in its own process (instances on a fast profile, so the
 engines are not the bottleneck), drives it with ``hfx bench``'s client from this process at

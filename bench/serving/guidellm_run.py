@@ -1,4 +1,4 @@
-"""guidellm, unmodified, against ``hfx serve --executor sim`` (issue 16).
+"""guidellm, unmodified, against ``hfx serve --executor sim``.
 
 guidellm builds its prompts with a Hugging Face tokenizer, which it would fetch from the hub by
 the served model's name; with no network here, this script writes a local one that matches the

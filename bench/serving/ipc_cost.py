@@ -1,4 +1,4 @@
-"""CPU per message of the control process ↔ front channel's candidates (issue 28).
+"""CPU per message of the control process ↔ front channel's candidates.
 
 Two processes, each its own asyncio loop, as a front and its control process: the sender sends
 one msgpack frame per turn of its loop (as ``hfx.serving.ipc`` flushes once per turn), the

@@ -1,4 +1,4 @@
-"""Does a huge prompt stall other streams? (issue 16)
+"""Does a huge prompt stall other streams?
 
 ``hfx serve --executor sim`` (body limit raised to 16 MiB) streams four long completions; a
 second into them, a 10 MB prompt arrives (refused once tokenized: it is far past the context

@@ -1,4 +1,4 @@
-"""What running an instance as a Ray actor costs (issue 9): the same requests on one in-process
+"""What running an instance as a Ray actor costs: the same requests on one in-process
 instance and on one Ray actor, the tiny random-weight model on CPU.
 
 Per token it records the engine's own time (the step that sampled it, shifted to the control

@@ -1,4 +1,4 @@
-"""A bounded loopback soak of ``hfx serve`` (issue 16): mixed traffic for minutes, then the books.
+"""A bounded loopback soak of ``hfx serve``: mixed traffic for minutes, then the books.
 
 ``hfx serve --executor sim`` runs as a subprocess (8 instances by default, at the shipped
 llama-3-70b@ascend-910b profile's speed) with admission control on. An open-loop client sends

@@ -1,4 +1,4 @@
-"""CLI start-up time (issue 18): wall seconds of ``hfx list`` and ``hfx sim --help``, each the
+"""CLI start-up time: wall seconds of ``hfx list`` and ``hfx sim --help``, each the
 median of --repeat fresh processes. Writes JSON; not a test. Target: under 0.5 s each.
 
     python bench/sim/cli_speed.py --json docs/data/cli_speed.json

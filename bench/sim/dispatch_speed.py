@@ -1,4 +1,4 @@
-"""Dispatch decisions per second of each policy, and the time of one SA search (issue 4).
+"""Dispatch decisions per second of each policy, and the time of one SA search.
 Writes JSON; not a test.
 
 Setup: 64 instances (Qwen2.5-7B on 910B profile), a queue held at 10,000 four-task requests:

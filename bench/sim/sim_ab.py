@@ -1,4 +1,4 @@
-"""Simulator speed of two checkouts, interleaved (issue 18). Writes JSON; not a test.
+"""Simulator speed of two checkouts, interleaved. Writes JSON; not a test.
 
 This VM's speed moves by ±25% between minutes, so a speed change is measured by running the same
 simulations on the code before and after it, alternating, each run in a fresh process, and

@@ -1,4 +1,4 @@
-"""What issue 18's speed targets leave per engine step, against what a step costs (issue 18).
+"""What issue 18's speed targets leave per engine step, against what a step costs.
 
 For each target, its run (four-task, 45 QPS per instance, rr; the 128-instance target names no
 size, 48k requests here) gives the engine steps and the tokens per step; the target's wall time

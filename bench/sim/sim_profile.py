@@ -1,4 +1,4 @@
-"""Where a simulation's time goes (issue 18): one run under cProfile, its own time per function
+"""Where a simulation's time goes: one run under cProfile, its own time per function
 summed by part of the system.
 
 - ``engine per token``: the engine core's advance, the planners, the block manager (their

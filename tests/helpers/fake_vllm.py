@@ -43,7 +43,7 @@ class FakeVLLM:
     healthy: bool = True
     dead: bool = False  # streams break off mid-response, as when the process is killed
     fail_prompts_with: int | None = None  # a prompt starting with this id gets an error chunk
-    # Faults on cue (issue 28): a prompt starting with a key gets that fault once, whichever
+    # Faults on cue: a prompt starting with a key gets that fault once, whichever
     # fake it reaches (share one dict between fakes), after ``FAULT_AFTER`` tokens: "drop"
     # (the connection closes mid-response), "malformed" (an event that is not JSON),
     # "status500", "no-finish" (ends with [DONE] and no finish reason), "stall" (goes
