@@ -52,6 +52,9 @@ def main() -> int:
     ap.add_argument("--ray-address", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
+    ap.add_argument("--merge", metavar="JSON",
+                    help="keep the other contenders' tuning and searches from this earlier "
+                    "result (their code unchanged since), and run only --contenders")
     ap.add_argument("--tuned", metavar="JSON", help="take the tuning from this earlier result "
                     "instead of tuning again")
     args = ap.parse_args()
@@ -88,8 +91,18 @@ def main() -> int:
         write_json(args.json, out)
     t1 = time.perf_counter()
     rows: list[dict] = []
+    if args.merge:  # the others' results as they were: one table over every contender
+        earlier = json.loads(Path(args.merge).read_text())
+        for n, t in earlier["tuning"].items():
+            if n not in names:
+                out["tuning"][n] = t
+                out["protocol"]["contenders"][n] = earlier["protocol"]["contenders"][n]
+        rows += [r for r in earlier["searches"] if r["contender"] not in names]
+        out["merged_from"] = {"file": args.merge, "command": earlier.get("command"),
+                              "contenders": sorted(set(out["tuning"]) - set(names))}
     for workload in args.workloads.split(","):
-        rows += evaluate(out["tuning"], [workload], [int(s) for s in args.seeds.split(",")],
+        rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
+                         [int(s) for s in args.seeds.split(",")],
                          regimes, args.jobs, args.ray_address)
         out["evaluation_seconds"] = round(time.perf_counter() - t1)
         out["searches"] = rows

@@ -79,6 +79,8 @@ class Sequence:
     prefill_deadline: float | None = None  # arrival + TTFT, for deadline-aware planners
     best_effort: bool = False  # served with leftover capacity, preempted first (SLOs-Serve §4.1)
     next_due: float = 0.0  # SLOs-Serve pacing: when its next decode token is due
+    # When a planner that spends TPOT slack first saw it decode (its first token, near enough).
+    first_decode_at: float | None = None
     num_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -25,20 +25,8 @@ class PrefillFirstPlanner(BatchPlanner):
         return out
 
     def _plan_prefill(self, state: EngineState, out: SchedulerOutput) -> None:
-        budget = self.token_budget
-        reserve = self.config.watermark_blocks
-        waiting, running, kv = state.waiting, state.running, state.kv
-        while waiting and len(running) < self.config.max_num_seqs:
-            seq = waiting[0]
-            n = seq.num_missing
-            # A prompt longer than the budget still runs, alone, rather than never.
-            if n > budget and out:
-                break
-            if kv.allocate(seq, seq.num_tokens, reserve if running else 0) is None:
-                break  # FCFS: the head waits for KV, nobody overtakes it
-            self.admit(state, seq)
-            out.schedule(seq, n)
-            budget -= n
+        prefill_whole(state, out, self.token_budget, self.config.max_num_seqs,
+                      self.config.watermark_blocks)
 
     def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
         # The hot path of a simulation: every running sequence decodes one token. A decode
@@ -58,3 +46,21 @@ class PrefillFirstPlanner(BatchPlanner):
             i += 1
         out.shape.decode_ctx += ctx
         out.shape.num_decode += len(scheduled)
+
+
+def prefill_whole(state: EngineState, out: SchedulerOutput, budget: int, max_num_seqs: int,
+                  reserve: int) -> None:
+    """Whole prompts FCFS from the waiting queue while ``budget`` tokens, the sequence slots and
+    the KV allow (a prefill-only step)."""
+    waiting, running, kv = state.waiting, state.running, state.kv
+    while waiting and len(running) < max_num_seqs:
+        seq = waiting[0]
+        n = seq.num_missing
+        # A prompt longer than the budget still runs, alone, rather than never.
+        if n > budget and out:
+            break
+        if kv.allocate(seq, seq.num_tokens, reserve if running else 0) is None:
+            break  # FCFS: the head waits for KV, nobody overtakes it
+        BatchPlanner.admit(state, seq)
+        out.schedule(seq, n)
+        budget -= n
