@@ -325,3 +325,29 @@ def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones()
     config = SimConfig(policy="hfx", instances=2, planner_params={"slack_share": 0.25})
     control = sim_cluster(config, resolve_profile(config))
     assert [i.engine.planner.slack_share for i in control.instances.values()] == [0.25, 0.25]
+
+
+@pytest.mark.parametrize(("prefill_alone", "tpot", "max_num_seqs", "step_with_b"), [
+    (0.0, 0.05, 8, {"a": 1, "b": 100}),  # off: b's chunk beside a's decode, as PolyServe's
+    (1.0, 0.05, 8, {"b": 100}),  # a is 0.2 s ahead of its TPOT: b prefills alone
+    # a's 0.1 ms TPOT: it is behind (steps take 10 ms), so b's chunk is what fits beside it
+    (1.0, 1e-4, 8, {"a": 1, "b": 1}),
+    (0.5, 0.05, 2, {"a": 1, "b": 100}),  # one of two slots runs: not below half of them
+])
+def test_deadline_chunked_prefills_alone_only_while_decodes_are_ahead_and_slots_free(
+        vloop, prefill_alone, tpot, max_num_seqs, step_with_b):
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)  # b's 100-token prefill: 2 ms
+    engine, ex = make_engine(num_blocks=256, planner="deadline-chunked", step_model=model,
+                             max_num_seqs=max_num_seqs,
+                             planner_params={"prefill_alone": prefill_alone})
+    engine.add_request(seq("a", 8, 50, tpot=tpot, prefill_deadline=1.0))
+
+    async def scenario():
+        for _ in range(4):  # a's prefill, then three decodes: four tokens sampled
+            await engine.step()
+        engine.add_request(seq("b", 100, 2, tpot=0.05, prefill_deadline=2.0))
+        await engine.step()
+
+    vloop.run_until_complete(scenario())
+    assert ex.plans[:4] == [{"a": 8}, {"a": 1}, {"a": 1}, {"a": 1}]
+    assert ex.plans[4] == step_with_b
