@@ -98,14 +98,12 @@ class Contender:
 
 
 CONTENDERS: dict[str, Contender] = {c.name: c for c in (
-    # HyperFlexis §5.1: θ (admit at this probability of a timely first token); the engine's
-    # paced chunks' share of the TTFT slack, and up to which share of its sequence slots it
-    # prefills alone while the decodes are ahead of their TPOT (0: never). The override's lead
-    # (2.5, 5 or 10 prefills) scored the same everywhere in the first tuning run
-    # (docs/data/compare.json): it keeps its default.
+    # HyperFlexis §5.1: θ (admit at this probability of a timely first token), and our
+    # override's leads; the engine's paced chunks' share of the TTFT slack. (A grid with the
+    # engine's prefill_alone in place of the leads chose it off in both regimes:
+    # docs/data/compare_prefill_alone_tuning.json.)
     Contender("hfx", {"policy": "hfx"}, _grid(
-        theta=(0.8, 0.9), planner__slack_share=(0.25, 0.4),
-        planner__prefill_alone=(0.0, 0.75, 1.0)),
+        theta=(0.8, 0.9), lead_prefills=(2.5, 5.0, 10.0), planner__slack_share=(0.25, 0.4)),
         help="as shipped: deadline-chunked engine, the override on"),
     Contender("hfx-paper", {"policy": "hfx", "planner": "prefill-first",
                             "policy_params": {"override": "off"}},

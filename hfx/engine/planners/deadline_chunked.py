@@ -18,7 +18,8 @@ count from the first token, so a step it sits out costs it only that lead. With 
 batch (1,024 sequences) a mixed step carries hundreds of decodes, and a prompt's first token
 waits for them: four-task at 160 QPS, seed 0, attained 0.877 mixed and 0.931 with prefill-alone
 steps (scratch runs). Where sequence slots bind (256), pausing decodes holds slots longer: the
-share keeps these steps to a batch with room.
+share keeps these steps to a batch with room. Tuned on six-task under the comparison protocol it
+stays off (docs/results.md, "The comparison in detail").
 """
 
 from __future__ import annotations
