@@ -471,3 +471,57 @@ def test_a_front_reports_first_tokens_at_once_and_the_rest_in_batches(vloop):
                           ["b", 7, [9], [t0 + 0.01]]]
     assert [b for _, b in sent[2:]] == [[["a", 0, [5], [pytest.approx(t0 + 0.06)]]],
                                         [["a", 0, [6], [pytest.approx(t0 + 0.085)]]]]
+
+
+def test_a_message_that_cannot_be_encoded_is_dropped_alone():
+    import struct
+
+    import msgpack
+
+    from hfx.serving.ipc import pack
+
+    frame = pack([["abort", "r1", False], ["ended", "r2", 0, "fault", None, "\ud800"],
+                  ["abort", "r3", 1 << 70], ["abort", "r4", True]])
+    (n,) = struct.unpack("!I", frame[:4])
+    assert msgpack.unpackb(frame[4:4 + n]) == [["abort", "r1", False], ["abort", "r4", True]]
+
+
+def test_a_fronts_closed_channel_aborts_what_it_owned():
+    import struct
+
+    import msgpack
+
+    from hfx.config import ServeConfig
+    from hfx.serving.build import build_server
+    from hfx.serving.hub import FrontHub
+
+    def frame(payload: bytes) -> bytes:
+        return struct.pack("!I", len(payload)) + payload
+
+    async def run() -> tuple[int, int, bool]:
+        server = build_server(ServeConfig(executor="sim", instances=1))
+        address = f"{tempfile.mkdtemp()}/control"
+        hub = FrontHub(server, address, tokens_at_front=False)
+        await server.start()
+        await hub.start()
+        _, writer = await asyncio.open_unix_connection(address)
+        writer.write(frame(b"front-0") + frame(msgpack.packb([["hello"]])))
+        writer.write(frame(msgpack.packb([["open", "r0", "cmpl", server.options.model_name,
+                                           [1], 3000, [0.0, 1.0, None], [20.0, 1.0], None,
+                                           "default", "body", True]])))
+        await writer.drain()
+        while "r0" not in server.control.records:
+            await asyncio.sleep(0.01)
+        running = len(server.control.records)
+        writer.close()  # the front is gone without a word
+        for _ in range(500):
+            if not server.control.records:
+                break
+            await asyncio.sleep(0.01)
+        left, known = len(server.control.records), b"front-0" in hub.fronts
+        await hub.stop()
+        await server.stop()
+        return running, left, known
+
+    running, left, known = asyncio.run(run())
+    assert running == 1 and left == 0 and not known

@@ -490,3 +490,33 @@ def test_policies_whose_engines_pace_by_time_serve_on_the_real_engine(policy):
         assert running.engines()[0].planner.model is not None
     finally:
         running.close()
+
+
+def test_a_failure_after_the_request_opened_is_still_a_json_500_and_the_request_ends(
+        monkeypatch):
+    from hfx.serving.gateway.generation import Generation
+
+    client, model = _sim_client()
+
+    def broken(self, events):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Generation, "feed", broken)
+    with client:  # (a stream has sent its 200 by then: it ends, as any server's would)
+        r = client.post("/v1/completions", json={"model": model, "prompt": "hi",
+                                                 "max_tokens": 2})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        assert "boom" in r.json()["error"]["message"]
+        server = client.app.state.server
+        deadline = time.monotonic() + 10
+        while server.control.records:  # aborted at the engine's next step, then forgotten
+            assert time.monotonic() < deadline, "the failed request kept running"
+            time.sleep(0.02)
+
+
+def test_a_trailing_slash_reaches_the_completion_route():
+    client, model = _sim_client()
+    with client:
+        r = client.post("/v1/completions/", json={"model": model, "prompt": "hi",
+                                                  "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"

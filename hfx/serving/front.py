@@ -270,17 +270,20 @@ class FrontServer(Intake):
 
     def _end(self, message: list[Any]) -> None:
         _, rid, reason, error, outcome, queue_time, ttft, e2e, slo = message
+        # Read whole before the stream is let go: a malformed end raises here, and the stream
+        # stays for the next end or the control plane's loss to close.
+        ended, mapped = Outcome(outcome), None if slo is None else SLO(*slo)
         stream = self.streams.pop(rid, None)
         self._delivered.pop(rid, None)
         if stream is None:
             return
         record = stream.record
         assert isinstance(record, FrontRecord)
-        record.outcome, record.error = Outcome(outcome), error
+        record.outcome, record.error = ended, error
         record.queue_time, record.ttft, record.e2e = queue_time, ttft, e2e
-        if slo is not None and stream.applied.slo is None:
+        if mapped is not None and stream.applied.slo is None:
             a = stream.applied
-            stream.applied = AppliedSLO(SLO(*slo), a.priority, a.task, "priority")
+            stream.applied = AppliedSLO(mapped, a.priority, a.task, "priority")
         stream.queue.put_nowait(TokenEvent(None, reason, error))
 
     # ---- streams from vLLM servers -----------------------------------------------------------

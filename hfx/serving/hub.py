@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class FrontHub:
     def __init__(self, server: Server, address: str, tokens_at_front: bool) -> None:
         self.server = server
-        self.socket = ControlSocket(address, self._on_messages)
+        self.socket = ControlSocket(address, self._on_messages, self._channel_lost)
         # vLLM fleets: the fronts have every token already (they read the streams).
         self.tokens_at_front = tokens_at_front
         self.fronts: set[bytes] = set()
@@ -95,9 +95,19 @@ class FrontHub:
                                                  ABORTED)
 
     # ---- fronts ------------------------------------------------------------------------------
+    def _channel_lost(self, front: bytes) -> None:
+        """A front's channel closed before its process was seen to exit (it stopped reading,
+        or is on its way out): what it owned can no longer be answered."""
+        if front in self.fronts:
+            log.log(logging.INFO if self.server.draining else logging.ERROR,
+                    "the channel to %s closed; its requests are aborted", front.decode())
+            self._front_gone(front)
+
     def front_died(self, index: int) -> None:
         """Abort everything the front owned; its clients are gone with it."""
-        front = front_identity(index)
+        self._front_gone(front_identity(index))
+
+    def _front_gone(self, front: bytes) -> None:
         self.fronts.discard(front)
         self._out.pop(front, None)
         for rid in [rid for rid, f in self.owner.items() if f == front]:

@@ -59,13 +59,30 @@ CONTROL_SILENCE_SECONDS = 30.0
 # The largest frame: an ``open`` carries the prompt's ids (a 10 MB prompt is a few MB of
 # msgpack); beyond this a length prefix is garbage, and the stream cannot be resynchronised.
 MAX_FRAME_BYTES = 256 << 20
+# A peer that stops reading: past this many bytes waiting to be written to it, its connection
+# is closed (the control process then treats its front as dead; a front, its control process).
+MAX_BUFFERED_BYTES = 256 << 20
 _LENGTH = struct.Struct("!I")
 
 Messages = list[list[Any] | None]
 
 
 def pack(messages: list[list[Any]]) -> bytes:
-    payload = msgpack.packb(messages, use_bin_type=True)
+    """One frame of ``messages``; one that cannot be encoded is logged and left out, not the
+    others sent with it."""
+    try:
+        payload = msgpack.packb(messages, use_bin_type=True)
+    except Exception:  # msgpack raises several unrelated types on what it cannot encode
+        kept = []
+        for m in messages:
+            try:
+                msgpack.packb(m, use_bin_type=True)
+            except Exception as e:
+                log.error("dropped a %r message that cannot be encoded: %s",
+                          m[0] if m else None, e)
+            else:
+                kept.append(m)
+        payload = msgpack.packb(kept, use_bin_type=True)
     return _LENGTH.pack(len(payload)) + payload
 
 
@@ -133,8 +150,14 @@ class _Frames(asyncio.Protocol):
         self.on_lost(self)
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
+            log.error("the peer %r stopped reading (%d bytes unsent): closing the channel",
+                      self.name, transport.get_write_buffer_size())
+            transport.abort()
 
 
 class _Outbox:
@@ -151,9 +174,11 @@ class ControlSocket:
     """The control process's end: it listens at ``path``; every front connects to it.
     ``on_messages(front, messages)`` hears each frame."""
 
-    def __init__(self, path: str, on_messages: Callable[[bytes, Messages], None]) -> None:
+    def __init__(self, path: str, on_messages: Callable[[bytes, Messages], None],
+                 on_lost: Callable[[bytes], None] = lambda front: None) -> None:
         self.path = path
         self.on_messages = on_messages
+        self.on_lost = on_lost  # a front's connection closed (not one a restart replaced)
         # Bound and listening now, before any front is started: a front connects at once.
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
@@ -162,6 +187,7 @@ class ControlSocket:
         self._server: asyncio.AbstractServer | None = None
         self._peers: dict[bytes, _Frames] = {}
         self._out: dict[bytes, _Outbox] = {}
+        self._closing = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -181,6 +207,8 @@ class ControlSocket:
     def _lost(self, peer: _Frames) -> None:
         if peer.name is not None and self._peers.get(peer.name) is peer:
             del self._peers[peer.name]
+            if not self._closing:
+                self.on_lost(peer.name)
 
     def send(self, front: bytes, message: list[Any]) -> None:
         box = self._out.get(front)
@@ -198,6 +226,7 @@ class ControlSocket:
             peer.write(pack(messages))
 
     async def close(self) -> None:
+        self._closing = True
         for peer in list(self._peers.values()):
             if peer.transport is not None:
                 peer.transport.close()
@@ -229,6 +258,8 @@ class FrontSocket:
         name = front_identity(self.index)
         peer.write(_LENGTH.pack(len(name)) + name)
         self._peer = peer
+        if self._out.messages and not self._out.scheduled:  # sent before the connection
+            self._flush()
 
     def _frame(self, peer: _Frames, frame: bytes) -> None:
         self.on_messages(unpack(frame))
@@ -244,9 +275,11 @@ class FrontSocket:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        messages, self._out.messages, self._out.scheduled = self._out.messages, [], False
-        if self._peer is not None:
-            self._peer.write(pack(messages))
+        self._out.scheduled = False
+        if self._peer is None:
+            return  # not connected yet: they go once it is (``connect``)
+        messages, self._out.messages = self._out.messages, []
+        self._peer.write(pack(messages))
 
     def close(self) -> None:
         self._closing = True

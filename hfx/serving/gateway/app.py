@@ -42,7 +42,8 @@ class Gateway:
         if scope["type"] != "http":  # lifespan: the server's start and stop
             await self.api(scope, receive, send)
             return
-        path, method = scope["path"], scope["method"]
+        method = scope["method"]
+        path = scope["path"].rstrip("/") or "/"  # /v1/completions/ is /v1/completions
         headers = header_dict(scope)
         refusal = self.access.refusal(path, headers)
         if refusal is not None:

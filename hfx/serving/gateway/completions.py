@@ -222,10 +222,25 @@ class Completions:
             await respond(send, APIError(500, f"internal error: {type(e).__name__}: {e}",
                                          kind="server_error", code="internal_error"))
             return
-        if request.stream:
-            await self._stream(gen, shape, request.include_usage, receive, send)
-        else:
-            await self._whole(gen, shape, receive, send)
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            if request.stream:
+                await self._stream(gen, shape, request.include_usage, receive, tracked)
+            else:
+                await self._whole(gen, shape, receive, tracked)
+        except Exception as e:
+            self.server.abort(gen.stream)
+            if started:  # mid-stream: the connection ends, as any server's would
+                raise
+            log.exception("a completion request failed")
+            await respond(send, APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                         kind="server_error", code="internal_error"))
 
     async def _open(self, path: str, headers: Mapping[str, str], body: bytes
                     ) -> tuple[Generation, Shape, CompletionRequest | ChatCompletionRequest]:
@@ -268,14 +283,14 @@ class Completions:
                       receive: Receive, send: Send) -> None:
         """Server-sent events: the tokens that arrived together in one write."""
         stream = gen.stream
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": _SSE_HEADERS + [(k.encode(), v.encode())
-                                               for k, v in slo_headers(stream).items()]})
-        watch = self._watch(stream, receive)
         interval = self.server.options.stream_interval
         piece = shape.piece
         held: list[str] = []  # pieces not sent yet (--stream-interval > 1)
+        watch = self._watch(stream, receive)
         try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": _SSE_HEADERS + [(k.encode(), v.encode())
+                                                   for k, v in slo_headers(stream).items()]})
             while gen.finish_reason is None:
                 pieces = gen.feed(await stream.take())
                 if not pieces:
