@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 from helpers.live import Running, pid_alive  # noqa: E402
 
 from hfx.backends.ray.instance import RayInstance  # noqa: E402
+from hfx.request import Outcome  # noqa: E402
 
 PROMPTS = ["The cat", "Once upon a time", "HFX serves", "zzz"]
 
@@ -114,10 +115,20 @@ def test_a_killed_worker_does_not_hang_clients_and_is_replaced(local_ray):
                        for p, ev in zip(PROMPTS, started, strict=True)]
             for ev in started:
                 assert ev.wait(30), "no first token"
-            os.kill(pid, signal.SIGKILL)  # the worker process of instance 0, mid-stream
+
+            def kill() -> int:
+                # On the server's loop, so that no token is taken in between: how many
+                # requests are still running on instance 0 as it dies (round robin put two
+                # of the four there; on a loaded machine one may have finished first).
+                running = sum(r.instance == 0 and r.outcome is Outcome.PENDING
+                              for r in control.records.values())
+                os.kill(pid, signal.SIGKILL)  # the worker process of instance 0, mid-stream
+                return running
+
+            running = gw.call(kill)
             results = [f.result(timeout=60) for f in futures]  # nobody hangs
         assert control.num_instance_failures == 1
-        assert control.num_resumed == 2  # round robin put two of the four on instance 0
+        assert running >= 1 and control.num_resumed == running  # each resumes elsewhere
         assert all(finish == "length" for _, finish in results)
         deadline = time.monotonic() + 60
         while 2 not in control.instances:  # the Scaler's replacement actor
