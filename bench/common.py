@@ -6,7 +6,6 @@ records (mean and p90 per task and metric, and their relative error)."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,10 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from hfx.backends.vllm.process import free_port
 from hfx.request import Outcome, RequestRecord
 
 METRICS = ("ttft", "tpot", "e2e")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

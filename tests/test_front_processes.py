@@ -350,6 +350,13 @@ def _alive(pid: int) -> bool:
     return False
 
 
+def _frame(payload: bytes) -> bytes:
+    """One frame of the front channel (hfx/serving/ipc.py): a 4-byte length, then the bytes."""
+    import struct
+
+    return struct.pack("!I", len(payload)) + payload
+
+
 def test_a_malformed_message_on_the_channel_is_dropped():
     import struct
 
@@ -358,9 +365,6 @@ def test_a_malformed_message_on_the_channel_is_dropped():
     from hfx.config import ServeConfig
     from hfx.serving.build import build_server
     from hfx.serving.hub import FrontHub
-
-    def frame(payload: bytes) -> bytes:
-        return struct.pack("!I", len(payload)) + payload
 
     async def read_frame(reader: asyncio.StreamReader) -> list:
         (n,) = struct.unpack("!I", await reader.readexactly(4))
@@ -373,18 +377,18 @@ def test_a_malformed_message_on_the_channel_is_dropped():
         await server.start()
         await hub.start()
         reader, writer = await asyncio.open_unix_connection(address)
-        writer.write(frame(b"front-0"))  # the connection's name
+        writer.write(_frame(b"front-0"))  # the connection's name
         model = server.options.model_name
-        writer.write(frame(msgpack.packb([["open", "r0", "cmpl", model, [1], 1,
+        writer.write(_frame(msgpack.packb([["open", "r0", "cmpl", model, [1], 1,
                                            [0.0, 1.0, None], [2.0, 0.5], None, "default",
                                            "body", True]])))
-        writer.write(frame(msgpack.packb([["hello"]])))  # the open above came from a stranger
+        writer.write(_frame(msgpack.packb([["hello"]])))  # the open above came from a stranger
         for junk in (b"\xc1 not msgpack", msgpack.packb({"a": 1}), msgpack.packb([["bogus"]]),
                      msgpack.packb([["open", "r1"]]),  # too few fields
                      msgpack.packb([17, ["bogus"]])):  # two in one frame: neither is valid
-            writer.write(frame(junk))
+            writer.write(_frame(junk))
         # The next open arrives split over writes, as a socket may deliver it.
-        whole = frame(msgpack.packb([["open", "r2", "cmpl", model, [1, 2, 3], 3,
+        whole = _frame(msgpack.packb([["open", "r2", "cmpl", model, [1, 2, 3], 3,
                                       [0.0, 1.0, None], [2.0, 0.5], None, "default", "body",
                                       True]]))
         for i in range(0, len(whole), 7):
@@ -487,16 +491,12 @@ def test_a_message_that_cannot_be_encoded_is_dropped_alone():
 
 
 def test_a_fronts_closed_channel_aborts_what_it_owned():
-    import struct
 
     import msgpack
 
     from hfx.config import ServeConfig
     from hfx.serving.build import build_server
     from hfx.serving.hub import FrontHub
-
-    def frame(payload: bytes) -> bytes:
-        return struct.pack("!I", len(payload)) + payload
 
     async def run() -> tuple[int, int, bool]:
         server = build_server(ServeConfig(executor="sim", instances=1))
@@ -505,8 +505,8 @@ def test_a_fronts_closed_channel_aborts_what_it_owned():
         await server.start()
         await hub.start()
         _, writer = await asyncio.open_unix_connection(address)
-        writer.write(frame(b"front-0") + frame(msgpack.packb([["hello"]])))
-        writer.write(frame(msgpack.packb([["open", "r0", "cmpl", server.options.model_name,
+        writer.write(_frame(b"front-0") + _frame(msgpack.packb([["hello"]])))
+        writer.write(_frame(msgpack.packb([["open", "r0", "cmpl", server.options.model_name,
                                            [1], 3000, [0.0, 1.0, None], [20.0, 1.0], None,
                                            "default", "body", True]])))
         await writer.drain()

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,15 +31,10 @@ from typing import Any
 
 import httpx
 
+from hfx.backends.vllm.process import free_port
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.sim import simulate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def served_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:

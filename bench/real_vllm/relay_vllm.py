@@ -53,7 +53,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from hfx.backends.vllm.metrics import parse_metrics
-from hfx.backends.vllm.process import VLLMLaunch, VLLMServer, block_size_for
+from hfx.backends.vllm.process import VLLMLaunch, VLLMServer, block_size_for, free_port
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -213,12 +212,6 @@ def others(a: Sample, b: Sample, top: int = 4) -> dict[str, Any]:
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:

@@ -29,15 +29,10 @@ from concurrent.futures import ProcessPoolExecutor
 import httpx
 import numpy as np
 
+from hfx.backends.vllm.process import free_port
 from hfx.evaluation import write_json
 from hfx.evaluation.client import drive
 from hfx.workloads.load import load_workload
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port: int, instances: int, profile: str) -> subprocess.Popen:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from hfx.cluster.control import ControlPlane
@@ -56,6 +56,3 @@ class Backend(Protocol):
 
     def profile(self, config: ProfileConfig) -> Profile: ...
 
-
-def describe(backend: Any) -> str:
-    return (backend.__doc__ or "").strip().splitlines()[0]

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hfx.backends.base import Service
 from hfx.cluster.control import ControlPlane, Listener, TokenEvent
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request
@@ -26,14 +27,6 @@ from hfx.stepmodel.latency import StepTimeModel
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
 PRIORITY_HEADER = "x-priority"
 TASK_HEADER = "x-task"
-
-
-class Service(Protocol):
-    """A background task of the serving process, started and stopped with it."""
-
-    def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +83,6 @@ class TokenQueue:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
 
     async def take(self) -> list[TokenEvent]:
         """Every event put since the last take, in order; waits for one if there is none."""

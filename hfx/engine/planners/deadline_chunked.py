@@ -12,12 +12,13 @@ saving keeps the paced chunks: stalling every decode for it would buy nothing.
 ``prefill_alone`` (ours; 0, off, by default): while fewer than this share of ``max_num_seqs``
 run, and every decoding request is far enough ahead of its TPOT schedule to sit out one step, a
 step with prompts to start prefills them alone (the prefill-first engine's step) instead of
-beside every decode. A request that has sampled k tokens in e seconds since its first is ahead
-by (k − 1)·TPOT − e; mean TPOT (HyperFlexis Eq. 4) and per-token deadlines (PolyServe) both
-count from the first token, so a step it sits out costs it only that lead. With a large running
-batch (1,024 sequences) a mixed step carries hundreds of decodes, and a prompt's first token
-waits for them: four-task at 160 QPS, seed 0, attained 0.877 mixed and 0.931 with prefill-alone
-steps (scratch runs). Where sequence slots bind (256), pausing decodes holds slots longer: the
+beside every decode. A request that has sampled k tokens in e seconds since its first may wait
+k·TPOT − e before its next token misses its schedule; mean TPOT (HyperFlexis Eq. 4) and
+per-token deadlines (PolyServe) both count from the first token, so a step it sits out within
+that costs it nothing. With a large running batch (1,024 sequences) a mixed step carries
+hundreds of decodes, and a prompt's first token waits for them: four-task at 160 QPS, seeds 0-2,
+attained 0.869 mixed and 0.929 with prefill-alone steps (docs/data/prefill_alone/). Where
+sequence slots bind (256), pausing decodes holds slots longer (0.953 → 0.911 at 125 QPS): the
 share keeps these steps to a batch with room. Tuned on six-task under the comparison protocol it
 stays off (docs/results.md, "The comparison in detail").
 """
@@ -27,11 +28,12 @@ from __future__ import annotations
 import math
 
 from hfx.engine.planners.base import EngineState, SchedulerOutput
-from hfx.engine.planners.prefill_first import prefill_whole
+from hfx.engine.planners.prefill_first import PrefillFirstPlanner, prefill_whole
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.engine.sequence import Sequence
 
-PREFILL_ALONE_TOKENS = 8192  # a prefill-alone step's token budget: the prefill-first engine's
+# A prefill-alone step's token budget: the prefill-first engine's.
+PREFILL_ALONE_TOKENS = PrefillFirstPlanner.default_token_budget
 
 
 class DeadlineChunkedPlanner(TPOTChunkedPlanner):
