@@ -40,6 +40,7 @@ def engine_config(config: ClusterConfig, profile: Profile, planner: str) -> Engi
         max_num_batched_tokens=config.max_num_batched_tokens,
         planner=planner,
         planner_params=dict(config.planner_params),
+        engine_runs=config.engine_runs,
     )
 
 

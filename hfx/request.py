@@ -68,6 +68,22 @@ class Outcome(enum.Enum):
 
 
 @dataclass(slots=True)
+class TokenRun:
+    """Tokens a simulated engine's decode cohort produced for one request (cohort.py): the
+    times of ticks ``start`` to ``end`` (exclusive; None while it still decodes there) in the
+    instance's tick log, coming after the first ``at`` tokens of the record's ``token_times``.
+    The ledger appends one time per tick to the log, not one per token to each record."""
+
+    at: int
+    log: array
+    start: int
+    end: int | None = None
+
+    def __len__(self) -> int:
+        return (len(self.log) if self.end is None else self.end) - self.start
+
+
+@dataclass(slots=True)
 class RequestRecord:
     """What happened to one request: times are seconds on the loop's clock."""
 
@@ -89,6 +105,9 @@ class RequestRecord:
     # Sampled token ids (real executors only; None in simulation): what a retry resumes from.
     output_ids: list[int] | None = None
     retries: int = 0  # times it was resumed elsewhere after its instance failed
+    # Tokens not (yet) in ``token_times``: runs of a simulated decode cohort, copied in when the
+    # request ends (``close_runs``). Read the times through ``times()`` before then.
+    runs: list[TokenRun] | None = None
 
     def __post_init__(self) -> None:
         if self.slo is None:
@@ -101,13 +120,34 @@ class RequestRecord:
         """Time from arrival to dispatch."""
         return None if self.dispatch_time is None else self.dispatch_time - self.request.arrival
 
+    def times(self) -> array:
+        """Every token's time, in order (``token_times`` with the open runs spliced in)."""
+        runs, own = self.runs, self.token_times
+        if not runs:
+            return own
+        out, prev = array("d"), 0
+        for run in runs:
+            out += own[prev:run.at]
+            out += run.log[run.start:len(run.log) if run.end is None else run.end]
+            prev = run.at
+        out += own[prev:]
+        return out
+
+    def close_runs(self) -> None:
+        """Copy the runs' times into ``token_times`` (the request has ended)."""
+        if self.runs:
+            self.token_times = self.times()
+        self.runs = None
+
     @property
     def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
+        times = self.times()
+        return times[0] if times else None
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_times)
+        runs = self.runs
+        return len(self.token_times) + (sum(map(len, runs)) if runs else 0)
 
     @property
     def ttft(self) -> float | None:
@@ -117,12 +157,13 @@ class RequestRecord:
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first (0 for a one-token output)."""
-        n = len(self.token_times)
+        times = self.times()
+        n = len(times)
         if n == 0:
             return None
         if n == 1:
             return 0.0
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1)
+        return (times[-1] - times[0]) / (n - 1)
 
     @property
     def e2e(self) -> float | None:
@@ -142,7 +183,7 @@ class RequestRecord:
             return False
         import numpy as np  # here, not at module import: the CLI imports this module
 
-        times = np.frombuffer(self.token_times, dtype=np.float64)
+        times = np.frombuffer(self.times(), dtype=np.float64)
         target = self.target
         deadlines = self.request.arrival + target.ttft + target.tpot * np.arange(len(times))
         return bool(np.all(times <= deadlines))

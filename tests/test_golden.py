@@ -87,8 +87,8 @@ def _name_free(result: dict) -> dict:
     return result
 
 
-def _result(name: str) -> dict:
-    r = simulate(SimConfig(**CASES[name]))
+def _result(name: str, engine_runs: bool = True) -> dict:
+    r = simulate(SimConfig(**CASES[name], engine_runs=engine_runs))
     r.pop("wall_seconds")
     # Through JSON: tuples become lists and keys strings, as the file has them.
     return _name_free(json.loads(json.dumps(r)))
@@ -124,6 +124,16 @@ def test_golden(name: str, request: pytest.FixtureRequest) -> None:
     assert path.exists(), f"no golden file; run: pytest {__file__} --update-golden"
     diffs = _diff(json.loads(path.read_text()), got)
     assert not diffs, f"{name}: {len(diffs)} fields moved:\n" + "\n".join(diffs[:25])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_engine_runs_change_nothing(name: str) -> None:
+    """The decode cohort (hfx/engine/cohort.py) against stepping each sequence: the same
+    result to the last bit, every field."""
+    on, off = _result(name), _result(name, engine_runs=False)
+    assert off["config"].pop("engine_runs") is False
+    on["config"].pop("engine_runs")
+    assert on == off
 
 
 def test_every_golden_file_has_a_case() -> None:

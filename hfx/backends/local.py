@@ -112,7 +112,7 @@ class LocalInstance:
             kv_waiting_blocks=e.state.waiting.blocks,
             kv_total_blocks=e.kv.num_blocks,
             block_size=e.kv.block_size,
-            decode_ctx=sum(s.num_tokens for s in e.state.running),
+            decode_ctx=e.decode_ctx,
             max_num_seqs=e.config.max_num_seqs,
             busy_time=e.busy_time,
             num_steps=e.num_steps,
@@ -134,7 +134,7 @@ class LocalInstance:
         self._emit(StepOutput(
             now, [], None,
             [*(before or []), *((rid, RequestStatus.FINISHED_ABORTED) for rid in ids)],
-            error, suspects))
+            error, suspects, moves=self.engine.cohort_moves()))
 
     def _step_failed(self, e: StepFailed, failures_in_a_row: int) -> bool:
         """A step raised. One request alone in it, the first time in a row: that request
@@ -147,7 +147,8 @@ class LocalInstance:
             self.engine.fail_request(rid)
             self._emit(StepOutput(
                 now, [], None, [*e.transitions, (rid, RequestStatus.FINISHED_FAILED)],
-                failure=f"request {rid} failed on instance {self.id}: {e}"))
+                failure=f"request {rid} failed on instance {self.id}: {e}",
+                moves=self.engine.cohort_moves()))
             return True
         self._fail(f"instance {self.id} failed: {e}", tuple(e.request_ids), e.transitions)
         return False
@@ -172,7 +173,7 @@ class LocalInstance:
                 self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
                 return
             failures_in_a_row = 0
-            if out.request_ids or out.transitions:
+            if out.request_ids or out.transitions or out.ticked or out.moves:
                 self._emit(out)
             if engine.num_steps == steps and engine.has_work():
                 # Work is queued but nothing could be planned (KV held for migration):

@@ -375,7 +375,7 @@ class ControlPlane:
         if out.error is not None:
             self._on_instance_failed(instance_id, out)
             return
-        self.ledger.on_tokens(out)
+        self.ledger.on_tokens(out, instance_id)
         if not out.transitions:
             return
         records, now = self.records, out.time

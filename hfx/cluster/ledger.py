@@ -9,12 +9,13 @@ decisions; the control plane tells it what happened.
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hfx.engine import StepOutput
 from hfx.engine.executor import PLACEHOLDER_TOKEN
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.request import Outcome, Request, RequestRecord, TokenRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,11 @@ class RequestLedger:
         self._counted: dict[str, int] = {}  # request id → the priority it is counted under
         self._idle = asyncio.Event()
         self._idle.set()
+        # Per instance, the time of each step of its decode cohort (StepOutput.ticked): the
+        # members' token times, by reference (RequestRecord.runs).
+        self._ticks: dict[int, array] = {}
+        # Per instance, the cohort members with a listener: they hear each tick.
+        self._tick_listeners: dict[int, dict[str, Listener]] = {}
 
     # ---- arrival -----------------------------------------------------------------------------
     def open(self, request: Request, listener: Listener | None,
@@ -74,10 +80,12 @@ class RequestLedger:
             yield record.request.arrival, record.slo.ttft
 
     # ---- tokens ------------------------------------------------------------------------------
-    def on_tokens(self, out: StepOutput) -> None:
+    def on_tokens(self, out: StepOutput, instance_id: int = 0) -> None:
         """One step's tokens: their times, the ids a real executor sampled (what a retry resumes
         from), the listeners, first tokens."""
         records = self.records
+        if out.ticked:
+            self._on_tick(out, instance_id)
         if out.token_times is None:
             now = out.time
             for rid in out.request_ids:
@@ -101,6 +109,49 @@ class RequestLedger:
             # The few first tokens of the step, found at C speed, not by a call per token.
             for rid in self._awaiting.keys() & out.request_ids:
                 self._first_token(rid)
+        if out.moves:
+            self._on_moves(out.moves, instance_id)
+
+    # A simulated engine's decode cohort: one time per step in the instance's tick log; a run
+    # opened or closed on a record as its request joins or leaves (tick numbers index the log:
+    # tick k's time is ``log[k - 1]``).
+    def _on_tick(self, out: StepOutput, instance_id: int) -> None:
+        log = self._ticks.get(instance_id)
+        if log is None:
+            log = self._ticks[instance_id] = array("d")
+        log.append(out.time)
+        listeners = self._tick_listeners.get(instance_id)
+        if listeners:
+            for listener in list(listeners.values()):
+                listener(TokenEvent(PLACEHOLDER_TOKEN))
+
+    def _on_moves(self, moves: list[tuple[str, int, bool]], instance_id: int) -> None:
+        """After the step's own tokens: a run opened now comes after them."""
+        log = self._ticks.get(instance_id)
+        if log is None:
+            log = self._ticks[instance_id] = array("d")
+        listeners = self._tick_listeners.get(instance_id)
+        for rid, tick, joined in moves:
+            record = self.records.get(rid)
+            if record is None or record.outcome is not Outcome.PENDING:
+                continue  # forgotten, or ended (its runs are closed)
+            runs = record.runs
+            if not joined:
+                if runs and runs[-1].end is None:
+                    runs[-1].end = tick
+                if listeners:
+                    listeners.pop(rid, None)
+                continue
+            run = TokenRun(len(record.token_times), log, tick)
+            if runs is None:
+                record.runs = [run]
+            else:
+                runs.append(run)
+            listener = self._listeners.get(rid)
+            if listener is not None:
+                if listeners is None:
+                    listeners = self._tick_listeners[instance_id] = {}
+                listeners[rid] = listener
 
     def _first_token(self, request_id: str) -> None:
         if self._awaiting.pop(request_id, None) is not None:
@@ -115,6 +166,7 @@ class RequestLedger:
         record.outcome = outcome
         record.finish_time = now
         record.error = error
+        record.close_runs()
         self.num_done += 1
         if self._awaiting:
             self._first_token(record.request.id)

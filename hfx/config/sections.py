@@ -76,6 +76,10 @@ class EngineSection(Section):
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
     kv_capacity_tokens: int | None = Field(None, ge=1, description="KV capacity per instance in "
                                            "tokens; default: from the profile's memory")
+    engine_runs: bool = Field(True, description=(
+        "advance the decodes of an engine by one counter per step where its planner decodes "
+        "every running sequence (hfx/engine/cohort.py); --no-engine-runs steps each sequence, "
+        "with identical results (the check of that)"))
 
     @field_validator("planner")
     @classmethod

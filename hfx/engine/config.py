@@ -23,6 +23,10 @@ class EngineConfig:
     # Fraction of blocks a new admission must leave free, so that running decodes do not need to
     # preempt right away (vLLM v0's watermark, 1%).
     watermark: float = 0.01
+    # Decodes advanced by one counter per step (cohort.py) for planners whose decode steps take
+    # every decoding sequence; False steps each sequence on its own. Results are identical
+    # either way: False is the check of that (``--engine-runs off``).
+    engine_runs: bool = True
 
     def __post_init__(self) -> None:
         if self.num_kv_blocks < 1:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hfx.engine.block_manager import BlockManager
+from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, make_planner
@@ -44,6 +45,12 @@ class StepOutput(NamedTuple):
     # Each token's own time, where they differ (a relayed stream's batch); else
     # every token is at ``time``.
     token_times: list[float] | None = None
+    # The decode cohort (cohort.py) took a step: each member sampled a token at ``time``,
+    # which ``request_ids`` does not list. Members join and leave at a tick, in this order, as
+    # (request id, tick, joined): a member's tokens are the times of the instance's ticks
+    # (join, leave].
+    ticked: bool = False
+    moves: list[tuple[str, int, bool]] | None = None
 
 
 class EngineError(ValueError):
@@ -111,6 +118,12 @@ class EngineCore:
         self.kv = BlockManager(config.num_kv_blocks, config.block_size)
         self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
                                  kv=self.kv)
+        # A real executor runs sequences: it is given the cohort's members one by one, and
+        # reports their tokens one by one.
+        self._expand = not getattr(executor, "plans_by_shape", False)
+        if config.engine_runs and self.planner.plans_cohort:
+            self.state.cohort = DecodeCohort(config.block_size, events=not self._expand)
+        self._joining: list[Sequence] = []  # imports admitted, to join the cohort
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
         self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way
         # Decode role: KV arrived, waiting in arrival order for a sequence slot. An import
@@ -189,11 +202,14 @@ class EngineCore:
 
     def _admit_ready(self) -> None:
         """Imports whose KV is here start decoding while sequence slots are free."""
-        running, ready = self.state.running, self.ready
-        while ready and len(running) < self.config.max_num_seqs:
+        state, ready = self.state, self.ready
+        while ready and len(state.running) < self.config.max_num_seqs:
             seq = ready.pop(next(iter(ready)))
-            seq.status = RequestStatus.RUNNING
-            running.append(seq)
+            state.run(seq)
+            if state.cohort is not None:
+                # It joins the cohort when the next step is planned: one in flight now
+                # does not decode it.
+                self._joining.append(seq)
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -207,12 +223,26 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.state.waiting or self.state.running or self.ready or self._aborts)
 
+    @property
+    def decode_ctx(self) -> int:
+        """Σ num_tokens over the running sequences (what Eq. 2 needs)."""
+        cohort = self.state.cohort
+        if cohort is None:
+            return sum(s.num_tokens for s in self.state.running)
+        return cohort.decode_ctx + sum(s.num_tokens for s in self.state.running
+                                       if not s.in_cohort)
+
     def get(self, request_id: str) -> Sequence | None:
-        return self._seqs.get(request_id)
+        seq = self._seqs.get(request_id)
+        if seq is not None and seq.in_cohort:
+            self.state.cohort.sync(seq)  # type: ignore[union-attr]  # a member: there is one
+        return seq
 
     def fail_request(self, request_id: str) -> None:
         """Drop one request whose step raised (the engine goes on); frees its KV."""
         seq = self._seqs.pop(request_id)
+        if self.state.cohort is not None:
+            self.state.cohort.discard(seq)
         if seq in self.state.running:
             self.state.running.remove(seq)
         elif seq in self.state.waiting:
@@ -224,6 +254,8 @@ class EngineCore:
         """The engine cannot go on (its executor raised): drop every request, free all KV;
         returns their ids."""
         ids = list(self._seqs)
+        if self.state.cohort is not None:
+            self.state.cohort.clear()
         for seq in self._seqs.values():
             self.kv.free(seq)
             seq.status = RequestStatus.FINISHED_ABORTED
@@ -234,6 +266,7 @@ class EngineCore:
         self.incoming.clear()
         self.ready.clear()
         self._aborts.clear()
+        self._joining.clear()
         return ids
 
     # ---- the step -------------------------------------------------------------------------
@@ -244,27 +277,72 @@ class EngineCore:
             self._apply_aborts(transitions)
         if self.ready:
             self._admit_ready()
+        if self._joining:
+            for seq in self._joining:
+                if seq.status is RequestStatus.RUNNING and not seq.in_cohort:
+                    self.state.cohort.join(seq)  # type: ignore[union-attr]  # _joining: one
+            self._joining.clear()
         self.state.now = loop.time()
         out = self.planner.plan(self.state)
         if not out:
-            return StepOutput(loop.time(), [], None, transitions)
+            return self._output(loop.time(), [], None, transitions)
+        cohort = out.cohort
+        if cohort is not None and self._expand:
+            # The executor runs each member (running-list order, then the prompts, as a
+            # per-sequence plan has them); the core then advances them one by one too.
+            cohort.sync_all()
+            out.num_scheduled_tokens = {**dict.fromkeys(cohort.in_running_order(), 1),
+                                        **out.num_scheduled_tokens}
+            out.cohort = None
         start = loop.time()
         try:
             sampled = await self.executor.execute(out)
         except Exception as e:
             # The caller decides whether to fail the step's requests alone (fail_request) or
             # the whole engine (fail_all).
-            raise StepFailed(e, [s.request_id for s in out.num_scheduled_tokens],
-                             transitions) from e
+            raise StepFailed(e, out.request_ids(), transitions) from e
         now = loop.time()
         self.num_steps += 1
         self.busy_time += now - start
         request_ids: list[str] = []
         token_ids: list[int] | None = None if sampled is None else []
+        ticked = False
+        if cohort is not None:
+            ticked = self._advance_cohort(cohort, out.cohort is None, transitions)
         self._advance(out.num_scheduled_tokens, sampled, request_ids, token_ids, transitions)
+        if cohort is not None and out.cohort is None:
+            cohort.purge()
         if self._aborts:  # arrived while the step ran
             self._apply_aborts(transitions)
-        return StepOutput(now, request_ids, token_ids, transitions)
+        return self._output(now, request_ids, token_ids, transitions, ticked)
+
+    def _output(self, now: float, request_ids: list[str], token_ids: list[int] | None,
+                transitions: list[tuple[str, RequestStatus]], ticked: bool = False
+                ) -> StepOutput:
+        return StepOutput(now, request_ids, token_ids, transitions, ticked=ticked,
+                          moves=self.cohort_moves())
+
+    def cohort_moves(self) -> list[tuple[str, int, bool]] | None:
+        """The cohort's joins and leaves not yet reported (StepOutput.moves)."""
+        cohort = self.state.cohort
+        return None if cohort is None else cohort.take_moves()
+
+    def _advance_cohort(self, cohort: DecodeCohort, expanded: bool,
+                        transitions: list[tuple[str, RequestStatus]]) -> bool:
+        """Every member decoded one token: one tick. ``expanded``: the members were run one by
+        one and ``_advance`` gives each its sampled token (a stop token ends one early), and
+        reports it; else the step's output says the cohort ticked. Returns which."""
+        if expanded:
+            cohort.tick += 1  # the members' fields catch up in ``_advance``
+            return False
+        done = cohort.step()
+        if done:
+            length = RequestStatus.FINISHED_LENGTH
+            for seq in done:
+                seq.status = length
+                transitions.append((seq.request_id, length))
+            self._retire(done)
+        return True
 
     def _advance(self, scheduled: dict[Sequence, int], sampled: dict[Sequence, int] | None,
                  request_ids: list[str], token_ids: list[int] | None,
@@ -274,6 +352,7 @@ class EngineCore:
         finished: list[Sequence] = []
         running = RequestStatus.RUNNING
         after_first = RequestStatus.PREFILLED if self.config.role is Role.PREFILL else running
+        cohort = self.state.cohort
         for seq, n in scheduled.items():
             computed = seq.num_computed_tokens + n
             seq.num_computed_tokens = computed
@@ -299,13 +378,18 @@ class EngineCore:
                 seq.status = status
                 finished.append(seq)
                 transitions.append((seq.request_id, status))
+            elif cohort is not None and not seq.in_cohort:
+                cohort.join(seq)  # its first token: it decodes with the others from now on
         if finished:
             self._retire(finished)
 
     def _retire(self, seqs: list[Sequence]) -> None:
         done = set(seqs)
         self.state.running[:] = [s for s in self.state.running if s not in done]
+        cohort = self.state.cohort
         for seq in seqs:
+            if cohort is not None:
+                cohort.discard(seq)  # a member a real executor stopped
             if seq.status is RequestStatus.PREFILLED:
                 self.held[seq.request_id] = seq
             else:
@@ -327,6 +411,8 @@ class EngineCore:
                 self.state.waiting.remove(seq)
             elif seq.status is RequestStatus.RUNNING:
                 self.state.running.remove(seq)
+                if self.state.cohort is not None:
+                    self.state.cohort.discard(seq)
             elif seq.status is RequestStatus.PREFILLED:
                 del self.held[rid]
             self.kv.free(seq)

@@ -14,10 +14,10 @@ import random
 from typing import Protocol
 
 from hfx.engine.planners.base import SchedulerOutput
-from hfx.engine.sequence import Sequence
+from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from hfx.stepmodel.latency import StepTimeModel
 
-PLACEHOLDER_TOKEN = 0
+__all__ = ["PLACEHOLDER_TOKEN", "Executor", "SimExecutor", "StepNoise"]
 
 
 class Executor(Protocol):
@@ -46,6 +46,10 @@ class StepNoise:
 
 
 class SimExecutor:
+    # It needs the step's shape only, not its sequences: the engine core leaves the decode
+    # cohort's members out of ``num_scheduled_tokens`` (cohort.py).
+    plans_by_shape = True
+
     def __init__(self, model: StepTimeModel, noise: StepNoise | None = None) -> None:
         self.model = model
         self.noise = noise

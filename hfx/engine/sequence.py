@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from hfx.sampling import GREEDY, SamplingParams
 
+# The token a simulated executor "samples": it produces timing, not text.
+PLACEHOLDER_TOKEN = 0
+
 
 class Role(str, enum.Enum):
     """What an instance does: both phases, or one side of P/D disaggregation (HyperFlexis §5.1)."""
@@ -81,6 +84,13 @@ class Sequence:
     next_due: float = 0.0  # SLOs-Serve pacing: when its next decode token is due
     # When a planner that spends TPOT slack first saw it decode (its first token, near enough).
     first_decode_at: float | None = None
+    # Its place in the engine's running list (admission order), set as it joins that list: the
+    # order a per-sequence planner visits it in, which decides preemption victims.
+    order: int = 0
+    # A member of the engine's decode cohort (cohort.py): its token fields trail the cohort's
+    # counter (num_tokens is cohort_base + the cohort's tick) until synced.
+    in_cohort: bool = False
+    cohort_base: int = 0
     num_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

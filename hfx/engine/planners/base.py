@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hfx.engine.block_manager import BlockManager
+from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
 from hfx.engine.sequence import RequestStatus, Sequence
 from hfx.engine.waiting import WaitingQueue
@@ -27,6 +28,17 @@ class EngineState:
     running: list[Sequence]
     kv: BlockManager
     now: float = 0.0  # the loop's time when the step is planned (set by the engine core)
+    # The decoding sequences, advanced by a counter (cohort.py), when the planner plans with
+    # one and the engine runs it; else None and every sequence is stepped on its own.
+    cohort: DecodeCohort | None = None
+    next_order: int = 0  # the next running-list position (Sequence.order)
+
+    def run(self, seq: Sequence) -> None:
+        """Append ``seq`` to the running list."""
+        seq.status = RequestStatus.RUNNING
+        seq.order = self.next_order
+        self.next_order += 1
+        self.running.append(seq)
 
 
 @dataclass(slots=True)
@@ -34,6 +46,9 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[Sequence, int] = field(default_factory=dict)
     shape: BatchShape = field(default_factory=BatchShape)
     preempted: list[Sequence] = field(default_factory=list)
+    # Set when every member of this cohort decodes one token in the step, beside (not in)
+    # ``num_scheduled_tokens``; the step's shape counts them.
+    cohort: DecodeCohort | None = None
 
     def schedule(self, seq: Sequence, num_tokens: int) -> None:
         self.num_scheduled_tokens[seq] = num_tokens
@@ -43,7 +58,12 @@ class SchedulerOutput:
             self.shape.add_prefill(num_tokens, seq.num_computed_tokens)
 
     def __bool__(self) -> bool:
-        return bool(self.num_scheduled_tokens)
+        return bool(self.num_scheduled_tokens) or self.cohort is not None
+
+    def request_ids(self) -> list[str]:
+        """Every request the step computes for, the cohort's members first."""
+        members = self.cohort.in_running_order() if self.cohort is not None else []
+        return [s.request_id for s in [*members, *self.num_scheduled_tokens]]
 
 
 class BatchPlanner(ABC):
@@ -68,13 +88,16 @@ class BatchPlanner(ABC):
     @abstractmethod
     def plan(self, state: EngineState) -> SchedulerOutput: ...
 
+    # Whether its decode steps take every decoding sequence, so that they can be planned as
+    # one decode cohort (cohort.py).
+    plans_cohort: ClassVar[bool] = False
+
     @staticmethod
     def admit(state: EngineState, seq: Sequence) -> None:
         """Move a waiting sequence (whose KV was just allocated) to the running list."""
         if seq.status is RequestStatus.WAITING:
             state.waiting.remove(seq)
-            seq.status = RequestStatus.RUNNING
-            state.running.append(seq)
+            state.run(seq)
 
     def make_room(self, state: EngineState, seq: Sequence, num_tokens: int,
                   out: SchedulerOutput) -> bool:
@@ -88,9 +111,28 @@ class BatchPlanner(ABC):
                 return False
         return True
 
+    def decode_cohort(self, state: EngineState, cohort: DecodeCohort,
+                      out: SchedulerOutput) -> None:
+        """Plan a decode step of every cohort member: the KV blocks of the members that cross
+        into a new one at this step, in running-list order (preempting the newest running
+        sequences when none is free, as a per-sequence pass would), then the step's shape.
+        Nothing per member that crosses nothing."""
+        tick = cohort.tick
+        for seq in cohort.crossing():
+            if not seq.in_cohort:
+                continue  # preempted for a member before it in this step
+            if self.make_room(state, seq, seq.cohort_base + tick, out):
+                cohort.crossed(seq)
+        if cohort:
+            out.cohort = cohort
+            out.shape.decode_ctx += cohort.decode_ctx
+            out.shape.num_decode += len(cohort)
+
     @staticmethod
     def preempt(state: EngineState, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute preemption: free the KV, keep the generated tokens, requeue at the front."""
+        if state.cohort is not None:
+            state.cohort.discard(seq)
         state.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1

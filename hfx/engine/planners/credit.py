@@ -15,6 +15,7 @@ from hfx.engine.planners.prefill_first import PrefillFirstPlanner
 
 class CreditPlanner(PrefillFirstPlanner):
     name = "credit"
+    plans_cohort = False  # a decode step takes the sequences whose credit is due
 
     def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
         running = state.running

@@ -69,6 +69,8 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
             square += n * n
         step = self.model.prefill_time(tokens, square)
         now = state.now
+        if state.cohort is not None:
+            state.cohort.sync_all()  # reads each decode's output count
         for s in state.running:
             tpot = s.tpot
             if not tpot or not s.is_decode:
@@ -93,7 +95,10 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
         model = self.model
         # A paced step lasts about the tightest running TPOT (what set the budget); with
         # nothing decoding, the budget's prefill.
-        t0 = min((s.tpot for s in state.running if s.is_decode and s.tpot), default=None)
+        if state.cohort is not None:  # the cohort is every decode
+            t0 = state.cohort.min_tpot()
+        else:
+            t0 = min((s.tpot for s in state.running if s.is_decode and s.tpot), default=None)
         step = t0 if t0 is not None else model.prefill_one(budget)
         paced = math.ceil(remaining / max(budget, 1)) * step
         left = seq.prefill_deadline - state.now

@@ -14,6 +14,7 @@ from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
 class PrefillFirstPlanner(BatchPlanner):
     name = "prefill-first"
     default_token_budget = 8192
+    plans_cohort = True
 
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -31,6 +32,9 @@ class PrefillFirstPlanner(BatchPlanner):
     def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
         # The hot path of a simulation: every running sequence decodes one token. A decode
         # writes the KV of its last sampled token, so it needs room for num_tokens.
+        if state.cohort is not None:  # every running sequence is a member
+            self.decode_cohort(state, state.cohort, out)
+            return
         running, block_size = state.running, state.kv.block_size
         scheduled = out.num_scheduled_tokens
         ctx = 0

@@ -20,18 +20,35 @@ class TPOTChunkedPlanner(BatchPlanner):
     name = "tpot-chunked"
     default_token_budget = 2048
     needs_model = True
+    plans_cohort = True
 
-    def _budget(self, decoding: list[Sequence], ctx: int) -> int:
-        """The step's prefill tokens: what keeps it within the tightest decoding TPOT."""
-        t0 = min([s.tpot for s in decoding if s.tpot], default=None)  # a list: faster here
+    def _budget(self, t0: float | None, ctx: int, num_decode: int) -> int:
+        """The step's prefill tokens: what keeps it within the tightest decoding TPOT ``t0``."""
         if t0 is None:
             return self.token_budget
-        return max(1, time2bs(self.model, t0, ctx, len(decoding)))
+        return max(1, time2bs(self.model, t0, ctx, num_decode))
 
     def plan(self, state: EngineState) -> SchedulerOutput:
-        # The hot path of an HFX simulation: one pass sorts the running sequences, decodes
-        # skip the KV call unless they cross into a new block.
         out = SchedulerOutput()
+        running, cohort = state.running, state.cohort
+        if cohort is None:
+            started, budget = self._plan_decodes(state, out)
+        else:
+            # Every decoding sequence is a member; the rest of the running list is prompts
+            # under way (usually none: a prompt done in one step has joined).
+            budget = self._budget(cohort.min_tpot(), cohort.decode_ctx, len(cohort))
+            started = [s for s in running if not s.in_cohort] \
+                if len(running) != len(cohort) else []
+            self.decode_cohort(state, cohort, out)
+        if out.preempted:  # a preempted prompt went back to the waiting queue
+            started = [s for s in started if s.status is RequestStatus.RUNNING]
+        self._plan_prompts(state, out, started, budget)
+        return out
+
+    def _plan_decodes(self, state: EngineState,
+                      out: SchedulerOutput) -> tuple[list[Sequence], int]:
+        """Without a cohort: every decoding sequence, one by one. Returns the prompts under
+        way and the step's prefill budget."""
         running, kv = state.running, state.kv
         decoding: list[Sequence] = []
         started: list[Sequence] = []
@@ -43,7 +60,8 @@ class TPOTChunkedPlanner(BatchPlanner):
                 ctx += n
             else:
                 started.append(s)
-        budget = self._budget(decoding, ctx)
+        t0 = min([s.tpot for s in decoding if s.tpot], default=None)  # a list: faster here
+        budget = self._budget(t0, ctx, len(decoding))
         # Decodes first, every step (preempting the newest when KV runs out).
         block_size = kv.block_size
         scheduled = out.num_scheduled_tokens
@@ -59,9 +77,12 @@ class TPOTChunkedPlanner(BatchPlanner):
             ctx += n
         out.shape.decode_ctx += ctx
         out.shape.num_decode += len(scheduled)
-        if out.preempted:  # a preempted prompt went back to the waiting queue
-            started = [s for s in started if s.status is RequestStatus.RUNNING]
-        # Then prompts: those already started, then new ones, in order.
+        return started, budget
+
+    def _plan_prompts(self, state: EngineState, out: SchedulerOutput, started: list[Sequence],
+                      budget: int) -> None:
+        """Prompts: those already started, then new ones, in order."""
+        running, kv = state.running, state.kv
         for seq in _prompts(started, state):
             if budget <= 0:
                 break
@@ -78,7 +99,6 @@ class TPOTChunkedPlanner(BatchPlanner):
             if whole and n >= budget:
                 break  # the step is full: no other prompt beside an oversized final chunk
             budget -= n
-        return out
 
     def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
         """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (PolyServe
