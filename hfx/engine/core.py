@@ -384,8 +384,13 @@ class EngineCore:
             self._retire(finished)
 
     def _retire(self, seqs: list[Sequence]) -> None:
-        done = set(seqs)
-        self.state.running[:] = [s for s in self.state.running if s not in done]
+        running = self.state.running
+        if len(seqs) < 8:  # the usual few: list.remove compares identities at C speed
+            for seq in seqs:
+                running.remove(seq)
+        else:
+            done = set(seqs)
+            running[:] = [s for s in running if s not in done]
         cohort = self.state.cohort
         for seq in seqs:
             if cohort is not None:

@@ -1,0 +1,415 @@
+"""The decode cohort against stepping each sequence, on many small random cases.
+
+For the planners whose decode steps take every decoding sequence (prefill-first, TPOT-chunked,
+deadline-chunked) the engine core advances the running decodes by one counter per step
+(hfx/engine/cohort.py); ``EngineConfig(engine_runs=False)`` steps each sequence as before. The
+two must give the same results to the last bit. tests/test_golden.py checks that on its fixed
+cases; these draw seeded random ones that reach what those may not:
+
+- engine level: a small KV cache and block sizes down to one token (members preempted by
+  recompute, a new block at every tick), one-token prompts and outputs, arrivals and aborts
+  before a step or while one runs, P/D imports whose KV lands mid-step, mid-run reads
+  (``EngineCore.get``, ``RequestRecord.times`` over open runs), step-time noise. Compared step
+  by step: the step's time and transitions, every request's token count as a ``RequestLedger``
+  records it (the cohort's ``TokenRun``s over the tick log), each sequence's status, KV blocks
+  and preemptions, the engine's counters; at the end every sequence's fields and every record's
+  token times.
+- cluster level: small simulated runs across policies, P/D, scaling, priorities, shedding,
+  steady-state stops and small KV caches; every record compared.
+
+A failure names the case (its index and settings) and the first thing that differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from hfx.assembly import sim_engines
+from hfx.clock import VirtualTimeLoop, run
+from hfx.cluster.ledger import RequestLedger
+from hfx.config import SimConfig
+from hfx.engine import EngineConfig, EngineCore, RequestStatus, Role, Sequence, SimExecutor
+from hfx.engine.executor import StepNoise
+from hfx.request import Outcome, Request
+from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
+from hfx.stepmodel.latency import load_profile
+
+PLANNERS = ("prefill-first", "tpot-chunked", "deadline-chunked")  # those that plan a cohort
+MODEL = load_profile("tiny@cpu").model  # ~3 ms steps: the TPOT targets below bind
+TPOTS = (None, 0.004, 0.006, 0.01, 0.03)
+ENGINE_CASES = 100  # per planner; ~1.5 s each
+CLUSTER_CASES = 40  # ~7 s
+MAX_STEPS = 50_000  # a case not drained by then is stuck
+MID_STEP = 1e-9  # an action this long after a step starts lands while it runs
+
+Action = tuple[Any, ...]
+
+
+def _diff(on: Any, off: Any) -> str | None:
+    """Where two values differ: the keys of dicts that differ (one level down for dicts of
+    dicts), else both values; None if equal."""
+    if on == off:
+        return None
+    if isinstance(on, dict) and isinstance(off, dict):
+        keys = [k for k in {**on, **off} if on.get(k) != off.get(k)]
+        return "; ".join(f"{k}: {_diff(on.get(k), off.get(k))}" for k in keys[:4])
+    return f"engine_runs=True {on!r:.400}, engine_runs=False {off!r:.400}"
+
+
+# ---- engine level ------------------------------------------------------------------------
+@dataclass
+class EngineCase:
+    config: dict[str, Any]  # EngineConfig fields but engine_runs
+    noise_cv: float
+    # Per driver iteration, what happens before its step: ("add" | "abort", spec | rid, mid)
+    # (``mid``: while the step runs), ("import", spec), ("probe", rid), ("sleep", seconds).
+    script: list[list[Action]]
+
+    def describe(self) -> str:
+        return f"{self.config}, noise {self.noise_cv}, {sum(map(len, self.script))} events"
+
+
+def draw_engine_case(rng: random.Random, planner: str) -> EngineCase:
+    block_size = rng.choice((1, 2, 4, 16))
+    role = Role.DECODE if rng.random() < 0.25 else Role.COLOCATED
+    max_prompt = rng.choice((8, 40, 120))
+    max_out = rng.choice((4, 30, 80))
+    largest = -(-(max_prompt + max_out) // block_size)  # blocks of the largest request
+    # Room for one largest request up to room for a few: preemption in many cases.
+    num_blocks = largest + rng.randint(0, 3 * largest)
+    params: dict[str, float] = {}
+    if planner == "deadline-chunked" and rng.random() < 0.5:
+        # Prefill-alone steps sync the cohort (sync_all) and read each decode's output.
+        params = {"prefill_alone": rng.choice((0.5, 1.0)),
+                  "slack_share": rng.choice((0.25, 0.4, 1.0))}
+    config = {"num_kv_blocks": num_blocks, "block_size": block_size, "planner": planner,
+              "planner_params": params, "role": role,
+              "max_num_seqs": rng.choice((2, 4, 8, 256)),
+              "max_num_batched_tokens": rng.choice((None, 16, 64, 512)),
+              "watermark": rng.choice((0.0, 0.01, 0.1))}
+    length = rng.randint(20, 120)
+    script: list[list[Action]] = [[] for _ in range(length + 80)]
+    probes = rng.random() < 0.3  # get() syncs a member, which could hide a stale read
+    for i in range(rng.randint(4, 40)):
+        rid = f"r{i}"
+        at = rng.randrange(length)
+        spec = {"request_id": rid, "prompt_len": rng.randint(1, max_prompt),
+                "tpot": rng.choice(TPOTS), "ttft": rng.uniform(0.005, 0.3)}
+        if role is Role.DECODE:
+            # Prefilled elsewhere (its first token sampled); its KV lands now or later.
+            spec["max_tokens"] = rng.randint(2, max_out)
+            spec["transfer"] = rng.choice((0.0, rng.uniform(0.0, 0.03)))
+            script[at].append(("import", spec))
+        else:
+            spec["max_tokens"] = rng.randint(1, max_out)
+            script[at].append(("add", spec, rng.random() < 0.3))
+        if rng.random() < 0.25:
+            script[at + rng.randint(0, 79)].append(("abort", rid, rng.random() < 0.5))
+        if probes:
+            script[rng.randrange(len(script))].append(("probe", rid))
+    for _ in range(rng.randint(0, 4)):
+        script[rng.randrange(length)].append(("sleep", rng.uniform(0.0, 0.05)))
+    return EngineCase(config, rng.choice((0.0, 0.0, 0.2)), script)
+
+
+@dataclass
+class EngineRun:
+    trace: list[Any] = field(default_factory=list)  # steps, probes, reservations, in order
+    final: dict[str, Any] = field(default_factory=dict)  # request id → its end state
+    counters: dict[str, Any] = field(default_factory=dict)
+    ticks: int = 0  # decode steps the cohort took (0 without one)
+    preempted: int = 0  # sequences preempted at least once
+    members_preempted: int = 0  # cohort members preempted in a step
+
+
+def _view(seq: Sequence, tick: int) -> tuple[Any, ...]:
+    """A sequence's state, its token fields as a sync would make them, without syncing."""
+    if seq.in_cohort:
+        n = seq.cohort_base + tick
+        tokens = (n, n - 1, n - seq.prompt_len)
+    else:
+        tokens = (seq.num_tokens, seq.num_computed_tokens, len(seq.output_token_ids))
+    return (seq.status.name, tokens, tuple(seq.block_table), seq.num_preemptions)
+
+
+_OUTCOME = {RequestStatus.FINISHED_LENGTH: Outcome.FINISHED,
+            RequestStatus.FINISHED_ABORTED: Outcome.ABORTED}
+
+
+async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
+    """Play ``case``'s script on one engine, recording as the control plane would."""
+    loop = asyncio.get_running_loop()
+    noise = StepNoise(case.noise_cv, 7) if case.noise_cv else None
+    engine = EngineCore(EngineConfig(**case.config, engine_runs=engine_runs),
+                        SimExecutor(MODEL, noise))
+    assert (engine.state.cohort is not None) == engine_runs
+    ledger = RequestLedger()
+    seqs: dict[str, Sequence] = {}
+    pending: list[Sequence] = []  # imports waiting for KV room here, in arrival order
+    transfer: dict[str, float] = {}  # an import's KV transfer time
+    in_flight = 0  # callbacks not yet run (actions during a step, transfers)
+    result = EngineRun()
+    trace = result.trace
+
+    def later(delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        nonlocal in_flight
+        in_flight += 1
+
+        def fire() -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            fn(*args)
+
+        loop.call_later(delay, fire)
+
+    def open_record(spec: dict[str, Any]) -> Sequence:
+        now = loop.time()
+        seq = Sequence(spec["request_id"], spec["prompt_len"], spec["max_tokens"],
+                       tpot=spec["tpot"], prefill_deadline=now + spec["ttft"])
+        seqs[seq.request_id] = seq
+        ledger.open(Request(seq.request_id, now, seq.prompt_len, seq.max_tokens), None)
+        return seq
+
+    def add(spec: dict[str, Any]) -> None:
+        engine.add_request(open_record(spec))
+
+    def land(rid: str) -> None:
+        if rid in engine.incoming:  # not aborted on the way
+            engine.activate_import(rid)
+
+    def abort(rid: str) -> None:
+        for seq in pending:
+            if seq.request_id == rid:  # not reserved here yet: it ends where it waits
+                pending.remove(seq)
+                ledger.settle(ledger.records[rid], Outcome.ABORTED, loop.time())
+                return
+        engine.abort(rid)
+
+    def probe(rid: str) -> None:
+        seq = engine.get(rid)
+        fields = None if seq is None else (seq.status.name, seq.num_tokens,
+                                           seq.num_computed_tokens, len(seq.output_token_ids))
+        times = {r: list(rec.times()) for r, rec in ledger.records.items()}  # runs spliced
+        trace.append({"probe": rid, "fields": fields, "times": times})
+
+    script = case.script
+    i = 0
+    while i < len(script) or engine.has_work() or pending or in_flight:
+        assert i < MAX_STEPS, "the engine did not drain"
+        for action in script[i] if i < len(script) else ():
+            kind = action[0]
+            if kind == "add" or kind == "abort":
+                fn = add if kind == "add" else abort
+                if action[2]:
+                    later(MID_STEP, fn, action[1])
+                else:
+                    fn(action[1])
+            elif kind == "import":
+                seq = open_record(action[1])
+                seq.output_token_ids.append(0)  # the prompt computed, one token sampled
+                seq.num_tokens += 1
+                seq.num_computed_tokens = seq.prompt_len
+                pending.append(seq)
+                transfer[seq.request_id] = action[1]["transfer"]
+            elif kind == "probe":
+                probe(action[1])
+            else:
+                await asyncio.sleep(action[1])
+        while pending:  # FCFS: the head waits for room, nobody overtakes it
+            seq = pending[0]
+            reserved = engine.reserve_import(seq)
+            trace.append({"reserve": seq.request_id, "ok": reserved,
+                          "kv_used": engine.kv.num_used_blocks})
+            if not reserved:
+                break
+            pending.pop(0)
+            later(transfer[seq.request_id], land, seq.request_id)
+        i += 1
+        if not engine.has_work():
+            await asyncio.sleep(1e-3)  # idle until an arrival or a transfer lands
+            continue
+        cohort = engine.state.cohort
+        members = {s: s.num_preemptions for s in cohort} if cohort is not None else {}
+        steps = engine.num_steps
+        out = await engine.step()
+        if engine.num_steps == steps:
+            # Nothing could be planned (KV held by imports on the way): wait, as an instance
+            # does, for something to land.
+            await asyncio.sleep(1e-3)
+        ledger.on_tokens(out)
+        for rid, status in out.transitions:
+            ledger.settle(ledger.records[rid], _OUTCOME[status], out.time)
+        result.members_preempted += sum(s.num_preemptions > n for s, n in members.items())
+        tick = 0 if cohort is None else cohort.tick
+        trace.append({
+            "time": out.time, "transitions": out.transitions,
+            "tokens": {rid: r.num_tokens for rid, r in ledger.records.items()},
+            "kv_used": engine.kv.num_used_blocks, "running": engine.num_running,
+            "waiting": engine.num_waiting, "decode_ctx": engine.decode_ctx,
+            "incoming": list(engine.incoming), "ready": list(engine.ready),
+            "seqs": {rid: _view(s, tick) for rid, s in seqs.items()},
+        })
+
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    result.ticks = 0 if engine.state.cohort is None else engine.state.cohort.tick
+    result.preempted = sum(s.num_preemptions > 0 for s in seqs.values())
+    result.counters = {"steps": engine.num_steps, "busy": engine.busy_time, "end": loop.time()}
+    for rid, seq in seqs.items():
+        record = ledger.records[rid]
+        assert record.outcome is not Outcome.PENDING and record.runs is None  # closed
+        result.final[rid] = {
+            "status": seq.status.name, "num_tokens": seq.num_tokens,
+            "num_computed_tokens": seq.num_computed_tokens,
+            "output_token_ids": list(seq.output_token_ids),
+            "num_preemptions": seq.num_preemptions, "block_table": list(seq.block_table),
+            "in_cohort": seq.in_cohort, "outcome": record.outcome,
+            "finish_time": record.finish_time, "token_times": list(record.token_times),
+        }
+    return result
+
+
+def run_engine_case(case: EngineCase, engine_runs: bool) -> EngineRun:
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(_drive(case, engine_runs))
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_engine_step_for_step(planner: str) -> None:
+    rng = random.Random(f"engine-runs/{planner}")  # a str seed: the same cases in any process
+    ticks = preempted = members_preempted = imports = 0
+    for i in range(ENGINE_CASES):
+        case = draw_engine_case(rng, planner)
+        on, off = run_engine_case(case, True), run_engine_case(case, False)
+        where = f"case {i} of {planner} ({case.describe()})"
+        for j, (a, b) in enumerate(zip(on.trace, off.trace, strict=False)):
+            if a != b:
+                pytest.fail(f"{where}: trace entry {j} ({a.get('time', a)!r:.80}): "
+                            f"{_diff(a, b)}", pytrace=False)
+        assert len(on.trace) == len(off.trace), where
+        if on.final != off.final:
+            pytest.fail(f"{where}: at the end: {_diff(on.final, off.final)}", pytrace=False)
+        assert on.counters == off.counters, where
+        ticks += on.ticks
+        preempted += on.preempted > 0
+        members_preempted += on.members_preempted
+        imports += case.config["role"] is Role.DECODE
+    # The cases reach what they are for: the cohort stepped, sequences were preempted in many
+    # cases and cohort members among them, and some engines took P/D imports.
+    assert ticks > 0
+    assert preempted >= ENGINE_CASES // 4, preempted
+    assert members_preempted > 0
+    assert imports > 0
+
+
+# ---- cluster level -----------------------------------------------------------------------
+CLUSTER_POLICIES = ("hfx", "rr", "polyserve", "sa", "aladdin", "least-loaded")
+
+
+def draw_sim_config(rng: random.Random) -> dict[str, Any]:
+    policy = rng.choice(CLUSTER_POLICIES)
+    workload = rng.choice(("four-task", "two-task"))
+    kw: dict[str, Any] = {
+        "policy": policy, "workload": workload, "seed": rng.randrange(1000),
+        "qps": rng.choice((60.0, 120.0, 200.0)),
+        "requests_per_task": rng.choice((25, 50)) if workload == "four-task" else 60,
+        "step_noise": rng.choice((0.0, 0.1)),
+        # Explicit: a run given an engine factory (run_sim) otherwise takes none.
+        "token_delivery": rng.choice((0.0, 0.002)),
+    }
+    shape = rng.random()
+    if policy in ("hfx", "rr") and shape < 0.3:
+        kw.update(mode="pd", prefill=2, decode=2)
+    else:
+        kw["instances"] = rng.randint(2, 4)
+    if shape > 0.6:
+        kw["max_instances"] = 4
+    if policy == "hfx" and rng.random() < 0.4:
+        kw["priorities"] = 4 if workload == "four-task" else 2  # at most one per task
+    # PolyServe places nothing on an instance with a KV cache this small (the run stalls,
+    # either way alike): it keeps the profile's.
+    if policy != "polyserve" and rng.random() < 0.6:
+        # Room for the largest request (two-task: 2,658 tokens) and a few more: preemption.
+        kw["kv_capacity_tokens"] = rng.choice((3072, 4096, 8192))
+    if rng.random() < 0.3:
+        kw["planner"] = rng.choice(PLANNERS)  # any cohort planner under any policy
+    if rng.random() < 0.3:
+        kw["block_size"] = rng.choice((4, 32))
+    if rng.random() < 0.2:
+        kw["max_num_seqs"] = 8
+    if rng.random() < 0.2:
+        kw["max_wait"] = 0.2  # shed requests far past their TTFT: aborts on the instances
+    if rng.random() < 0.2:
+        # A steady-state run that stops on time: records left pending with open runs.
+        kw.update(duration=3.0, drain=rng.choice((0.0, 0.5)))
+        del kw["requests_per_task"]
+    return kw
+
+
+@dataclass
+class ClusterRun:
+    records: dict[str, dict[str, Any]]
+    totals: dict[str, Any]
+    ticks: int
+
+
+def run_sim(kw: dict[str, Any], engine_runs: bool) -> ClusterRun:
+    config = SimConfig(**kw, engine_runs=engine_runs)
+    profile = resolve_profile(config)
+    make = sim_engines(profile, config.step_noise, config.seed)  # what a plain run uses
+    engines: list[EngineCore] = []
+    preemptions = 0
+
+    def make_engine(ecfg: EngineConfig) -> EngineCore:
+        engine = make(ecfg)
+        engines.append(engine)
+        plan = engine.planner.plan
+
+        def counted(state: Any) -> Any:  # counts preemptions, changes nothing
+            nonlocal preemptions
+            out = plan(state)
+            preemptions += len(out.preempted)
+            return out
+
+        engine.planner.plan = counted  # type: ignore[method-assign]
+        return engine
+
+    control, end = run(run_cluster(config, load_requests(config), profile,
+                                   make_engine=make_engine), virtual=True)
+    records = {rid: {"instance": r.instance, "decode_instance": r.decode_instance,
+                     "dispatch_time": r.dispatch_time, "migrated_at": r.migrated_at,
+                     "times": list(r.times()), "finish_time": r.finish_time,
+                     "outcome": r.outcome, "error": r.error, "retries": r.retries,
+                     "best_effort": r.best_effort, "slo": r.slo, "target": r.target}
+               for rid, r in control.records.items()}
+    totals = {"end": end, "preemptions": preemptions, "spans": instance_spans(control),
+              "steps": sum(e.num_steps for e in engines)}
+    ticks = sum(e.state.cohort.tick for e in engines if e.state.cohort is not None)
+    return ClusterRun(records, totals, ticks)
+
+
+def test_cluster_records() -> None:
+    rng = random.Random("engine-runs/cluster")
+    preempted = ticks = 0
+    for i in range(CLUSTER_CASES):
+        kw = draw_sim_config(rng)
+        on, off = run_sim(kw, True), run_sim(kw, False)
+        where = f"case {i} ({kw})"
+        if on.records != off.records:
+            pytest.fail(f"{where}: records differ: {_diff(on.records, off.records)}",
+                        pytrace=False)
+        assert on.totals == off.totals, f"{where}: {_diff(on.totals, off.totals)}"
+        assert off.ticks == 0
+        ticks += on.ticks
+        preempted += on.totals["preemptions"] > 0
+    # The cohort stepped, and the small KV caches preempted in a good share of the runs.
+    assert ticks > 0
+    assert preempted >= CLUSTER_CASES // 5, preempted
