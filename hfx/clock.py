@@ -35,7 +35,11 @@ class _VirtualSelector(selectors.SelectSelector):
         if timeout is None:
             raise SimulationDeadlock("every task is waiting and no timer is set")
         if timeout > 0:
-            self._loop._now += timeout
+            # To the next timer's time itself, not now + (when - now), which can differ in the
+            # last bit: a step that ends at start + duration then reads exactly that, however
+            # many other timers fired in between (what decode runs rely on: decode_run.py).
+            scheduled = self._loop._scheduled  # type: ignore[attr-defined]
+            self._loop._now = scheduled[0].when() if scheduled else self._loop._now + timeout
         return []
 
 

@@ -109,6 +109,10 @@ class BreakingExecutor(SimExecutor):
     device fault or a bug, which the engine cannot tell from a bad request); ``die``: the
     instance dies mid-step, as a killed process does (its step never returns)."""
 
+    # It counts ``execute`` calls, one per step: no decode runs, which take several steps
+    # without calling it (hfx/engine/decode_run.py).
+    advances_runs = False
+
     def __init__(self, model: StepTimeModel, breaks_at: int, how: str = "raise") -> None:
         super().__init__(model)
         self.steps, self.breaks_at, self.how = 0, breaks_at, how

@@ -46,8 +46,24 @@ class LocalInstance:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"instance-{self.id}")
 
     async def stop(self) -> None:
+        self._flush_run()
         await cancel(self._task)
         self._task = None
+
+    def _flush_run(self) -> None:
+        """A decode run under way reports the steps it has taken by now, those whose outputs
+        stepping would have delivered: the records then read as stepping leaves them."""
+        out = self.engine.flush_run()
+        if out is None or self._sink is None:
+            return
+        d = self.delivery
+        if d:
+            now = asyncio.get_running_loop().time()
+            ticks = [t + d for t in [*(out.earlier_ticks or ()), out.time] if t + d <= now]
+            if not ticks:
+                return  # still on their way
+            out = out._replace(time=ticks[-1], earlier_ticks=ticks[:-1] or None)
+        self._sink(self.id, out)
 
     def check(self, request: Request) -> None:
         self.engine.check(request.prompt_len, request.max_tokens)
@@ -101,6 +117,7 @@ class LocalInstance:
 
     def stats(self) -> InstanceStats:
         e = self.engine
+        e.catch_up()  # a decode run under way: its steps so far
         return InstanceStats(
             instance_id=self.id,
             role=self.role,
@@ -122,8 +139,10 @@ class LocalInstance:
         assert self._sink is not None
         if self.delivery:
             # Every output alike, failures too, so none overtakes the tokens before it.
-            asyncio.get_running_loop().call_later(
-                self.delivery, self._sink, self.id, out._replace(time=out.time + self.delivery))
+            d = self.delivery
+            earlier = out.earlier_ticks  # a decode run's ticks, delivered alike
+            asyncio.get_running_loop().call_later(d, self._sink, self.id, out._replace(
+                time=out.time + d, earlier_ticks=earlier and [t + d for t in earlier]))
         else:
             self._sink(self.id, out)
 

@@ -119,11 +119,16 @@ class RequestLedger:
         log = self._ticks.get(instance_id)
         if log is None:
             log = self._ticks[instance_id] = array("d")
+        ticks = 1
+        if out.earlier_ticks:  # a decode run's
+            log.extend(out.earlier_ticks)
+            ticks += len(out.earlier_ticks)
         log.append(out.time)
         listeners = self._tick_listeners.get(instance_id)
         if listeners:
-            for listener in list(listeners.values()):
-                listener(TokenEvent(PLACEHOLDER_TOKEN))
+            for _ in range(ticks):
+                for listener in list(listeners.values()):
+                    listener(TokenEvent(PLACEHOLDER_TOKEN))
 
     def _on_moves(self, moves: list[tuple[str, int, bool]], instance_id: int) -> None:
         """After the step's own tokens: a run opened now comes after them."""

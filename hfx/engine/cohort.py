@@ -135,6 +135,22 @@ class DecodeCohort:
             out.sort(key=_order)
         return out
 
+    def next_finish(self) -> int | None:
+        """The tick at which the first member reaches ``max_tokens`` (None: no member)."""
+        heap = self._finish
+        while heap:
+            _, order, seq = heap[0]
+            if seq.in_cohort and seq.order == order:
+                return heap[0][0]
+            heapq.heappop(heap)  # stale
+        return None
+
+    def crossing_ticks(self, last: int) -> list[int]:
+        """The ticks, up to ``last``, at which members need their next KV block, sorted; each
+        member's next one only (what a window of at most ``block_size`` ticks holds)."""
+        return sorted(t for t, order, seq in self._cross
+                      if t <= last and seq.in_cohort and seq.order == order)
+
     def crossed(self, seq: Sequence) -> None:
         """``seq`` got its block: watch for the next crossing."""
         self._push_crossing(seq)

@@ -11,9 +11,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hfx.clock import VirtualTimeLoop
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
+from hfx.engine.decode_run import DecodeRun, plan_run
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
@@ -51,6 +53,9 @@ class StepOutput(NamedTuple):
     # (join, leave].
     ticked: bool = False
     moves: list[tuple[str, int, bool]] | None = None
+    # A decode run (decode_run.py) took several cohort steps: the times of those before the
+    # one at ``time``, each a tick.
+    earlier_ticks: list[float] | None = None
 
 
 class EngineError(ValueError):
@@ -123,6 +128,10 @@ class EngineCore:
         self._expand = not getattr(executor, "plans_by_shape", False)
         if config.engine_runs and self.planner.plans_cohort:
             self.state.cohort = DecodeCohort(config.block_size, events=not self._expand)
+        # Several cohort steps as one timer (decode_run.py), on a virtual clock.
+        self._runs = self.state.cohort is not None and not self._expand and \
+            getattr(executor, "advances_runs", False)
+        self._run: DecodeRun | None = None
         self._joining: list[Sequence] = []  # imports admitted, to join the cohort
         self.held: dict[str, Sequence] = {}  # prefill role: prefilled, KV held for migration
         self.incoming: dict[str, Sequence] = {}  # decode role: KV reserved, transfer under way
@@ -150,6 +159,8 @@ class EngineCore:
             raise EngineError(f"duplicate request id {seq.request_id!r}")
         self.admission.check(seq.request_id, seq.prompt_len, seq.max_tokens,
                              seq.prompt_token_ids)
+        if self._run is not None:
+            self._cut_run()
         seq.status = RequestStatus.WAITING
         self._seqs[seq.request_id] = seq
         self.state.waiting.append(seq)
@@ -158,6 +169,8 @@ class EngineCore:
         """Abort at the next step boundary; False if the request is not here."""
         if request_id not in self._seqs:
             return False
+        if self._run is not None:
+            self._cut_run()
         self._aborts.append(request_id)
         return True
 
@@ -184,6 +197,8 @@ class EngineCore:
         if seq.request_id in self._seqs:
             raise EngineError(f"duplicate request id {seq.request_id!r}")
         self.check(seq.prompt_len, seq.max_tokens)
+        if self._run is not None:
+            self._cut_run()
         # Room for the transferred KV and the token the first decode step writes.
         if self.kv.allocate(seq, seq.num_tokens, self.config.watermark_blocks) is None:
             return False
@@ -194,6 +209,8 @@ class EngineCore:
     def activate_import(self, request_id: str, kv: object | None = None) -> None:
         """Decode role: the KV has arrived (``kv``, from ``export_kv`` elsewhere, or None in
         simulation); the sequence decodes from the next step."""
+        if self._run is not None:
+            self._cut_run()
         seq = self.incoming.pop(request_id)
         if kv is not None:
             self.executor.write_kv(seq, kv)  # type: ignore[attr-defined]
@@ -233,6 +250,7 @@ class EngineCore:
                                        if not s.in_cohort)
 
     def get(self, request_id: str) -> Sequence | None:
+        self.catch_up()
         seq = self._seqs.get(request_id)
         if seq is not None and seq.in_cohort:
             self.state.cohort.sync(seq)  # type: ignore[union-attr]  # a member: there is one
@@ -253,6 +271,13 @@ class EngineCore:
     def fail_all(self) -> list[str]:
         """The engine cannot go on (its executor raised): drop every request, free all KV;
         returns their ids."""
+        run = self._run
+        if run is not None:  # the step awaiting it returns having advanced nothing more
+            self.catch_up()
+            run.length = run.applied
+            if run.timer is not None:
+                run.timer.cancel()
+            _resolve(run.done)
         ids = list(self._seqs)
         if self.state.cohort is not None:
             self.state.cohort.clear()
@@ -283,6 +308,11 @@ class EngineCore:
                     self.state.cohort.join(seq)  # type: ignore[union-attr]  # _joining: one
             self._joining.clear()
         self.state.now = loop.time()
+        if self._runs and not self.state.waiting and isinstance(loop, VirtualTimeLoop):
+            run = self._start_run(loop)
+            if run is not None:
+                await run.done
+                return self._end_run(run, transitions)
         out = self.planner.plan(self.state)
         if not out:
             return self._output(loop.time(), [], None, transitions)
@@ -315,6 +345,111 @@ class EngineCore:
         if self._aborts:  # arrived while the step ran
             self._apply_aborts(transitions)
         return self._output(now, request_ids, token_ids, transitions, ticked)
+
+    # ---- decode runs (decode_run.py) ---------------------------------------------------------
+    def _start_run(self, loop: asyncio.AbstractEventLoop) -> DecodeRun | None:
+        """Several cohort steps as one timer, when every running sequence is a member (no
+        prompt under way) and the run can take two steps or more."""
+        cohort = self.state.cohort
+        assert cohort is not None
+        if not cohort or len(self.state.running) != len(cohort):
+            return None
+        now = loop.time()
+        planned = plan_run(cohort, self.kv, self.executor, now)
+        if planned is None:
+            return None
+        times, factors = planned
+        run = DecodeRun(now, times, factors, len(times), loop.create_future())
+        run.timer = loop.call_at(times[-1], _resolve, run.done)
+        self._run = run
+        self._plan_run_step(cohort)
+        return run
+
+    def _plan_run_step(self, cohort: DecodeCohort) -> None:
+        """A run's step planned: the blocks of the members crossing into one now, in
+        running-list order (as ``BatchPlanner.decode_cohort``; the run counted them free)."""
+        tick = cohort.tick
+        for seq in cohort.crossing():
+            if self.kv.allocate(seq, seq.cohort_base + tick) is None:
+                raise AssertionError("a decode run planned a block that is not free")
+            cohort.crossed(seq)
+
+    def _apply_run_step(self, run: DecodeRun,
+                        transitions: list[tuple[str, RequestStatus]] | None) -> None:
+        """A run's next step ended: its tick, the engine's counters, the next step's plan."""
+        cohort = self.state.cohort
+        assert cohort is not None
+        i = run.applied
+        done = cohort.step()
+        if done:  # a run ends at the first finish
+            assert transitions is not None and i == run.length - 1
+            length = RequestStatus.FINISHED_LENGTH
+            for seq in done:
+                seq.status = length
+                transitions.append((seq.request_id, length))
+            self._retire(done)
+        self.num_steps += 1
+        end = run.times[i]
+        self.busy_time += end - (run.times[i - 1] if i else run.start)
+        run.applied = i + 1
+        if run.applied < run.length:
+            self.state.now = end
+            self._plan_run_step(cohort)
+
+    def _end_run(self, run: DecodeRun, transitions: list[tuple[str, RequestStatus]]
+                 ) -> StepOutput:
+        self._run = None
+        if run.length == run.applied:  # failed meanwhile (fail_all)
+            return self._output(asyncio.get_running_loop().time(), [], None, transitions)
+        while run.applied < run.length:
+            self._apply_run_step(run, transitions)
+        if self._aborts:  # arrived while the run's last step ran
+            self._apply_aborts(transitions)
+        last = run.length - 1
+        return StepOutput(run.times[last], [], None, transitions, ticked=True,
+                          moves=self.cohort_moves(),
+                          earlier_ticks=run.times[run.reported:last] or None)
+
+    def flush_run(self) -> StepOutput | None:
+        """The steps of a decode run under way that have ended by now and are not reported
+        yet, as one output (None if none): what stepping would have reported by now, for a
+        reader of the records that will not wait for the run's end (a simulation stopping)."""
+        run = self._run
+        if run is None:
+            return None
+        self.catch_up()
+        ticks = run.times[run.reported:run.applied]
+        if not ticks:
+            return None
+        run.reported = run.applied
+        return StepOutput(ticks[-1], [], None, [], ticked=True, moves=self.cohort_moves(),
+                          earlier_ticks=ticks[:-1] or None)
+
+    def catch_up(self) -> None:
+        """Bring a decode run to the loop's time, as stepping would have it: the steps ended
+        by now applied, the one under way planned. Before anything reads the engine."""
+        run = self._run
+        if run is None:
+            return
+        now = asyncio.get_running_loop().time()
+        last = run.length - 1  # the timer ends it
+        while run.applied < last and run.times[run.applied] < now:
+            self._apply_run_step(run, None)
+
+    def _cut_run(self) -> None:
+        """Something changes the engine: its run ends with the step under way, and the next
+        step is planned with the change, as stepping would have it."""
+        self.catch_up()
+        run = self._run
+        assert run is not None
+        if run.length == run.applied + 1:
+            return
+        self.executor.put_back(run.factors[run.applied + 1:run.length])  # type: ignore[attr-defined]
+        run.length = run.applied + 1
+        loop = asyncio.get_running_loop()
+        assert run.timer is not None
+        run.timer.cancel()
+        run.timer = loop.call_at(run.times[run.applied], _resolve, run.done)
 
     def _output(self, now: float, request_ids: list[str], token_ids: list[int] | None,
                 transitions: list[tuple[str, RequestStatus]], ticked: bool = False
@@ -424,3 +559,8 @@ class EngineCore:
             seq.status = RequestStatus.FINISHED_ABORTED
             transitions.append((rid, seq.status))
         self._aborts.clear()
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
-from hfx.stepmodel.latency import StepTimeModel
+from hfx.stepmodel.latency import BatchShape, StepTimeModel
 
 __all__ = ["PLACEHOLDER_TOKEN", "Executor", "SimExecutor", "StepNoise"]
 
@@ -40,15 +40,25 @@ class StepNoise:
         self._sigma = math.sqrt(math.log1p(cv * cv))
         self._mu = -self._sigma ** 2 / 2  # a factor of mean exactly 1
         self._rng = random.Random(repr(seed))  # str seeds hash stably across processes
+        self._ahead: list[float] = []  # drawn and given back, the next on top
 
     def factor(self) -> float:
+        if self._ahead:
+            return self._ahead.pop()
         return self._rng.lognormvariate(self._mu, self._sigma) if self.cv else 1.0
+
+    def put_back(self, factors: list[float]) -> None:
+        """Factors drawn and not used (the cut end of a decode run): drawn again, in order."""
+        self._ahead.extend(reversed(factors))
 
 
 class SimExecutor:
     # It needs the step's shape only, not its sequences: the engine core leaves the decode
     # cohort's members out of ``num_scheduled_tokens`` (cohort.py).
     plans_by_shape = True
+    # Its steps' times are known before they run: on a virtual clock the engine core may
+    # advance several decode steps as one timer (EngineCore, decode runs).
+    advances_runs = True
 
     def __init__(self, model: StepTimeModel, noise: StepNoise | None = None) -> None:
         self.model = model
@@ -59,9 +69,19 @@ class SimExecutor:
         """The model its steps follow: the instance's, for planners that pace by time."""
         return self.model
 
-    async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
-        t = self.model.step_time(out.shape)
+    def duration(self, shape: BatchShape) -> tuple[float, float | None]:
+        """A step's time, and the noise factor drawn for it (None: none drawn)."""
+        t = self.model.step_time(shape)
         if self.noise is not None and t > 0:
-            t *= self.noise.factor()
-        await asyncio.sleep(t)
+            factor = self.noise.factor()
+            return t * factor, factor
+        return t, None
+
+    def put_back(self, factors: list[float | None]) -> None:
+        """The noise factors of steps planned and not run (a decode run cut short)."""
+        if self.noise is not None:
+            self.noise.put_back([f for f in factors if f is not None])
+
+    async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
+        await asyncio.sleep(self.duration(out.shape)[0])
         return None

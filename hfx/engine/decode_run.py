@@ -1,0 +1,71 @@
+"""A decode run: several steps of the decode cohort advanced as one timer.
+
+When nothing can change an engine's plan for a while — nothing waits, no prompt is under way,
+every running sequence decodes, and the KV for the stretch's block crossings is free — its next
+steps are known: each is a decode of every cohort member, its shape two running sums, its time
+the executor's model of that shape. The engine core (``EngineCore.step``) then takes the
+stretch as one event: the step times drawn at once from the same noise stream in the same
+order as stepping, one loop timer at the end. Anything that reads or changes the engine before
+then first brings it to the loop's time exactly as stepping would have (``EngineCore``'s catch
+up): the steps ended by then are applied, the one under way is planned, and a change ends the
+run with that step. Only on a virtual clock, with an executor that predicts its steps
+(``SimExecutor``): a real clock streams each token as it comes.
+
+A run stops at the first member's last token (a finish changes the batch), at ``block_size``
+steps (so each member crosses into at most one new block, all counted ahead), and before the
+first crossing the free blocks cannot hold (which would preempt). Measured on the simulator's
+settings (``bench/sim/engine_runs.py``): a quarter of the steps at 32 and 128 instances, half on
+P/D decode instances, lie in stretches a run takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.cohort import DecodeCohort
+from hfx.stepmodel.latency import BatchShape
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    start: float  # when its first step was planned
+    times: list[float]  # when each step ends
+    factors: list[float | None]  # the noise factor drawn for each step
+    length: int  # steps it takes; a cut shortens it to the step under way
+    done: asyncio.Future[None]
+    timer: asyncio.TimerHandle | None = None
+    applied: int = 0  # steps whose tick is applied
+    reported: int = 0  # steps whose tick is in a StepOutput (EngineCore.flush_run)
+
+
+def plan_run(cohort: DecodeCohort, kv: BlockManager, executor: object, now: float
+             ) -> tuple[list[float], list[float | None]] | None:
+    """The end times and noise factors of the decode steps from now on that a run can take,
+    or None when fewer than two can."""
+    tick, n = cohort.tick, len(cohort)
+    finish = cohort.next_finish()
+    if finish is None:
+        return None
+    length = min(kv.block_size, finish - tick)
+    if length < 2:
+        return None
+    crossings = cohort.crossing_ticks(tick + length - 1)
+    free = kv.num_free_blocks
+    if len(crossings) > free:
+        # Plan ticks before the first crossing with no block left; it would preempt.
+        length = min(length, crossings[free] - tick)
+        if length < 2:
+            return None
+    duration = executor.duration  # type: ignore[attr-defined]  # a SimExecutor's
+    times: list[float] = []
+    factors: list[float | None] = []
+    base = cohort.decode_ctx
+    t = now
+    for i in range(length):
+        step, factor = duration(BatchShape(decode_ctx=base + n * i, num_decode=n))
+        t = t + step  # as the loop's clock adds a step's sleep
+        times.append(t)
+        factors.append(factor)
+    return times, factors
