@@ -1,19 +1,32 @@
-"""The decode cohort against stepping each sequence, on many small random cases.
+"""The decode cohort and decode runs against stepping each sequence, on many small random cases.
 
 For the planners whose decode steps take every decoding sequence (prefill-first, TPOT-chunked,
 deadline-chunked) the engine core advances the running decodes by one counter per step
-(hfx/engine/cohort.py); ``EngineConfig(engine_runs=False)`` steps each sequence as before. The
-two must give the same results to the last bit. tests/test_golden.py checks that on its fixed
-cases; these draw seeded random ones that reach what those may not:
+(hfx/engine/cohort.py), and on a virtual clock with a ``SimExecutor`` may take several such
+steps as one timer, a decode run (hfx/engine/decode_run.py): one ``step()`` call, one
+StepOutput whose ``earlier_ticks`` lists the earlier steps. ``EngineConfig(engine_runs=False)``
+turns both off and steps each sequence as before. The two must give the same results to the
+last bit. tests/test_golden.py checks that on its fixed cases; these draw seeded random ones
+that reach what those may not:
 
-- engine level: a small KV cache and block sizes down to one token (members preempted by
-  recompute, a new block at every tick), one-token prompts and outputs, arrivals and aborts
-  before a step or while one runs, P/D imports whose KV lands mid-step, mid-run reads
-  (``EngineCore.get``, ``RequestRecord.times`` over open runs), step-time noise. Compared step
-  by step: the step's time and transitions, every request's token count as a ``RequestLedger``
-  records it (the cohort's ``TokenRun``s over the tick log), each sequence's status, KV blocks
-  and preemptions, the engine's counters; at the end every sequence's fields and every record's
-  token times.
+- engine level, the cohort alone, step for step (its engine's executor takes no runs: this
+  driver's script and trace are per ``step()`` call, which a run changes by design): a small KV
+  cache and block sizes down to one token (members preempted by recompute, a new block at every
+  tick), one-token prompts and outputs, arrivals and aborts before a step or while one runs,
+  P/D imports whose KV lands mid-step, mid-run reads (``EngineCore.get``,
+  ``RequestRecord.times`` over open runs), step-time noise. Compared step by step: the step's
+  time and transitions, every request's token count as a ``RequestLedger`` records it (the
+  cohort's ``TokenRun``s over the tick log), each sequence's status, KV blocks and preemptions,
+  the engine's counters; at the end every sequence's fields and every record's token times.
+- engine level, decode runs: a script of timers at virtual times (arrivals, aborts, P/D
+  reservations and KV landings, probes), each engine driven as ``LocalInstance._run`` drives
+  it. Long outputs, so runs are taken, cut by the changes that land while they go (with step
+  noise: the cut steps' factors put back), and shortened by a small KV cache. Compared: every
+  step's end time (a run's StepOutput stands for its ``earlier_ticks`` and ``time``), the
+  transitions, reservations and aborts with their times, what a probe reads after
+  ``catch_up()`` mid-run (KV, queues, ``decode_ctx``, counters, a sequence's fields and
+  blocks), and at the end every sequence, every record's token times, the counters. A
+  one-case test pins a known mismatch (an abort reported at a run's end), expected to fail.
 - cluster level: small simulated runs across policies, P/D, scaling, priorities, shedding,
   steady-state stops and small KV caches; every record compared.
 
@@ -35,6 +48,7 @@ from hfx.clock import VirtualTimeLoop, run
 from hfx.cluster.ledger import RequestLedger
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, RequestStatus, Role, Sequence, SimExecutor
+from hfx.engine.decode_run import DecodeRun
 from hfx.engine.executor import StepNoise
 from hfx.request import Outcome, Request
 from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
@@ -142,12 +156,19 @@ _OUTCOME = {RequestStatus.FINISHED_LENGTH: Outcome.FINISHED,
             RequestStatus.FINISHED_ABORTED: Outcome.ABORTED}
 
 
+class _StepExecutor(SimExecutor):
+    # This driver acts "before step i" and compares a trace entry per ``step()`` call: a decode
+    # run (several steps in one call, by design) would shift both. So the cohort alone is
+    # checked here, step for step; test_engine_decode_runs checks runs on a time-based script.
+    advances_runs = False
+
+
 async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
     """Play ``case``'s script on one engine, recording as the control plane would."""
     loop = asyncio.get_running_loop()
     noise = StepNoise(case.noise_cv, 7) if case.noise_cv else None
     engine = EngineCore(EngineConfig(**case.config, engine_runs=engine_runs),
-                        SimExecutor(MODEL, noise))
+                        _StepExecutor(MODEL, noise))
     assert (engine.state.cohort is not None) == engine_runs
     ledger = RequestLedger()
     seqs: dict[str, Sequence] = {}
@@ -238,6 +259,7 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
         members = {s: s.num_preemptions for s in cohort} if cohort is not None else {}
         steps = engine.num_steps
         out = await engine.step()
+        assert out.earlier_ticks is None  # one step per call
         if engine.num_steps == steps:
             # Nothing could be planned (KV held by imports on the way): wait, as an instance
             # does, for something to land.
@@ -308,6 +330,312 @@ def test_engine_step_for_step(planner: str) -> None:
     assert preempted >= ENGINE_CASES // 4, preempted
     assert members_preempted > 0
     assert imports > 0
+
+
+# ---- engine level: decode runs --------------------------------------------------------------
+RUN_CASES = 80  # per planner; ~0.7 s each
+RUN_HORIZON = 0.5  # seconds: arrivals fall in it (a 300-token output takes ~1 s alone)
+
+
+@dataclass
+class RunCase:
+    config: dict[str, Any]  # EngineConfig fields but engine_runs
+    noise_cv: float
+    # (virtual time, action), each action a timer at its time: ("add" | "import", spec),
+    # ("abort", rid), ("probe", rid). Times are drawn from a continuum, so none falls on a
+    # step's end (which of two timers due at once fires first is not what this checks).
+    script: list[tuple[float, Action]]
+
+    def describe(self) -> str:
+        return f"{self.config}, noise {self.noise_cv}, {len(self.script)} events"
+
+
+def draw_run_case(rng: random.Random, planner: str) -> RunCase:
+    block_size = rng.choice((1, 4, 4, 16, 16))  # 1: no run can take two steps
+    role = Role.DECODE if rng.random() < 0.3 else Role.COLOCATED
+    max_prompt = rng.choice((8, 60, 200))
+    max_out = rng.choice((50, 120, 300))
+    largest = -(-(max_prompt + max_out) // block_size)
+    watermark = rng.choice((0.0, 0.01, 0.05))
+    # Room for one largest request and its watermark, up to room for a few: free blocks
+    # shorten runs (and preempt, between runs).
+    num_blocks = largest + 1 + rng.choice((0, rng.randint(0, largest),
+                                           rng.randint(0, 3 * largest)))
+    num_blocks += int(watermark * num_blocks) + 1
+    params: dict[str, float] = {}
+    if planner == "deadline-chunked" and rng.random() < 0.5:
+        params = {"prefill_alone": rng.choice((0.5, 1.0)),
+                  "slack_share": rng.choice((0.25, 0.4, 1.0))}
+    config = {"num_kv_blocks": num_blocks, "block_size": block_size, "planner": planner,
+              "planner_params": params, "role": role,
+              "max_num_seqs": rng.choice((2, 4, 256)),
+              "max_num_batched_tokens": rng.choice((None, 32, 512)),
+              "watermark": watermark}
+    script: list[tuple[float, Action]] = []
+    for i in range(rng.randint(2, 10)):
+        rid = f"r{i}"
+        at = rng.uniform(0.0, RUN_HORIZON)
+        short = rng.random() < 0.2  # a finish soon after it joins: it ends others' runs
+        spec = {"request_id": rid, "prompt_len": rng.randint(1, max_prompt),
+                "max_tokens": rng.randint(2, 10) if short else rng.randint(50, max_out),
+                "tpot": rng.choice(TPOTS), "ttft": rng.uniform(0.005, 0.3)}
+        if role is Role.DECODE:
+            spec["transfer"] = rng.choice((0.0, rng.uniform(0.0, 0.03)))
+            script.append((at, ("import", spec)))
+        else:
+            script.append((at, ("add", spec)))
+        if rng.random() < 0.3:
+            script.append((at + rng.uniform(0.0, 1.0), ("abort", rid)))
+    rids = [action[1]["request_id"] for _, action in script if action[0] != "abort"]
+    for _ in range(rng.randint(0, 12)):
+        script.append((rng.uniform(0.0, 3 * RUN_HORIZON), ("probe", rng.choice(rids))))
+    return RunCase(config, rng.choice((0.0, 0.0, 0.2)), script)
+
+
+class _CountingCore(EngineCore):
+    """An engine core that counts its decode runs; it changes nothing."""
+
+    def __init__(self, config: EngineConfig, executor: SimExecutor) -> None:
+        super().__init__(config, executor)
+        self.runs = 0  # runs taken
+        self.cuts = 0  # runs cut short by a change
+        self.kv_short = 0  # runs shortened, or ruled out, by the free blocks
+
+    def _start_run(self, loop: asyncio.AbstractEventLoop) -> DecodeRun | None:
+        cohort = self.state.cohort
+        assert cohort is not None
+        finish = cohort.next_finish()
+        run = super()._start_run(loop)
+        if finish is not None and len(self.state.running) == len(cohort):
+            reach = min(self.kv.block_size, finish - cohort.tick)  # without the KV's limit
+            got = 0 if run is None else run.length
+            self.kv_short += reach >= 2 and got < reach
+        self.runs += run is not None
+        return run
+
+    def _cut_run(self) -> None:
+        run = self._run
+        assert run is not None
+        length = run.length
+        super()._cut_run()
+        self.cuts += run.length < length
+
+
+@dataclass
+class RunsRun:
+    steps: list[float] = field(default_factory=list)  # each step's end time
+    # In time order: transitions with their time, reservations, aborts, probes.
+    events: list[Any] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=dict)  # request id → its end state
+    counters: dict[str, Any] = field(default_factory=dict)
+    runs: int = 0
+    cuts: int = 0
+    kv_short: int = 0
+    caught_up: int = 0  # probes that brought a run up to their time
+
+
+async def _drive_runs(case: RunCase, engine_runs: bool) -> RunsRun:
+    """Play ``case``'s timed script on one engine, driven as LocalInstance._run drives it."""
+    loop = asyncio.get_running_loop()
+    noise = StepNoise(case.noise_cv, 7) if case.noise_cv else None
+    engine = _CountingCore(EngineConfig(**case.config, engine_runs=engine_runs),
+                           SimExecutor(MODEL, noise))
+    assert (engine.state.cohort is not None) == engine_runs
+    ledger = RequestLedger()
+    wake = asyncio.Event()  # an action happened (LocalInstance's ``_wake``)
+    seqs: dict[str, Sequence] = {}
+    pending: list[Sequence] = []  # imports waiting for KV room here, in arrival order
+    transfer: dict[str, float] = {}  # an import's KV transfer time
+    fired = in_flight = 0  # actions run; KV transfers under way
+    result = RunsRun()
+    events = result.events
+
+    def open_record(spec: dict[str, Any]) -> Sequence:
+        now = loop.time()
+        seq = Sequence(spec["request_id"], spec["prompt_len"], spec["max_tokens"],
+                       tpot=spec["tpot"], prefill_deadline=now + spec["ttft"])
+        seqs[seq.request_id] = seq
+        ledger.open(Request(seq.request_id, now, seq.prompt_len, seq.max_tokens), None)
+        return seq
+
+    def land(rid: str) -> None:
+        nonlocal in_flight
+        in_flight -= 1
+        if rid in engine.incoming:  # not aborted on the way
+            engine.activate_import(rid)
+        wake.set()
+
+    def reserve() -> None:
+        """FCFS: the head waits for room, nobody overtakes it. Tried as an import arrives and
+        as transitions free blocks: times both engines share."""
+        nonlocal in_flight
+        while pending:
+            seq = pending[0]
+            reserved = engine.reserve_import(seq)
+            events.append(("reserve", loop.time(), seq.request_id, reserved,
+                           engine.kv.num_used_blocks))
+            if not reserved:
+                return
+            pending.pop(0)
+            in_flight += 1
+            loop.call_later(transfer[seq.request_id], land, seq.request_id)
+
+    def abort(rid: str) -> None:
+        for seq in pending:
+            if seq.request_id == rid:  # not reserved here yet: it ends where it waits
+                pending.remove(seq)
+                ledger.settle(ledger.records[rid], Outcome.ABORTED, loop.time())
+                events.append(("abort pending", loop.time(), rid))
+                return
+        events.append(("abort", loop.time(), rid, engine.abort(rid)))
+
+    def probe(rid: str) -> None:
+        steps = engine.num_steps
+        engine.catch_up()  # what LocalInstance.stats() does before it reads
+        result.caught_up += engine.num_steps > steps  # a run's steps ended by now
+        seen: list[Any] = [engine.kv.num_used_blocks, engine.num_running, engine.num_waiting,
+                           engine.decode_ctx, engine.num_steps, engine.busy_time]
+        seq = engine.get(rid)
+        if seq is not None:
+            seen.append((seq.status.name, seq.num_tokens, seq.num_computed_tokens,
+                         len(seq.output_token_ids), tuple(seq.block_table)))
+        events.append(("probe", loop.time(), rid, seen))
+
+    def act(action: Action) -> None:
+        nonlocal fired
+        fired += 1
+        kind = action[0]
+        if kind == "add":
+            engine.add_request(open_record(action[1]))
+        elif kind == "import":
+            seq = open_record(action[1])
+            seq.output_token_ids.append(0)  # the prompt computed, one token sampled
+            seq.num_tokens += 1
+            seq.num_computed_tokens = seq.prompt_len
+            pending.append(seq)
+            transfer[seq.request_id] = action[1]["transfer"]
+            reserve()
+        elif kind == "abort":
+            abort(action[1])
+        else:
+            probe(action[1])
+        wake.set()
+
+    start = loop.time()
+    for at, action in case.script:
+        loop.call_at(start + at, act, action)
+    while True:
+        if not engine.has_work():
+            if fired == len(case.script) and not pending and not in_flight:
+                break
+            wake.clear()
+            await wake.wait()
+            continue
+        steps = engine.num_steps
+        out = await engine.step()
+        if engine.num_steps > steps:  # a run's StepOutput stands for each of its steps
+            result.steps += [*(out.earlier_ticks or ()), out.time]
+        assert len(result.steps) == engine.num_steps
+        ledger.on_tokens(out, 0)
+        for rid, status in out.transitions:
+            ledger.settle(ledger.records[rid], _OUTCOME[status], out.time)
+        if out.transitions:
+            events.append(("transitions", out.time, out.transitions))
+            reserve()
+        if engine.num_steps == steps and engine.has_work():
+            wake.clear()  # nothing could be planned: wait for a change
+            await wake.wait()
+
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    result.counters = {"steps": engine.num_steps, "busy": engine.busy_time, "end": loop.time()}
+    result.runs, result.cuts, result.kv_short = engine.runs, engine.cuts, engine.kv_short
+    for rid, seq in seqs.items():
+        record = ledger.records[rid]
+        assert record.outcome is not Outcome.PENDING and record.runs is None  # closed
+        result.final[rid] = {
+            "status": seq.status.name, "num_tokens": seq.num_tokens,
+            "num_computed_tokens": seq.num_computed_tokens,
+            "output_token_ids": list(seq.output_token_ids),
+            "num_preemptions": seq.num_preemptions, "block_table": list(seq.block_table),
+            "in_cohort": seq.in_cohort, "outcome": record.outcome,
+            "finish_time": record.finish_time, "token_times": list(record.times()),
+        }
+    return result
+
+
+def run_runs_case(case: RunCase, engine_runs: bool) -> RunsRun:
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(_drive_runs(case, engine_runs))
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_engine_decode_runs(planner: str) -> None:
+    rng = random.Random(f"engine-decode-runs/{planner}")
+    runs = cuts = kv_short = noisy_cuts = caught_up = preempted = 0
+    for i in range(RUN_CASES):
+        case = draw_run_case(rng, planner)
+        on, off = run_runs_case(case, True), run_runs_case(case, False)
+        where = f"case {i} of {planner} ({case.describe()})"
+        for j, (a, b) in enumerate(zip(on.steps, off.steps, strict=False)):
+            if a != b:
+                pytest.fail(f"{where}: step {j} ends at {a!r} with runs, {b!r} without",
+                            pytrace=False)
+        assert len(on.steps) == len(off.steps), where
+        for a, b in zip(on.events, off.events, strict=False):
+            if a != b:
+                pytest.fail(f"{where}: engine_runs=True {a!r:.400}, engine_runs=False "
+                            f"{b!r:.400}", pytrace=False)
+        assert len(on.events) == len(off.events), where
+        if on.final != off.final:
+            pytest.fail(f"{where}: at the end: {_diff(on.final, off.final)}", pytrace=False)
+        assert on.counters == off.counters, f"{where}: {_diff(on.counters, off.counters)}"
+        assert off.runs == 0, where
+        runs += on.runs
+        cuts += on.cuts
+        kv_short += on.kv_short
+        noisy_cuts += on.cuts if case.noise_cv else 0
+        caught_up += on.caught_up
+        preempted += any(f["num_preemptions"] for f in on.final.values())
+    # The cases reach what they are for: runs taken, runs cut (with step noise among them:
+    # factors put back), runs shortened or ruled out by the free blocks, probes that read
+    # mid-run, and preemptions (between runs) in some cases.
+    assert runs >= 10 * RUN_CASES, runs
+    assert cuts >= RUN_CASES, cuts
+    assert noisy_cuts >= 10, noisy_cuts
+    assert kv_short >= 10, kv_short
+    assert caught_up >= 10, caught_up
+    assert preempted >= 5, preempted
+
+
+def _import(rid: str) -> Sequence:
+    seq = Sequence(rid, 10, 40)
+    seq.output_token_ids.append(0)  # prefilled elsewhere, its first token sampled
+    seq.num_tokens += 1
+    seq.num_computed_tokens = seq.prompt_len
+    return seq
+
+
+async def _abort_then_run(engine_runs: bool) -> tuple[float, list[Any], int]:
+    engine = EngineCore(EngineConfig(num_kv_blocks=64, block_size=16, planner="prefill-first",
+                                     role=Role.DECODE, engine_runs=engine_runs),
+                        SimExecutor(MODEL))
+    assert engine.reserve_import(_import("a")) and engine.reserve_import(_import("b"))
+    # At one instant, while the engine has nothing to run: "a" is aborted, "b"'s KV lands.
+    engine.abort("a")
+    engine.activate_import("b")
+    out = await engine.step()  # applies the abort, then decodes "b"
+    return out.time, out.transitions, engine.num_steps
+
+
+def test_abort_before_a_run() -> None:
+    """An abort applied as ``step()`` starts ends its request at that step's end: the call
+    takes no decode run, which would report it at the run's end."""
+    on, off = (run(_abort_then_run(r), virtual=True) for r in (True, False))
+    assert off[2] == 1
+    assert on[:2] == off[:2], f"engine_runs=True {on}, engine_runs=False {off}"
 
 
 # ---- cluster level -----------------------------------------------------------------------

@@ -308,7 +308,10 @@ class EngineCore:
                     self.state.cohort.join(seq)  # type: ignore[union-attr]  # _joining: one
             self._joining.clear()
         self.state.now = loop.time()
-        if self._runs and not self.state.waiting and isinstance(loop, VirtualTimeLoop):
+        # Aborts applied now are reported at the end of this step: a run would report them
+        # late.
+        if self._runs and not transitions and not self.state.waiting and \
+                isinstance(loop, VirtualTimeLoop):
             run = self._start_run(loop)
             if run is not None:
                 await run.done
