@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -52,6 +53,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._now
+
+    # asyncio fires the timers due before time() + the clock's resolution, so on a clock that
+    # jumps, a timer 1 ns ahead of the one that set the time would fire early and its callback
+    # read a time before its own: a step would end before start + duration. One ulp fires
+    # exactly the timers due now.
+    @property
+    def _clock_resolution(self) -> float:
+        return math.ulp(self._now)
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:
+        pass  # the real clock's, set by asyncio's constructor
 
 
 async def cancel(task: asyncio.Task[Any] | None) -> None:

@@ -32,6 +32,27 @@ def test_virtual_time_jumps_to_the_next_timer():
     assert wall < 1.0  # an hour of virtual time, no real waiting
 
 
+def test_a_timer_fires_at_its_own_time_exactly():
+    """Each callback reads the time it was set for, to the bit: the clock jumps to a timer's
+    time (not now + the difference), and a timer a nanosecond behind another does not fire
+    with it, early (decode runs compute step ends as start + duration: decode_run.py)."""
+    start, step = 0.1, 0.0123456789
+    whens = [start + step, start + step + 1e-10, start + step + 4e-10, 7.0 + 1e-9]
+
+    async def main() -> list[tuple[float, float]]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(start)
+        seen: list[tuple[float, float]] = []
+        for when in whens:
+            loop.call_at(when, lambda w=when: seen.append((w, loop.time())))
+        await asyncio.sleep(10.0)
+        return seen
+
+    seen = run(main(), virtual=True)
+    assert [w for w, _ in seen] == whens
+    assert all(now == when for when, now in seen), seen
+
+
 def test_a_task_waiting_forever_is_a_deadlock_not_a_hang():
     async def main():
         await asyncio.Event().wait()

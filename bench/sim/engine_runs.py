@@ -1,14 +1,13 @@
-"""The decode cohort against stepping each sequence: wall time per setting, same results checked.
+"""Engine runs (the decode cohort and decode runs) against stepping each sequence: wall time per
+setting, same results checked.
 
 For each setting, the run with engine runs on (the default: hfx/engine/cohort.py) and off
 (``--no-engine-runs``), alternated, ``--repeat`` times each; the median wall times, their ratio,
 and whether the two result objects are identical (every field but the wall time and the switch
 itself). A setting whose results differ fails the script.
 
-It also counts how much a *multi-step* decode run could take (advancing several cohort steps as
-one loop timer when nothing can change the plan between them): the steps that are pure cohort
-decodes with no arrival, import, abort, first token or finish since the previous step, and that
-follow such a step. That share bounds what multi-step runs could save.
+It also counts the steps taken in decode runs (several cohort steps as one loop timer when
+nothing can change the plan between them, hfx/engine/decode_run.py), and their mean length.
 
     python bench/sim/engine_runs.py --json docs/data/engine_runs.json
 """
@@ -57,43 +56,23 @@ def comparable(result: dict) -> dict:
 
 
 @contextmanager
-def stretches() -> Iterator[Counter]:
-    """Counts, per engine, the lengths of stretches of steps a multi-step run could take."""
+def runs_taken() -> Iterator[Counter]:
+    """Counts the decode runs the engines take, by length in steps (from each output's
+    ``earlier_ticks``)."""
     lengths: Counter = Counter()
-    state: dict[int, list] = {}  # id(engine) → [current stretch, touched since last step]
-    step, add, activate = EngineCore.step, EngineCore.add_request, EngineCore.activate_import
-
-    def touch(engine: EngineCore) -> None:
-        state.setdefault(id(engine), [0, False])[1] = True
+    step = EngineCore.step
 
     async def counted_step(self: EngineCore):  # type: ignore[no-untyped-def]
         out = await step(self)
-        st = state.setdefault(id(self), [0, False])
-        if out.ticked and not (out.request_ids or out.transitions or out.moves or st[1]):
-            st[0] += 1
-        else:
-            if st[0]:
-                lengths[st[0]] += 1
-            st[0] = 0
-        st[1] = False
+        if out.earlier_ticks:
+            lengths[len(out.earlier_ticks) + 1] += 1
         return out
 
-    def counted_add(self: EngineCore, seq):  # type: ignore[no-untyped-def]
-        touch(self)
-        return add(self, seq)
-
-    def counted_activate(self: EngineCore, rid, kv=None):  # type: ignore[no-untyped-def]
-        touch(self)
-        return activate(self, rid, kv)
-
     EngineCore.step = counted_step  # type: ignore[method-assign]
-    EngineCore.add_request = counted_add  # type: ignore[method-assign]
-    EngineCore.activate_import = counted_activate  # type: ignore[method-assign]
     try:
         yield lengths
     finally:
-        EngineCore.step, EngineCore.add_request = step, add  # type: ignore[method-assign]
-        EngineCore.activate_import = activate  # type: ignore[method-assign]
+        EngineCore.step = step  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -116,25 +95,25 @@ def main() -> int:
                 results[runs] = r
         identical = comparable(results[True]) == comparable(results[False])
         identical_everywhere &= identical
-        with stretches() as lengths:
+        with runs_taken() as lengths:
             simulate(SimConfig(**fields))
         steps = results[True]["engine_steps"]
-        runnable = sum(k * v for k, v in lengths.items() if k >= 2)
+        in_runs = sum(k * v for k, v in lengths.items())
         row = {"setting": name, "config": fields, "identical": identical,
                "engine_steps": steps, "sim_seconds": results[True]["sim_seconds"],
                "wall_s_stepping": statistics.median(walls[False]),
-               "wall_s_cohort": statistics.median(walls[True]),
-               "steps_in_multi_step_stretches": runnable,
-               "multi_step_share": runnable / steps if steps else 0.0,
-               "mean_stretch": (sum(k * v for k, v in lengths.items())
-                                / max(1, sum(lengths.values())))}
-        row["speedup"] = row["wall_s_stepping"] / row["wall_s_cohort"]
-        row["sim_per_wall_cohort"] = row["sim_seconds"] / row["wall_s_cohort"]
+               "wall_s_engine_runs": statistics.median(walls[True]),
+               "steps_in_runs": in_runs,
+               "run_share": in_runs / steps if steps else 0.0,
+               "mean_run": in_runs / max(1, sum(lengths.values()))}
+        row["speedup"] = row["wall_s_stepping"] / row["wall_s_engine_runs"]
+        row["sim_per_wall_engine_runs"] = row["sim_seconds"] / row["wall_s_engine_runs"]
         rows.append(row)
-        print(f"{name}: {row['wall_s_stepping']:.2f} s stepping, {row['wall_s_cohort']:.2f} s "
-              f"cohort ({row['speedup']:.2f}x, {row['sim_per_wall_cohort']:.0f}x real time); "
-              f"identical: {identical}; {row['multi_step_share']:.1%} of steps in stretches a "
-              f"multi-step run could take", flush=True)
+        print(f"{name}: {row['wall_s_stepping']:.2f} s stepping, "
+              f"{row['wall_s_engine_runs']:.2f} s engine runs ({row['speedup']:.2f}x, "
+              f"{row['sim_per_wall_engine_runs']:.0f}x real time); "
+              f"identical: {identical}; {row['run_share']:.1%} of steps in decode runs "
+              f"(mean {row['mean_run']:.1f})", flush=True)
     write_json(args.json, {"command": "python bench/sim/engine_runs.py " + " ".join(sys.argv[1:]),
                            "repeat": args.repeat, "settings": rows})
     return 0 if identical_everywhere else 1
