@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def measure(config: SimConfig) -> dict:
     t0 = time.perf_counter()
     r = simulate(config)
     wall = time.perf_counter() - t0
+    # The process's peak so far: in a grid's child process, this run's (Linux: KiB).
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "policy": config.policy, "qps": config.qps, "instances": config.instances,
         "timed_out": False,
@@ -41,6 +44,7 @@ def measure(config: SimConfig) -> dict:
         "engine_steps": r["engine_steps"], "sim_seconds": r["sim_seconds"], "wall_seconds": wall,
         "sim_per_wall": r["sim_seconds"] / wall, "requests_per_wall_s": r["requests"] / wall,
         "tokens": round(r["output_tokens_per_s"] * (r["sim_seconds"])),
+        "peak_rss_mb": peak_mb,
     }
 
 
