@@ -47,7 +47,15 @@ from hfx.assembly import sim_engines
 from hfx.clock import VirtualTimeLoop, run
 from hfx.cluster.ledger import RequestLedger
 from hfx.config import SimConfig
-from hfx.engine import EngineConfig, EngineCore, RequestStatus, Role, Sequence, SimExecutor
+from hfx.engine import (
+    EngineConfig,
+    EngineCore,
+    RequestStatus,
+    Role,
+    Sequence,
+    SimExecutor,
+    StepOutput,
+)
 from hfx.engine.decode_run import DecodeRun
 from hfx.engine.executor import StepNoise
 from hfx.request import Outcome, Request
@@ -636,6 +644,85 @@ def test_abort_before_a_run() -> None:
     on, off = (run(_abort_then_run(r), virtual=True) for r in (True, False))
     assert off[2] == 1
     assert on[:2] == off[:2], f"engine_runs=True {on}, engine_runs=False {off}"
+
+
+def test_a_recompute_down_to_its_last_token_decodes_with_the_cohort() -> None:
+    """A preempted sequence recomputed in chunks until one token is missing is a decode to a
+    per-sequence plan (``Sequence.is_decode``): the TPOT-chunked planners must count it one
+    (its TPOT sets the budget, it preempts for room) rather than as a prompt. Here the tight
+    TPOT makes the prompt budget a single token, which leaves exactly that state (found by a
+    review's fuzzing: this script diverged before the fix)."""
+    def add(rid: str, prompt: int, tpot: float | None, ttft: float, out: int,
+            mid: bool = False) -> Action:
+        return ("add", {"request_id": rid, "prompt_len": prompt, "tpot": tpot, "ttft": ttft,
+                        "max_tokens": out}, mid)
+
+    script: list[list[Action]] = [[] for _ in range(200)]
+    script[48] = [add("r16", 7, 0.0005, 0.005, 53)]
+    script[67] = [add("r14", 7, 0.0005, 0.091, 69)]
+    script[68] = [add("r8", 3, 0.0005, 0.197, 67, True)]
+    script[79] = [add("r2", 2, None, 0.28, 78)]
+    script[87] = [add("r13", 8, None, 0.18, 41)]
+    script[92] = [add("r12", 3, 0.004, 0.009, 74)]
+    script[101] = [add("r9", 2, None, 0.053, 13)]
+    for planner in ("tpot-chunked", "deadline-chunked"):
+        case = EngineCase({"num_kv_blocks": 12, "block_size": 16, "planner": planner,
+                           "planner_params": {}, "role": Role.COLOCATED, "max_num_seqs": 256,
+                           "max_num_batched_tokens": None, "watermark": 0.1}, 0.0, script)
+        on, off = run_engine_case(case, True), run_engine_case(case, False)
+        assert on.preempted, "the case preempts"
+        for j, (a, b) in enumerate(zip(on.trace, off.trace, strict=True)):
+            assert a == b, f"{planner}: trace entry {j}: {_diff(a, b)}"
+        assert on.final == off.final, planner
+
+
+async def _listened(engine_runs: bool, scenario: str) -> dict[str, tuple[int, int]]:
+    """Two 40-token requests with listeners; per request (events heard, tokens recorded)."""
+    loop = asyncio.get_running_loop()
+    role = Role.DECODE if scenario == "import" else Role.COLOCATED
+    blocks = 8 if scenario == "preempt" else 200
+    block_size = 4 if scenario == "preempt" else 16
+    engine = EngineCore(EngineConfig(num_kv_blocks=blocks, block_size=block_size,
+                                     planner="prefill-first", role=role,
+                                     engine_runs=engine_runs), SimExecutor(MODEL))
+    ledger = RequestLedger()
+    heard: dict[str, int] = {}
+
+    def listener(rid: str) -> Callable[[Any], None]:
+        def hear(event: Any) -> None:
+            if event.token is not None:
+                heard[rid] = heard.get(rid, 0) + 1
+        return hear
+
+    out_len = 20 if scenario == "preempt" else 40
+    for rid in ("a", "b"):
+        ledger.open(Request(rid, loop.time(), 10, out_len), listener(rid))
+        seq = Sequence(rid, 10, out_len)
+        if scenario == "import":  # prefilled elsewhere: its first token heard there
+            seq.output_token_ids.append(0)
+            seq.num_tokens += 1
+            seq.num_computed_tokens = seq.prompt_len
+            ledger.on_tokens(StepOutput(loop.time(), [rid], None, []), 0)
+            assert engine.reserve_import(seq)
+            engine.activate_import(rid)
+        else:
+            engine.add_request(seq)
+    while engine.has_work():
+        out = await engine.step()
+        ledger.on_tokens(out, 0)
+        for rid, status in out.transitions:
+            ledger.settle(ledger.records[rid], _OUTCOME[status], out.time)
+    return {rid: (heard.get(rid, 0), r.num_tokens) for rid, r in ledger.records.items()}
+
+
+@pytest.mark.parametrize("scenario", ["import", "preempt"])
+def test_listeners_hear_exactly_the_recorded_tokens(scenario: str) -> None:
+    """A listener hears a cohort member's ticks from its join to its leave: an import joining
+    as a step starts hears that step; a member preempted as a step is planned does not (the
+    ledger applies the moves before each tick, not after the output's ticks)."""
+    on, off = (run(_listened(r, scenario), virtual=True) for r in (True, False))
+    assert on == off
+    assert all(heard == recorded for heard, recorded in on.values()), on
 
 
 # ---- cluster level -----------------------------------------------------------------------

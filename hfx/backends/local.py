@@ -148,6 +148,7 @@ class LocalInstance:
 
     def _fail(self, error: str, suspects: tuple[str, ...] = (),
               before: list[tuple[str, RequestStatus]] | None = None) -> None:
+        self._flush_run()  # the steps a decode run took before it broke
         ids = self.engine.fail_all()
         now = asyncio.get_running_loop().time()
         self._emit(StepOutput(

@@ -84,8 +84,9 @@ class RequestLedger:
         """One step's tokens: their times, the ids a real executor sampled (what a retry resumes
         from), the listeners, first tokens."""
         records = self.records
+        moves = out.moves
         if out.ticked:
-            self._on_tick(out, instance_id)
+            moves = self._on_ticks(out, instance_id, moves)
         if out.token_times is None:
             now = out.time
             for rid in out.request_ids:
@@ -109,54 +110,69 @@ class RequestLedger:
             # The few first tokens of the step, found at C speed, not by a call per token.
             for rid in self._awaiting.keys() & out.request_ids:
                 self._first_token(rid)
-        if out.moves:
-            self._on_moves(out.moves, instance_id)
+        if moves:  # after the step's own tokens: a run opened now comes after them
+            for rid, tick, joined in moves:
+                self._move(rid, tick, joined, instance_id)
 
     # A simulated engine's decode cohort: one time per step in the instance's tick log; a run
     # opened or closed on a record as its request joins or leaves (tick numbers index the log:
     # tick k's time is ``log[k - 1]``).
-    def _on_tick(self, out: StepOutput, instance_id: int) -> None:
+    def _log(self, instance_id: int) -> array:
         log = self._ticks.get(instance_id)
         if log is None:
             log = self._ticks[instance_id] = array("d")
-        ticks = 1
-        if out.earlier_ticks:  # a decode run's
-            log.extend(out.earlier_ticks)
-            ticks += len(out.earlier_ticks)
-        log.append(out.time)
-        listeners = self._tick_listeners.get(instance_id)
-        if listeners:
-            for _ in range(ticks):
+        return log
+
+    def _on_ticks(self, out: StepOutput, instance_id: int,
+                  moves: list[tuple[str, int, bool]] | None
+                  ) -> list[tuple[str, int, bool]] | None:
+        """The cohort's ticks in this output (a decode run's earlier ones, then ``out.time``);
+        returns the moves left for after the step's own tokens. Records index the log, so
+        without listeners the order is free; with them, the moves before each tick are applied
+        before it, so that a member hears exactly the ticks between its join and its leave."""
+        log = self._log(instance_id)
+        if not self._listeners:
+            if out.earlier_ticks:
+                log.extend(out.earlier_ticks)
+            log.append(out.time)
+            return moves
+        pending = moves or []
+        i = 0
+        for t in [*(out.earlier_ticks or ()), out.time]:
+            k = len(log) + 1  # this tick's number
+            while i < len(pending) and pending[i][1] < k:
+                rid, tick, joined = pending[i]
+                self._move(rid, tick, joined, instance_id)
+                i += 1
+            log.append(t)
+            listeners = self._tick_listeners.get(instance_id)
+            if listeners:
                 for listener in list(listeners.values()):
                     listener(TokenEvent(PLACEHOLDER_TOKEN))
+        return pending[i:]
 
-    def _on_moves(self, moves: list[tuple[str, int, bool]], instance_id: int) -> None:
-        """After the step's own tokens: a run opened now comes after them."""
-        log = self._ticks.get(instance_id)
-        if log is None:
-            log = self._ticks[instance_id] = array("d")
+    def _move(self, rid: str, tick: int, joined: bool, instance_id: int) -> None:
+        record = self.records.get(rid)
+        if record is None or record.outcome is not Outcome.PENDING:
+            return  # forgotten, or ended (its runs are closed)
+        runs = record.runs
         listeners = self._tick_listeners.get(instance_id)
-        for rid, tick, joined in moves:
-            record = self.records.get(rid)
-            if record is None or record.outcome is not Outcome.PENDING:
-                continue  # forgotten, or ended (its runs are closed)
-            runs = record.runs
-            if not joined:
-                if runs and runs[-1].end is None:
-                    runs[-1].end = tick
-                if listeners:
-                    listeners.pop(rid, None)
-                continue
-            run = TokenRun(len(record.token_times), log, tick)
-            if runs is None:
-                record.runs = [run]
-            else:
-                runs.append(run)
-            listener = self._listeners.get(rid)
-            if listener is not None:
-                if listeners is None:
-                    listeners = self._tick_listeners[instance_id] = {}
-                listeners[rid] = listener
+        if not joined:
+            if runs and runs[-1].end is None:
+                runs[-1].end = tick
+            if listeners:
+                listeners.pop(rid, None)
+            return
+        run = TokenRun(len(record.token_times), self._log(instance_id), tick)
+        if runs is None:
+            record.runs = [run]
+        else:
+            runs.append(run)
+        listener = self._listeners.get(rid)
+        if listener is not None:
+            if listeners is None:
+                listeners = self._tick_listeners[instance_id] = {}
+            listeners[rid] = listener
 
     def _first_token(self, request_id: str) -> None:
         if self._awaiting.pop(request_id, None) is not None:

@@ -66,12 +66,15 @@ class _Columns:
                 continue
             t = r.times()
             k = len(t)
+            self.finished[i] = True
+            self.e2e[i] = cast(float, r.finish_time) - r.request.arrival
+            if not k:  # finished with no token (a stream that ended at once): no latencies
+                self.ttft[i] = self.tpot[i] = math.nan
+                continue
             first, last = t[0], t[-1]
             ttft = first - r.request.arrival
             tpot = 0.0 if k == 1 else (last - first) / (k - 1)  # RequestRecord.tpot
-            self.finished[i] = True
             self.ttft[i], self.tpot[i] = ttft, tpot
-            self.e2e[i] = cast(float, r.finish_time) - r.request.arrival
             self.tokens[i] = k
             target = r.target
             if target is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from hfx.engine.cohort import DecodeCohort
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
 from hfx.engine.planners.slo_paced import time2bs
 from hfx.engine.sequence import RequestStatus, Sequence
@@ -36,14 +37,30 @@ class TPOTChunkedPlanner(BatchPlanner):
         else:
             # Every decoding sequence is a member; the rest of the running list is prompts
             # under way (usually none: a prompt done in one step has joined).
+            started = self._prompts_under_way(running, cohort)
             budget = self._budget(cohort.min_tpot(), cohort.decode_ctx, len(cohort))
-            started = [s for s in running if not s.in_cohort] \
-                if len(running) != len(cohort) else []
             self.decode_cohort(state, cohort, out)
         if out.preempted:  # a preempted prompt went back to the waiting queue
             started = [s for s in started if s.status is RequestStatus.RUNNING]
         self._plan_prompts(state, out, started, budget)
         return out
+
+    @staticmethod
+    def _prompts_under_way(running: list[Sequence], cohort: DecodeCohort) -> list[Sequence]:
+        """The running sequences that are not members, in order. One recomputed after a
+        preemption down to its last token (a chunk of exactly its rest but one) decodes from
+        here, as a per-sequence plan would count it: it joins first."""
+        if len(running) == len(cohort):
+            return []
+        started = []
+        for s in running:
+            if s.in_cohort:
+                continue
+            if s.num_computed_tokens == s.num_tokens - 1 and s.output_token_ids:
+                cohort.join(s)  # Sequence.is_decode
+            else:
+                started.append(s)
+        return started
 
     def _plan_decodes(self, state: EngineState,
                       out: SchedulerOutput) -> tuple[list[Sequence], int]:
