@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from hfx.assembly import build_cluster, sim_engines
 from hfx.backends.local import LocalInstance, LocalPlacement
-from hfx.clock import run
+from hfx.clock import VirtualTimeLoop, run
 from hfx.cluster.control import ControlPlane, ScalerHooks
 from hfx.cluster.placement import EngineFactory
 from hfx.config import SimConfig
@@ -88,13 +88,16 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
             bar.update(control.num_done - bar.n)
 
     ticker = loop.create_task(show_progress()) if progress else None
-    for req in requests:
-        delay = t0 + req.arrival - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if t0:  # real clock: latency counts from receipt, as a server stamps it, not from
-            req = replace(req, arrival=loop.time())  # when a late timer meant to send it
-        control.submit(req)
+    if isinstance(loop, VirtualTimeLoop) and not t0:
+        await _arrive(control, requests)
+    else:
+        for req in requests:
+            delay = t0 + req.arrival - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if t0:  # real clock: latency counts from receipt, as a server stamps it, not
+                req = replace(req, arrival=loop.time())  # from when a late timer meant to send it
+            control.submit(req)
     try:
         # A stalled engine would otherwise keep the Monitor ticking forever on a virtual clock.
         limit = STALL_SECONDS + (requests[-1].arrival if requests else 0.0)
@@ -112,6 +115,28 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
     bar.close()
     await control.stop()
     return end
+
+
+async def _arrive(control: ControlPlane, requests: list[Request]) -> None:
+    """On the virtual clock from 0: each request submitted by a timer at its arrival time, each
+    arrival's callback setting the next one's timer (one timer per request, no task woken per
+    request); returns when all are in."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    n = len(requests)
+
+    def arrive(i: int) -> None:
+        now = loop.time()
+        while i < n and requests[i].arrival <= now:
+            control.submit(requests[i])
+            i += 1
+        if i < n:
+            loop.call_at(requests[i].arrival, arrive, i)
+        else:
+            done.set_result(None)
+
+    arrive(0)
+    await done
 
 
 async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
