@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 
 from hfx.assembly import sim_engines
-from hfx.clock import VirtualTimeLoop, run
+from hfx.clock import run
 from hfx.cluster.ledger import RequestLedger
 from hfx.config import SimConfig
 from hfx.engine import (
@@ -290,10 +290,17 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
     result.ticks = 0 if engine.state.cohort is None else engine.state.cohort.tick
     result.preempted = sum(s.num_preemptions > 0 for s in seqs.values())
     result.counters = {"steps": engine.num_steps, "busy": engine.busy_time, "end": loop.time()}
+    result.final = _final(seqs, ledger)
+    return result
+
+
+def _final(seqs: dict[str, Sequence], ledger: RequestLedger) -> dict[str, Any]:
+    """Every sequence's end state beside its record's: all ended, runs copied in."""
+    final = {}
     for rid, seq in seqs.items():
         record = ledger.records[rid]
         assert record.outcome is not Outcome.PENDING and record.runs is None  # closed
-        result.final[rid] = {
+        final[rid] = {
             "status": seq.status.name, "num_tokens": seq.num_tokens,
             "num_computed_tokens": seq.num_computed_tokens,
             "output_token_ids": list(seq.output_token_ids),
@@ -301,15 +308,11 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
             "in_cohort": seq.in_cohort, "outcome": record.outcome,
             "finish_time": record.finish_time, "token_times": list(record.token_times),
         }
-    return result
+    return final
 
 
 def run_engine_case(case: EngineCase, engine_runs: bool) -> EngineRun:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(_drive(case, engine_runs))
-    finally:
-        loop.close()
+    return run(_drive(case, engine_runs), virtual=True)
 
 
 @pytest.mark.parametrize("planner", PLANNERS)
@@ -557,26 +560,12 @@ async def _drive_runs(case: RunCase, engine_runs: bool) -> RunsRun:
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     result.counters = {"steps": engine.num_steps, "busy": engine.busy_time, "end": loop.time()}
     result.runs, result.cuts, result.kv_short = engine.runs, engine.cuts, engine.kv_short
-    for rid, seq in seqs.items():
-        record = ledger.records[rid]
-        assert record.outcome is not Outcome.PENDING and record.runs is None  # closed
-        result.final[rid] = {
-            "status": seq.status.name, "num_tokens": seq.num_tokens,
-            "num_computed_tokens": seq.num_computed_tokens,
-            "output_token_ids": list(seq.output_token_ids),
-            "num_preemptions": seq.num_preemptions, "block_table": list(seq.block_table),
-            "in_cohort": seq.in_cohort, "outcome": record.outcome,
-            "finish_time": record.finish_time, "token_times": list(record.times()),
-        }
+    result.final = _final(seqs, ledger)
     return result
 
 
 def run_runs_case(case: RunCase, engine_runs: bool) -> RunsRun:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(_drive_runs(case, engine_runs))
-    finally:
-        loop.close()
+    return run(_drive_runs(case, engine_runs), virtual=True)
 
 
 @pytest.mark.parametrize("planner", PLANNERS)

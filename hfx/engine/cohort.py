@@ -125,31 +125,21 @@ class DecodeCohort:
     def crossing(self) -> list[Sequence]:
         """Members whose decode at this tick needs a new KV block, in running-list order (the
         order a per-sequence planner visits them in). The caller allocates, then ``crossed``."""
-        heap, tick = self._cross, self.tick
-        out = []
-        while heap and heap[0][0] <= tick:
-            _, order, seq = heapq.heappop(heap)
-            if seq.in_cohort and seq.order == order:
-                out.append(seq)
-        if len(out) > 1:
-            out.sort(key=_order)
-        return out
+        return _pop_due(self._cross, self.tick)
 
     def next_finish(self) -> int | None:
         """The tick at which the first member reaches ``max_tokens`` (None: no member)."""
         heap = self._finish
         while heap:
-            _, order, seq = heap[0]
-            if seq.in_cohort and seq.order == order:
+            if _live(*heap[0]):
                 return heap[0][0]
-            heapq.heappop(heap)  # stale
+            heapq.heappop(heap)
         return None
 
     def crossing_ticks(self, last: int) -> list[int]:
         """The ticks, up to ``last``, at which members need their next KV block, sorted; each
         member's next one only (what a window of at most ``block_size`` ticks holds)."""
-        return sorted(t for t, order, seq in self._cross
-                      if t <= last and seq.in_cohort and seq.order == order)
+        return sorted(entry[0] for entry in self._cross if entry[0] <= last and _live(*entry))
 
     def crossed(self, seq: Sequence) -> None:
         """``seq`` got its block: watch for the next crossing."""
@@ -158,18 +148,10 @@ class DecodeCohort:
     def step(self) -> list[Sequence]:
         """One decode step of every member. Returns those it brought to ``max_tokens``, in
         running-list order, synced and removed."""
-        self.tick = tick = self.tick + 1
-        heap = self._finish
-        done = []
-        while heap and heap[0][0] <= tick:
-            _, order, seq = heapq.heappop(heap)
-            if seq.in_cohort and seq.order == order:
-                done.append(seq)
-        if done:
-            if len(done) > 1:
-                done.sort(key=_order)
-            for seq in done:
-                self.leave(seq)
+        self.tick += 1
+        done = _pop_due(self._finish, self.tick)
+        for seq in done:
+            self.leave(seq)
         return done
 
     def take_moves(self) -> list[tuple[str, int, bool]] | None:
@@ -199,3 +181,20 @@ class DecodeCohort:
 
 def _order(seq: Sequence) -> int:
     return seq.order
+
+
+def _live(tick: int, order: int, seq: Sequence) -> bool:
+    """Whether a heap entry is its sequence's current one (not left, or left and back)."""
+    return seq.in_cohort and seq.order == order
+
+
+def _pop_due(heap: list[tuple[int, int, Sequence]], tick: int) -> list[Sequence]:
+    """Pop the entries due by ``tick``; their live sequences, in running-list order."""
+    due = []
+    while heap and heap[0][0] <= tick:
+        entry = heapq.heappop(heap)
+        if _live(*entry):
+            due.append(entry[2])
+    if len(due) > 1:
+        due.sort(key=_order)
+    return due

@@ -386,11 +386,7 @@ class EngineCore:
         done = cohort.step()
         if done:  # a run ends at the first finish
             assert transitions is not None and i == run.length - 1
-            length = RequestStatus.FINISHED_LENGTH
-            for seq in done:
-                seq.status = length
-                transitions.append((seq.request_id, length))
-            self._retire(done)
+            self._finish_members(done, transitions)
         self.num_steps += 1
         end = run.times[i]
         self.busy_time += end - (run.times[i - 1] if i else run.start)
@@ -475,12 +471,17 @@ class EngineCore:
             return False
         done = cohort.step()
         if done:
-            length = RequestStatus.FINISHED_LENGTH
-            for seq in done:
-                seq.status = length
-                transitions.append((seq.request_id, length))
-            self._retire(done)
+            self._finish_members(done, transitions)
         return True
+
+    def _finish_members(self, done: list[Sequence],
+                        transitions: list[tuple[str, RequestStatus]]) -> None:
+        """Members a cohort step brought to ``max_tokens``: finished, retired."""
+        length = RequestStatus.FINISHED_LENGTH
+        for seq in done:
+            seq.status = length
+            transitions.append((seq.request_id, length))
+        self._retire(done)
 
     def _advance(self, scheduled: dict[Sequence, int], sampled: dict[Sequence, int] | None,
                  request_ids: list[str], token_ids: list[int] | None,
