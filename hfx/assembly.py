@@ -22,6 +22,7 @@ from hfx.cluster.tl_manager import TLManager
 from hfx.config import ClusterConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.engine.executor import StepNoise
+from hfx.engine.planners import PLANNERS
 from hfx.policies import make_pd_policies, make_policy
 from hfx.stepmodel.latency import Profile
 from hfx.stepmodel.roofline import kv_bytes_from_meta, weight_bytes_per_device
@@ -127,7 +128,8 @@ def build_cluster(config: ClusterConfig, profile: Profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
                            monitor=Monitor(config.monitor_interval),
                            mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl,
-                           admission=AdmissionLimits(config.max_queued, config.max_wait))
+                           admission=AdmissionLimits(config.max_queued, config.max_wait),
+                           mixed_steps=PLANNERS.get_or_raise(ecfg.planner).mixes_decodes)
     if config.max_instances is not None:
         make_scaler(config, profile, control, ecfg, placement, seed)
     return control

@@ -413,3 +413,30 @@ def test_in_pd_a_request_the_decode_stage_can_never_hold_fails_at_submit():
     assert records["r1"].outcome is Outcome.FAILED and records["r1"].instance is None
     assert "exceeds the KV cache (1024 tokens)" in records["r1"].error
     assert records["r0"].outcome is Outcome.FINISHED
+
+
+@pytest.mark.parametrize(("mode", "planner", "mixed"), [
+    ("colocated", None, True),  # hfx brings deadline-chunked: its prefill steps decode too
+    ("colocated", "prefill-first", False),
+    ("colocated", "chunked", True),
+    ("pd", "prefill-first", False),
+    ("pd", "chunked", True),
+])
+def test_the_dispatchers_learn_whether_the_engines_mix_prefill_and_decode(mode, planner, mixed):
+    from hfx.assembly import build_cluster
+    from hfx.config import SimConfig
+
+    cfg = SimConfig(policy="hfx", mode=mode, planner=planner, instances=2, prefill=1, decode=1,
+                    kv_bytes_per_token=1024)
+    cp = build_cluster(cfg, PROFILE)
+    assert cp.mixed_steps is mixed
+
+    async def views() -> list[bool]:
+        await cp.start()
+        try:
+            stages = [cp._dispatch] + ([cp.migration.stage] if cp.migration else [])
+            return [stage.view.mixed_steps for stage in stages]
+        finally:
+            await cp.stop()
+
+    assert set(run(views(), virtual=True)) == {mixed}

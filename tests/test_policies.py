@@ -16,6 +16,7 @@ from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
 from hfx.policies.scorpio import TPOTMix
+from hfx.policies.shadow import ShadowInstance
 from hfx.request import SLO, Outcome, Request, RequestRecord
 from hfx.sim import simulate
 from hfx.stepmodel.latency import Profile, StepTimeModel
@@ -104,6 +105,46 @@ def test_hfx_idle_instance_takes_work_beyond_the_budget():
     pol.enqueue(req("huge", 0.0, 9000, 0.7, 0.5), 0.0)  # more than Eq. 5 allows
     d = pol.schedule(view(0.0))
     assert [x.request.id for x in d.dispatch] == ["huge"]
+
+
+def stepped_view(now: float, busy: float, steps: int, mixed: bool) -> ClusterView:
+    """One instance that has run ``steps`` steps in ``busy`` seconds."""
+    stats = InstanceStats(0, Role.COLOCATED, now, 0, 1, 0, 7, 0, 6250, 16, 100, 256, busy, steps)
+    return ClusterView(now, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE,
+                       mixed_steps=mixed)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_hfx_predicts_the_first_token_on_the_engine_it_dispatches_to(mixed: bool):
+    pol = make_policy("hfx")
+    pol.enqueue(req("a", 0.0, 100, 0.7, 0.5), 0.0)
+    assert [x.request.id for x in pol.schedule(stepped_view(0.0, 0.0, 0, mixed)).dispatch] == ["a"]
+    pol.schedule(stepped_view(1.0, 0.0, 0, mixed))
+    # Four steps in 1.2 s: a measured step of 0.3 s (Eq. 2 predicts 0.0301 for "a" alone).
+    pol.enqueue(req("b", 1.5, 100, 0.7, 0.5), 1.5)  # due at 2.2
+    d = pol.schedule(stepped_view(2.0, 1.2, 4, mixed))
+    assert pol.shadow[0].step == pytest.approx(0.3)
+    if not mixed:
+        # Prefill-first: the first token ~0.03 s after a decode step (≤ 0.03 s) ends: in time.
+        assert [x.request.id for x in d.dispatch] == ["b"]
+    else:
+        # Chunked prefill: after the rest of a 0.3 s step, then a step that also decodes "a":
+        # 0.16 s of slack against up to 0.3 s of wait, p ≈ 0.55 < θ: it stays queued.
+        assert d.dispatch == [] and pol.num_queued() == 1
+
+
+def test_the_shadow_measures_the_engine_step_over_a_window():
+    sh = ShadowInstance(0, 100_000, 256)
+    def snap(busy: float, steps: int) -> InstanceStats:
+        return InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 6250, 16, 0, 256, busy, steps)
+    sh.correct(snap(1.0, 10))  # the anchor
+    sh.correct(snap(1.5, 13))  # three steps: too few to measure
+    assert sh.step == 0.0
+    sh.correct(snap(2.2, 14))  # four steps in 1.2 s
+    assert sh.step == pytest.approx(0.3)
+    sh.correct(snap(0.1, 1))  # a restarted engine: a new anchor, the last measure kept
+    sh.correct(snap(0.5, 5))
+    assert sh.step == pytest.approx(0.1)
 
 
 def kv_view(now: float, used_blocks: list[int]) -> ClusterView:

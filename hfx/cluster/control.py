@@ -84,6 +84,7 @@ class ControlPlane:
         tl_manager: TLManager | None = None,
         max_retries: int = 1,
         admission: AdmissionLimits | None = None,
+        mixed_steps: bool = False,
     ) -> None:
         self.fleet = Fleet(instances, monitor or Monitor(), tl_manager)
         if self.fleet.pd and migrator is None:
@@ -93,6 +94,7 @@ class ControlPlane:
         self.migrator = migrator
         self.profile = profile
         self.step_model = step_model or profile.model  # the dispatcher's predictions
+        self.mixed_steps = mixed_steps  # the engines' prefill steps also decode (ClusterView)
         self.mapper = mapper
         self.ledger = RequestLedger(mapper.levels if mapper else 0)
         self.recovery = Recovery(max_retries, self.fleet.pd)
@@ -169,7 +171,7 @@ class ControlPlane:
         now = asyncio.get_running_loop().time()
         fleet.start(self.on_events, now)
         view = ClusterView(now, fleet.members_view(Role.PREFILL if fleet.pd else None),
-                           self.step_model, self.profile)
+                           self.step_model, self.profile, mixed_steps=self.mixed_steps)
         self._dispatch = Stage("dispatch", self.policy, view, self._apply)
         if fleet.pd:
             assert self.migrator is not None and fleet.tl is not None

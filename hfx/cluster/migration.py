@@ -33,7 +33,8 @@ class Migration:
         self.dispatch = dispatch  # the P stage: it learns when a request leaves its instance
         self._fail = fail
         view = ClusterView(dispatch.view.now, fleet.members_view(Role.DECODE),
-                           dispatch.view.step_model, dispatch.view.profile)
+                           dispatch.view.step_model, dispatch.view.profile,
+                           mixed_steps=dispatch.view.mixed_steps)
         self.stage = Stage("migrate", migrator, view, self._apply)
         self.sent: dict[str, Request] = {}  # each request as the policies see it
         self.blocked: list[Request] = []  # migrations waiting for decode KV

@@ -39,6 +39,9 @@ class ClusterView:
     instances: list[InstanceView]
     step_model: StepTimeModel  # the dispatcher's predictions (may differ from the executor's)
     profile: Profile
+    # The engines' steps that prefill also decode their running batch (BatchPlanner
+    # .mixes_decodes): a first token then comes a decode step later than the prefill alone.
+    mixed_steps: bool = False
     # Moved on by whoever owns the views (the fleet) when a snapshot, an instance's acceptance
     # or the membership changes — not the live tallies (outstanding). A policy may keep what it
     # derives from the snapshots until it moves: at 1,000 instances an O(N) pass per call was

@@ -27,6 +27,18 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   admit when the first token is 90% likely in time. Under overload this skips requests whose
   slack is nearly gone in favour of ones that can still make it, rather than letting everyone
   miss in arrival order.
+- The engine it dispatches to (ours). The seed's engine prefills alone (prefill-first), so a
+  batch's first tokens come E_p after the decode step in progress. On an engine whose steps
+  that prefill also decode the running batch (chunked prefill: HFX's deadline-chunked engine,
+  vLLM v1; ``ClusterView.mixed_steps``), they come with a step that carries those decodes as
+  well (E_p plus Eq. 2's variable part), after a step in progress that carries other prompts
+  beside its decodes: its length is the instance's measured mean step (Monitor snapshots,
+  ``ShadowInstance.step``), not E_d. Predicted as on the seed's engine, a request admitted
+  with its slack nearly gone missed its TTFT although calculate_p had said ≥ θ: four-task at
+  1,024 sequences, 160 QPS, lost 771 of 2,784 wikisql that way (121 on prefill-first). With
+  the engine's step in the prediction attainment went 0.877 → 0.940 there, wikisql at 35 QPS
+  0.862 → 0.939, six-task at 180 QPS 0.902 → 0.917 (single-seed probes; capacities under the
+  comparison protocol in docs/results.md).
 - relax ≤ 0: the running batch alone already misses its strictest TPOT, so no number of decode
   iterations can pay back a prefill. Maturity is then one decode iteration after the prefill
   (now + E_p + E_d), when the dispatcher looks again; Eq. 5 gives a budget ≤ 0 meanwhile, so
@@ -186,7 +198,7 @@ class HFXDispatcher(Policy):
             if iid is None:
                 break
             served.add(iid)
-            self._serve(iid, self.shadow[iid], model, now, decision)
+            self._serve(iid, self.shadow[iid], model, now, decision, view.mixed_steps)
         if self.override:
             self._override(targets, model, now, decision)
         if self.num_queued():
@@ -268,8 +280,16 @@ class HFXDispatcher(Policy):
         return 0.5 * (1.0 + math.erf((t_rem - e_d / 2) / (sigma * math.sqrt(2.0))))
 
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
-               decision: Decision) -> None:
+               decision: Decision, mixed: bool) -> None:
         e_d = self.decode_step(sh, model)
+        # On an engine whose prefill steps also decode (chunked prefill), the batch's first
+        # tokens come with a step that carries the running decodes too: one fixed overhead
+        # (Eq. 1 and Eq. 2 share it), the decodes' variable part on top of the prefill.
+        beside, wait = 0.0, e_d
+        if mixed and e_d:
+            beside = max(0.0, e_d - min(model.prefill_a, model.decode_a))
+            # The step in progress carries prompts as well: its measured length, not Eq. 2's.
+            wait = max(e_d, sh.step)
         limit = min(sh.free_kv_tokens(), self.budget(sh, model, e_d))
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
         # the dispatcher's sight and its maturity model.
@@ -292,7 +312,7 @@ class HFXDispatcher(Policy):
                 break
             # r's prefill is the batch's: every member must keep its TTFT with r joined.
             e_p = model.prefill_time(n, sum_sq + req.prompt_len ** 2)
-            if self.calculate_p(min(deadline, own), e_p, sh, e_d, now) >= self.theta:
+            if self.calculate_p(min(deadline, own), e_p + beside, sh, wait, now) >= self.theta:
                 self.queue.take(req)
                 admitted.append((req, False))
                 used, sum_sq, deadline = n, sum_sq + req.prompt_len ** 2, min(deadline, own)

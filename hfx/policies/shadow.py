@@ -16,6 +16,10 @@ from hfx.policies.base import ClusterView, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.request import Outcome, Request, RequestRecord
 
+# Steps a measured step length spans: snapshots come more often than steps, and one step alone
+# may be a long prefill or a short decode.
+STEP_WINDOW = 4
+
 
 @dataclass(slots=True)
 class _Inflight:
@@ -36,8 +40,13 @@ class ShadowInstance:
     reserved_tokens: float = 0.0
     # Snapshot's KV use beyond our reservations' prompt part: corrects for drift.
     kv_used_tokens: float = 0.0
+    # The engine's mean step length over its last few steps, measured from snapshots (busy
+    # time over steps); 0 until measured. On a chunked-prefill engine a step carries prompts
+    # beside the decodes, so it is longer than Eq. 2's decode step.
+    step: float = 0.0
     _tpots: Counter = field(default_factory=Counter)
     _ttfts: Counter = field(default_factory=Counter)
+    _step_anchor: tuple[float, int] | None = None  # (busy time, steps) the step is measured from
 
     @property
     def batch_size(self) -> int:
@@ -96,6 +105,12 @@ class ShadowInstance:
         """Take the measured decode context and KV use from a Monitor snapshot."""
         self.decode_ctx = float(stats.decode_ctx)
         self.kv_used_tokens = float(stats.kv_used_blocks * stats.block_size)
+        anchor = self._step_anchor
+        if anchor is None or stats.num_steps < anchor[1]:  # first sight, or a restarted engine
+            self._step_anchor = (stats.busy_time, stats.num_steps)
+        elif stats.num_steps - anchor[1] >= STEP_WINDOW:
+            self.step = (stats.busy_time - anchor[0]) / (stats.num_steps - anchor[1])
+            self._step_anchor = (stats.busy_time, stats.num_steps)
 
 
 class Shadows:

@@ -13,6 +13,7 @@ from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
 class ChunkedPlanner(BatchPlanner):
     name = "chunked"
     default_token_budget = 2048
+    mixes_decodes = True
 
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -22,6 +22,7 @@ class TPOTChunkedPlanner(BatchPlanner):
     default_token_budget = 2048
     needs_model = True
     plans_cohort = True
+    mixes_decodes = True
 
     def _budget(self, t0: float | None, ctx: int, num_decode: int) -> int:
         """The step's prefill tokens: what keeps it within the tightest decoding TPOT ``t0``."""
