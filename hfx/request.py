@@ -108,6 +108,7 @@ class RequestRecord:
     # Tokens not (yet) in ``token_times``: runs of a simulated decode cohort, copied in when the
     # request ends (``close_runs``). Read the times through ``times()`` before then.
     runs: list[TokenRun] | None = None
+    seq: int = 0  # the order the ledger opened it in: the metrics' order (RecordFold)
 
     def __post_init__(self) -> None:
         if self.slo is None:

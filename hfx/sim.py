@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import cast
 
+import numpy as np
 from tqdm import tqdm
 
 from hfx.assembly import build_cluster, sim_engines
@@ -25,8 +26,9 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, load_profile
+from hfx.workloads.columns import RecordColumns, RecordFold
 from hfx.workloads.load import load_workload, priority_levels, with_priorities, workload_tasks
-from hfx.workloads.metrics import distribution, summarize
+from hfx.workloads.metrics import distribution, summarize_columns
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -139,18 +141,55 @@ async def _arrive(control: ControlPlane, requests: list[Request]) -> None:
     await done
 
 
+# Finished records folded into columns at once: the per-token deadline check is vectorised over
+# a batch's token times, and a batch's records are ~1 MB.
+FOLD_BATCH = 4096
+
+
+class _Folder:
+    """The ledger's ``on_done``: each finished record goes into ``fold`` (in batches) and out of
+    the ledger. Only finished ones: a rejected, shed or aborted record may still be looked up
+    when its instance reports the end (they are few, and kept)."""
+
+    def __init__(self, control: ControlPlane, fold: RecordFold) -> None:
+        self.control, self.fold = control, fold
+        self._batch: list[RequestRecord] = []
+
+    def __call__(self, record: RequestRecord) -> None:
+        if record.outcome is Outcome.FINISHED:
+            self._batch.append(record)
+            if len(self._batch) >= FOLD_BATCH:
+                self.flush()
+
+    def flush(self) -> None:
+        self.fold.add(self._batch)
+        for record in self._batch:
+            self.control.forget(record.request.id)
+        self._batch.clear()
+
+
 async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
-                      progress: bool = False, make_engine: EngineFactory | None = None
-                      ) -> tuple[ControlPlane, float]:
+                      progress: bool = False, make_engine: EngineFactory | None = None,
+                      fold: RecordFold | None = None) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
-    (its records hold the outcome) and the time the last request finished."""
+    (its records hold the outcome) and the time the last request finished. With ``fold``, each
+    finished record goes into it and out of the records (colocated mode only)."""
     control = sim_cluster(config, profile, make_engine)
+    folder = None
+    if fold is not None:
+        if config.mode != "colocated":
+            raise ValueError("folding records needs colocated mode: P/D reads a record after "
+                             "its end")
+        folder = control.ledger.on_done = _Folder(control, fold)
     label = f"{config.policy}@{config.qps:g}qps" if progress else None
     drain = config.drain_seconds
     until = None
     if drain is not None:
         until = (config.duration or (requests[-1].arrival if requests else 0.0)) + drain
-    return control, await drive(control, requests, label, until)
+    end = await drive(control, requests, label, until)
+    if folder is not None:
+        folder.flush()
+    return control, end
 
 
 @contextmanager
@@ -190,21 +229,18 @@ def pd_summary(control: ControlPlane) -> dict:
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
 
 
-def steady_state_summary(config: SimConfig, records: list[RequestRecord],
-                         measured: list[RequestRecord], end: float) -> dict:
+def steady_state_summary(config: SimConfig, records: RecordColumns,
+                         measured: RecordColumns, end: float) -> dict:
     """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
     when it stopped), ``max_wait`` (the longest any measured request went without a first
     token: until its first token, its end, or the stop), and the window scored."""
-    def wait(r: RequestRecord) -> float:
-        until = r.first_token_time
-        if until is None:
-            until = r.finish_time if r.finish_time is not None else end
-        return until - r.request.arrival
-
+    until = np.where(np.isnan(measured.first),
+                     np.where(np.isnan(measured.finish), end, measured.finish), measured.first)
+    waits = until - measured.arrival
     return {"window": [config.warmup, config.duration] if config.duration else None,
             "drain": config.drain_seconds,
-            "backlog_at_end": sum(r.outcome is Outcome.PENDING for r in records),
-            "max_wait": max(map(wait, measured), default=0.0)}
+            "backlog_at_end": records.count(Outcome.PENDING),
+            "max_wait": float(waits.max()) if len(waits) else 0.0}
 
 
 def simulate(config: SimConfig, progress: bool = False) -> dict:
@@ -212,13 +248,17 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     wall0 = time.perf_counter()
     profile = resolve_profile(config)
     requests = load_requests(config)
+    fold = RecordFold()
     with _fewer_gc_passes():
-        control, end = run(run_cluster(config, requests, profile, progress), virtual=True)
+        control, end = run(run_cluster(
+            config, requests, profile, progress,
+            fold=fold if config.fold_records and config.mode == "colocated" else None),
+            virtual=True)
     spans = instance_spans(control)
-    records = list(control.records.values())
+    records = fold.columns(list(control.records.values()))  # folded, then kept: opening order
     # A steady-state run scores the arrivals after the warm-up; a request still pending when
     # the run stops is a miss.
-    measured = [r for r in records if r.request.arrival >= config.warmup]
+    measured = records.take(np.flatnonzero(records.arrival >= config.warmup))
     result = {
         "policy": config.policy,
         "workload": config.workload,
@@ -228,7 +268,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         "instances": len(control.fleet.active_since) if control.scaler is None
         else len(control.instances) + len(control.retired),
         "profile": profile.name,
-        **summarize(measured, spans),
+        **summarize_columns(measured, fold.task_names(), spans),
         **steady_state_summary(config, records, measured, end),
         "sim_seconds": end,
         "engine_steps": sum(cast(LocalInstance, inst).engine.num_steps for inst in

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hfx import sim
 from hfx.config import SimConfig
 from hfx.sim import simulate
 
@@ -87,8 +89,8 @@ def _name_free(result: dict) -> dict:
     return result
 
 
-def _result(name: str, engine_runs: bool = True) -> dict:
-    r = simulate(SimConfig(**CASES[name], engine_runs=engine_runs))
+def _result(name: str, engine_runs: bool = True, fold_records: bool = True) -> dict:
+    r = simulate(SimConfig(**CASES[name], engine_runs=engine_runs, fold_records=fold_records))
     r.pop("wall_seconds")
     # Through JSON: tuples become lists and keys strings, as the file has them.
     return _name_free(json.loads(json.dumps(r)))
@@ -134,6 +136,28 @@ def test_engine_runs_change_nothing(name: str) -> None:
     assert off["config"].pop("engine_runs") is False
     on["config"].pop("engine_runs")
     assert on == off
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_folding_records_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished records folded into columns and dropped as the run goes (in batches of 7 here:
+    many folds, each mid-run) against keeping every record: the same result, every field."""
+    monkeypatch.setattr(sim, "FOLD_BATCH", 7)
+    folded = []
+    monkeypatch.setattr(sim._Folder, "flush", _counting(sim._Folder.flush, folded))
+    on, off = _result(name), _result(name, fold_records=False)
+    assert off["config"].pop("fold_records") is False
+    assert on["config"].pop("fold_records") is True
+    assert on == off
+    if on["config"]["mode"] == "colocated":
+        assert len(folded) > 1  # it did fold, more than once
+
+
+def _counting(method: Callable, calls: list) -> Callable:
+    def counted(self: Any) -> None:
+        calls.append(len(self._batch))
+        method(self)
+    return counted
 
 
 def test_every_golden_file_has_a_case() -> None:

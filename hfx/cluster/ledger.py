@@ -35,6 +35,10 @@ class RequestLedger:
     def __init__(self, priority_levels: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}
         self.num_done = 0  # records with a terminal outcome
+        self._opened = 0  # records opened so far (RequestRecord.seq)
+        # Told of each record once everything its end causes is done (a simulation that folds
+        # finished records into its metrics and forgets them: hfx/sim.py).
+        self.on_done: Callable[[RequestRecord], None] | None = None
         self._listeners: dict[str, Listener] = {}  # hear every token and the end
         self._enders: dict[str, Listener] = {}  # hear the end only
         # Requests without a first token, tracked for those who read them (see await_first).
@@ -56,7 +60,8 @@ class RequestLedger:
         already: a front process that reads them from vLLM)."""
         if request.id in self.records:
             raise ValueError(f"duplicate request id {request.id!r}")
-        record = self.records[request.id] = RequestRecord(request)
+        record = self.records[request.id] = RequestRecord(request, seq=self._opened)
+        self._opened += 1
         if listener is not None:
             (self._listeners if token_events else self._enders)[request.id] = listener
         self._idle.clear()
@@ -204,6 +209,8 @@ class RequestLedger:
                 if reason is None:
                     reason = "abort" if record.outcome is Outcome.ABORTED else "error"
                 listener(TokenEvent(None, reason, record.error))
+        if self.on_done is not None:
+            self.on_done(record)
 
     def forget(self, request_id: str) -> RequestRecord | None:
         """Drop a finished request's record (a long-running server would otherwise keep every

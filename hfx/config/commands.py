@@ -66,6 +66,11 @@ class SimConfig(WorkloadSection, ClusterConfig):
         "server's front end, stream and loop add); default: the profile's "
         "meta.token_delivery_seconds, which hfx serve's live calibration fits and --record "
         "writes beside the trace, else 0"))
+    fold_records: bool = Field(True, description=(
+        "fold each finished request's record into the metrics' columns as the run goes and "
+        "drop it (~100 B a request kept instead of every token time; colocated mode, where "
+        "nothing reads a record after its end); --no-fold-records keeps them all, with "
+        "identical results (the check of that)"))
 
 
 class ProfileConfig(ModelConfig, VLLMSection):
