@@ -108,11 +108,13 @@ def build_cluster(config: ClusterConfig, profile: Profile,
                   make_engine: EngineFactory | None = None,
                   placement: Placement | None = None, *,
                   tasks: Sequence[TaskSpec] = WORKLOADS["four-task"],
-                  seed: int = 0) -> ControlPlane:
+                  seed: int = 0, engine_planner: str | None = None) -> ControlPlane:
     """The control plane and its instances for ``config`` (not started): simulated engines by
     default, or whatever ``make_engine`` builds (a real executor), in this process unless a
     ``placement`` puts them elsewhere (Ray actors). ``tasks`` are what priorities map onto
-    (HFX-PM); ``seed`` drives the provisioner's simulated D2D failures."""
+    (HFX-PM); ``seed`` drives the provisioner's simulated D2D failures; ``engine_planner`` is
+    the planner that stands for engines that are not ours (vLLM's scheduler: ``chunked``), which
+    the dispatcher predicts for."""
     placement = placement or LocalPlacement(make_engine or sim_engines(profile))
     migrator, tl = None, None
     if config.mode == "pd":
@@ -129,7 +131,8 @@ def build_cluster(config: ClusterConfig, profile: Profile,
                            monitor=Monitor(config.monitor_interval),
                            mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl,
                            admission=AdmissionLimits(config.max_queued, config.max_wait),
-                           mixed_steps=PLANNERS.get_or_raise(ecfg.planner).mixes_decodes)
+                           mixed_steps=PLANNERS.get_or_raise(
+                               engine_planner or ecfg.planner).mixes_decodes)
     if config.max_instances is not None:
         make_scaler(config, profile, control, ecfg, placement, seed)
     return control

@@ -415,20 +415,24 @@ def test_in_pd_a_request_the_decode_stage_can_never_hold_fails_at_submit():
     assert records["r0"].outcome is Outcome.FINISHED
 
 
-@pytest.mark.parametrize(("mode", "planner", "mixed"), [
-    ("colocated", None, True),  # hfx brings deadline-chunked: its prefill steps decode too
-    ("colocated", "prefill-first", False),
-    ("colocated", "chunked", True),
-    ("pd", "prefill-first", False),
-    ("pd", "chunked", True),
+@pytest.mark.parametrize(("mode", "planner", "engine_planner", "mixed"), [
+    ("colocated", None, None, True),  # hfx brings deadline-chunked: its prefill steps decode too
+    ("colocated", "prefill-first", None, False),
+    ("colocated", "chunked", None, True),
+    ("pd", "prefill-first", None, False),
+    ("pd", "chunked", None, True),
+    # Engines that are not ours: the planner that stands for them (vLLM's scheduler), whatever
+    # planner is configured.
+    ("colocated", "prefill-first", "chunked", True),
 ])
-def test_the_dispatchers_learn_whether_the_engines_mix_prefill_and_decode(mode, planner, mixed):
+def test_the_dispatchers_learn_whether_the_engines_mix_prefill_and_decode(
+        mode, planner, engine_planner, mixed):
     from hfx.assembly import build_cluster
     from hfx.config import SimConfig
 
     cfg = SimConfig(policy="hfx", mode=mode, planner=planner, instances=2, prefill=1, decode=1,
                     kv_bytes_per_token=1024)
-    cp = build_cluster(cfg, PROFILE)
+    cp = build_cluster(cfg, PROFILE, engine_planner=engine_planner)
     assert cp.mixed_steps is mixed
 
     async def views() -> list[bool]:

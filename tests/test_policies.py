@@ -133,6 +133,24 @@ def test_hfx_predicts_the_first_token_on_the_engine_it_dispatches_to(mixed: bool
         assert d.dispatch == [] and pol.num_queued() == 1
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_hfx_counts_the_running_decodes_in_a_mixed_first_step(mixed: bool):
+    model = StepTimeModel(0.02, 1e-4, 0.0, 0.03, 0.0, 1e-3)  # E_d = 0.03 + 1e-3·B
+    stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 62_500, 16, 0, 1024, 0.0, 0)
+    view = ClusterView(0.0, [InstanceView(0, Role.COLOCATED, stats)], model,
+                       Profile("t", model, kv_capacity_tokens=1_000_000), mixed_steps=mixed)
+    pol = make_policy("hfx")
+    sh = pol.shadow.sync(view.instances[0])
+    for i in range(100):  # E_d = 0.13; no step measured yet (the wait is E_d either way)
+        sh.add(req(f"d{i}", 0.0, 10, 100.0, 1.0), 10)
+    pol.enqueue(req("b", 0.0, 100, 0.23, 1.0), 0.0)  # E_p = 0.03
+    d = pol.schedule(view)
+    if not mixed:  # 0.23 − 0.03 − 0.13/2 of slack, σ ≈ 0.04: p ≈ 1
+        assert [x.request.id for x in d.dispatch] == ["b"]
+    else:  # its step also decodes the 100 (+0.11 s): p ≈ 0.75 < θ, it waits
+        assert d.dispatch == [] and pol.num_queued() == 1
+
+
 def test_the_shadow_measures_the_engine_step_over_a_window():
     sh = ShadowInstance(0, 100_000, 256)
     def snap(busy: float, steps: int) -> InstanceStats:

@@ -38,8 +38,10 @@ class Served:
     engines: EngineFactory | None  # the engines LocalPlacement builds (None: ``placement`` does)
     placement: Placement | None  # None: engines on this process's loop
     placeholder_text: str | None = None  # a simulated executor's text per token
-    # Live calibration replays each instance's requests on this engine: a planner (None: the
-    # policy's own) and token budget (None: the configured one); none unless ``calibrate``.
+    # The planner that stands for the backend's engine (None: the configured or the policy's
+    # own): the dispatcher predicts for it (ClusterView.mixed_steps), and live calibration
+    # replays each instance's requests on it, with this token budget (None: the configured
+    # one); no calibration unless ``calibrate``.
     calibrate: bool = True
     replay_planner: str | None = None
     replay_token_budget: int | None = None

@@ -34,7 +34,7 @@ class Migration:
         self._fail = fail
         view = ClusterView(dispatch.view.now, fleet.members_view(Role.DECODE),
                            dispatch.view.step_model, dispatch.view.profile,
-                           mixed_steps=dispatch.view.mixed_steps)
+                           mixed_steps=dispatch.view.mixed_steps)  # (no Migrator reads it yet)
         self.stage = Stage("migrate", migrator, view, self._apply)
         self.sent: dict[str, Request] = {}  # each request as the policies see it
         self.blocked: list[Request] = []  # migrations waiting for decode KV

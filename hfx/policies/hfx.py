@@ -21,19 +21,23 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   E_p(R ∪ {r}) and the slack is that of the batch's earliest deadline:
   t_rem = min over R ∪ {r} of (arrival + TTFT) − (now + E_p(R ∪ {r})). Joining r must not cost an
   already admitted, stricter request its TTFT. The slack must absorb the rest of the step in
-  progress (uniform on [0, E_d]) and the error of the predicted prefill (10% relative,
-  ``prefill_cv``), both widened by the instance's KV utilisation u (the risk of preemption):
-  p = Φ((t_rem − E_d/2) / σ) with σ = (1 + u)·√((cv·E_p)² + E_d²/12), a probability. θ = 0.9:
-  admit when the first token is 90% likely in time. Under overload this skips requests whose
-  slack is nearly gone in favour of ones that can still make it, rather than letting everyone
-  miss in arrival order.
-- The engine it dispatches to (ours). The seed's engine prefills alone (prefill-first), so a
-  batch's first tokens come E_p after the decode step in progress. On an engine whose steps
-  that prefill also decode the running batch (chunked prefill: HFX's deadline-chunked engine,
-  vLLM v1; ``ClusterView.mixed_steps``), they come with a step that carries those decodes as
-  well (E_p plus Eq. 2's variable part), after a step in progress that carries other prompts
-  beside its decodes: its length is the instance's measured mean step (Monitor snapshots,
-  ``ShadowInstance.step``), not E_d. Predicted as on the seed's engine, a request admitted
+  progress (uniform on [0, E_d] on the seed's engine; below for others) and the error of the
+  predicted prefill (10% relative, ``prefill_cv``), both widened by the instance's KV
+  utilisation u (the risk of preemption): p = Φ((t_rem − E_d/2) / σ) with
+  σ = (1 + u)·√((cv·E_p)² + E_d²/12), a probability. θ = 0.9: admit when the first token is 90%
+  likely in time. Under overload this skips requests whose slack is nearly gone in favour of
+  ones that can still make it, rather than letting everyone miss in arrival order.
+- The engine it dispatches to (ours; both calculate_p's callers, ``engine_terms``). The seed's
+  engine prefills alone (prefill-first), so a batch's first tokens come E_p after the decode
+  step in progress. On an engine whose steps that prefill also decode the running batch
+  (chunked prefill: HFX's deadline-chunked engine, vLLM v1; ``ClusterView.mixed_steps``),
+  they come with a step that carries those decodes as well (E_p plus Eq. 2's variable part),
+  after a step in progress that carries other prompts beside its decodes: the rest of it is
+  uniform on [0, max(E_d, S)], S the instance's measured mean step (Monitor snapshots,
+  ``ShadowInstance.step``). It assumes the batch's prompts finish in that one step, as the
+  deadline-chunked engine runs a prompt whole when its TTFT is at risk; an engine that splits
+  long prompts over several mixed steps (chunked, tpot-chunked) gives its first tokens later
+  than this. Predicted as on the seed's engine, a request admitted
   with its slack nearly gone missed its TTFT although calculate_p had said ≥ θ: four-task at
   1,024 sequences, 160 QPS, lost 771 of 2,784 wikisql that way (121 on prefill-first). With
   the engine's step in the prediction attainment went 0.877 → 0.940 there, wikisql at 35 QPS
@@ -200,7 +204,7 @@ class HFXDispatcher(Policy):
             served.add(iid)
             self._serve(iid, self.shadow[iid], model, now, decision, view.mixed_steps)
         if self.override:
-            self._override(targets, model, now, decision)
+            self._override(targets, model, now, decision, view.mixed_steps)
         if self.num_queued():
             decision.wake_at = self.maturity.earliest()
             assert decision.wake_at is not None  # the accepting instances are its members
@@ -219,7 +223,7 @@ class HFXDispatcher(Policy):
                 - self.lead_steps * model.decode_a)
 
     def _override(self, targets: list[InstanceView], model: StepTimeModel, now: float,
-                  decision: Decision) -> None:
+                  decision: Decision, mixed: bool) -> None:
         """Dispatch each request that has become urgent, past the budget and the maturity wait,
         to the instance where its first token is likeliest in time, if at least θ there."""
         for req in self._arrived:
@@ -242,10 +246,10 @@ class HFXDispatcher(Policy):
                 if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
                         or sh.free_slots() <= 0 or req.prompt_len > sh.free_kv_tokens()):
                     continue
-                # It starts once the instance's last batch is prefilled, and its first token
-                # comes with a step that also decodes the batch (E_d).
+                # It starts once the instance's last batch is prefilled.
                 start = max(now, self._prefilled_at.get(inst.id, now))
-                p = self.calculate_p(deadline, e_p + e_d, sh, e_d, start)
+                beside, wait = self.engine_terms(sh, model, e_d, mixed)
+                p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p >= best_p:
                     best, best_p = sh, p
             if best is None:
@@ -261,35 +265,42 @@ class HFXDispatcher(Policy):
         """E_d: the predicted decode step of the instance's running batch (0 when idle)."""
         return model.decode_time(sh.decode_ctx, sh.batch_size)
 
-    def calculate_p(self, deadline: float, e_p: float, sh: ShadowInstance, e_d: float,
+    @staticmethod
+    def engine_terms(sh: ShadowInstance, model: StepTimeModel, e_d: float,
+                     mixed: bool) -> tuple[float, float]:
+        """(what the engine adds to a batch's prefill before its first token, the longest the
+        step in progress may still take). The seed's engine prefills alone: (0, E_d). On an
+        engine whose steps that prefill also decode (chunked prefill), the prompt's step
+        carries the running decodes too — Eq. 2's variable part, the two sharing one fixed
+        overhead — and the step in progress carries prompts beside its decodes: it lasts the
+        instance's measured mean step (``ShadowInstance.step``; E_d until measured)."""
+        if not (mixed and e_d):
+            return 0.0, e_d
+        return max(0.0, e_d - min(model.prefill_a, model.decode_a)), max(e_d, sh.step)
+
+    def calculate_p(self, deadline: float, e_p: float, sh: ShadowInstance, wait: float,
                     now: float) -> float:
         """P(a batch with this earliest TTFT deadline and prefill time ``e_p`` meets it here).
 
         The first token comes at now + (rest of the step in progress) + E_p. The rest of the
-        step is uniform on [0, E_d]; E_p carries the step-time model's error (``prefill_cv``
-        relative). Both widen with the instance's KV utilisation u (preemption risk). With a
-        normal approximation: p = Φ((t_rem − E_d/2) / σ), σ = (1 + u)·√((cv·E_p)² + E_d²/12).
+        step is uniform on [0, W] (``wait``: E_d on the seed's engine, ``engine_terms``); E_p
+        carries the step-time model's error (``prefill_cv`` relative). Both widen with the
+        instance's KV utilisation u (preemption risk). With a normal approximation:
+        p = Φ((t_rem − W/2) / σ), σ = (1 + u)·√((cv·E_p)² + W²/12).
         """
         t_rem = deadline - (now + e_p)
         if t_rem < 0:
             return 0.0
         util = 1.0 - max(0.0, sh.free_kv_tokens()) / sh.kv_capacity_tokens
-        sigma = (1.0 + util) * math.sqrt((self.prefill_cv * e_p) ** 2 + e_d * e_d / 12.0)
+        sigma = (1.0 + util) * math.sqrt((self.prefill_cv * e_p) ** 2 + wait * wait / 12.0)
         if sigma <= 0:
             return 1.0
-        return 0.5 * (1.0 + math.erf((t_rem - e_d / 2) / (sigma * math.sqrt(2.0))))
+        return 0.5 * (1.0 + math.erf((t_rem - wait / 2) / (sigma * math.sqrt(2.0))))
 
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision, mixed: bool) -> None:
         e_d = self.decode_step(sh, model)
-        # On an engine whose prefill steps also decode (chunked prefill), the batch's first
-        # tokens come with a step that carries the running decodes too: one fixed overhead
-        # (Eq. 1 and Eq. 2 share it), the decodes' variable part on top of the prefill.
-        beside, wait = 0.0, e_d
-        if mixed and e_d:
-            beside = max(0.0, e_d - min(model.prefill_a, model.decode_a))
-            # The step in progress carries prompts as well: its measured length, not Eq. 2's.
-            wait = max(e_d, sh.step)
+        beside, wait = self.engine_terms(sh, model, e_d, mixed)
         limit = min(sh.free_kv_tokens(), self.budget(sh, model, e_d))
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
         # the dispatcher's sight and its maturity model.

@@ -26,7 +26,8 @@ def build_server(config: ServeConfig) -> Server:
     served = backend.serve(config)
     config, profile = served.config, served.profile
     try:
-        control = build_cluster(config, profile, served.engines, served.placement)
+        control = build_cluster(config, profile, served.engines, served.placement,
+                                engine_planner=served.replay_planner)
         served.prepare(control)
     except BaseException:
         served.close()
