@@ -91,9 +91,10 @@ class BatchPlanner(ABC):
     # Whether its decode steps take every decoding sequence, so that they can be planned as
     # one decode cohort (cohort.py).
     plans_cohort: ClassVar[bool] = False
-    # Whether a step that prefills also decodes the running sequences (chunked prefill), so a
+    # Whether a step that prefills also decodes every running sequence (chunked prefill), so a
     # prompt's first token comes with a step that carries the running batch's decodes; a
-    # dispatcher that predicts first tokens needs to know (hfx/policies/hfx.py).
+    # dispatcher that predicts first tokens needs to know (hfx/policies/hfx.py). slo-paced
+    # prefills beside the decodes that are due only, so it is not counted as one.
     mixes_decodes: ClassVar[bool] = False
 
     @staticmethod
