@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import cast
@@ -27,8 +27,16 @@ from hfx.engine import Role
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.columns import RecordColumns, RecordFold
-from hfx.workloads.load import load_workload, priority_levels, with_priorities, workload_tasks
+from hfx.workloads.load import (
+    RequestStream,
+    load_workload,
+    priority_levels,
+    stream,
+    with_priorities,
+    workload_tasks,
+)
 from hfx.workloads.metrics import distribution, summarize_columns
+from hfx.workloads.tasks import WORKLOADS
 
 
 def resolve_profile(config: SimConfig) -> Profile:
@@ -41,14 +49,21 @@ def resolve_profile(config: SimConfig) -> Profile:
 STALL_SECONDS = 600.0  # plus the arrival span: far beyond any workload's drain time
 
 
-def load_requests(config: SimConfig) -> list[Request]:
-    """The config's workload; with priorities, tasks carry a priority instead of an SLO."""
-    requests = load_workload(config.workload, config.qps, config.seed, config.requests_per_task,
-                             config.duration, config.trace_format, config.slo_map,
-                             config.time_scale, config.trace_qps)
+def load_requests(config: SimConfig) -> Sequence[Request]:
+    """The config's workload; with priorities, tasks carry a priority instead of an SLO. A task
+    set comes as a ``RequestStream``: each request built when the run reaches it."""
+    requests: Sequence[Request]
+    if config.workload in WORKLOADS:
+        requests = stream(config.workload, config.qps, config.seed, config.requests_per_task,
+                          config.duration)
+    else:
+        requests = load_workload(config.workload, config.qps, config.seed,
+                                 config.requests_per_task, config.duration, config.trace_format,
+                                 config.slo_map, config.time_scale, config.trace_qps)
     if config.priorities and not config.workload.endswith((".jsonl", ".csv")):
         of_task, _ = priority_levels(workload_tasks(config.workload), config.priorities)
-        requests = with_priorities(requests, of_task)
+        requests = (requests.with_priorities(of_task) if isinstance(requests, RequestStream)
+                    else with_priorities(list(requests), of_task))
     return requests
 
 
@@ -65,7 +80,7 @@ def sim_cluster(config: SimConfig, profile: Profile,
                          tasks=workload_tasks(config.workload), seed=config.seed)
 
 
-async def drive(control: ControlPlane, requests: list[Request], progress: str | None = None,
+async def drive(control: ControlPlane, requests: Sequence[Request], progress: str | None = None,
                 until: float | None = None) -> float:
     """Start ``control``, submit ``requests`` at their arrival times, wait until every one has
     an outcome — or, with ``until``, no later than that (requests still pending then stay
@@ -119,7 +134,7 @@ async def drive(control: ControlPlane, requests: list[Request], progress: str | 
     return end
 
 
-async def _arrive(control: ControlPlane, requests: list[Request]) -> None:
+async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
     """On the virtual clock from 0: each request submitted by a timer at its arrival time, each
     arrival's callback setting the next one's timer (one timer per request, no task woken per
     request); returns when all are in."""
@@ -168,7 +183,7 @@ class _Folder:
         self._batch.clear()
 
 
-async def run_cluster(config: SimConfig, requests: list[Request], profile: Profile,
+async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: Profile,
                       progress: bool = False, make_engine: EngineFactory | None = None,
                       fold: RecordFold | None = None) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane

@@ -123,3 +123,57 @@ def test_kinds_that_set_their_own_arrivals_refuse_a_duration():
         last = max(r.arrival for r in load_workload("bursty-four-task", 10.0, 0,
                                                     requests_per_task=per_task))
         assert 40.0 * cycles - 10 < last < 40.0 * cycles
+
+
+def _rows_sorted(tasks, key, arrivals_of):
+    """The merge as a list of rows sorted on (arrival, task order, index): what a
+    RequestStream must give, built independently."""
+    import zlib
+
+    from hfx.request import Request
+
+    rows = []
+    for order, task in enumerate(tasks):
+        rng = np.random.default_rng([key[0], zlib.crc32(task.name.encode()), *key[1:]])
+        times = arrivals_of(order, task, rng)
+        ins = lognormal_lengths(rng, task.input_mean, task.input_std, len(times))
+        outs = lognormal_lengths(rng, task.output_mean, task.output_std, len(times))
+        rows += [(float(t), order, i, Request(f"{task.name}-{i}", float(t), int(ins[i]),
+                                               int(outs[i]), task.slo, task.name))
+                 for i, t in enumerate(times)]
+    return [r[3] for r in sorted(rows, key=lambda r: r[:3])]
+
+
+def test_a_request_stream_builds_the_merge_in_order_ties_included():
+    from hfx.workloads.load import RequestStream
+    from hfx.workloads.tasks import WORKLOADS
+
+    tasks = WORKLOADS["four-task"]
+    # Equal arrival times across and within tasks: ties go by task order, then index.
+    def arrivals(order, task, rng):
+        return [2.0, 0.5, 2.0, float(order)]
+    s = RequestStream(tasks, [7, 1], arrivals)
+    want = _rows_sorted(tasks, [7, 1], arrivals)
+    assert len(s) == len(want) == 16
+    assert list(s) == want
+    assert s[3] == want[3] and s[-1] == want[-1] and s[2:9:3] == want[2:9:3]
+    by_task = {t.name: p for p, t in enumerate(tasks)}
+    prio = s.with_priorities(by_task)
+    assert [(r.priority, r.slo) for r in prio] == [(by_task[r.task], None) for r in want]
+    assert list(s) == want  # the original keeps its SLOs
+    with pytest.raises(ValueError, match="no priority"):
+        s.with_priorities({})
+
+
+def test_the_simulator_reads_a_task_set_as_a_stream():
+    from hfx.config import SimConfig
+    from hfx.sim import load_requests
+    from hfx.workloads.load import RequestStream
+
+    cfg = SimConfig(workload="two-task", qps=20, duration=30, priorities=2)
+    got = load_requests(cfg)
+    assert isinstance(got, RequestStream)
+    want = generate("two-task", 20, 0, duration=30)
+    assert [(r.id, r.arrival, r.prompt_len, r.max_tokens) for r in got] == \
+        [(r.id, r.arrival, r.prompt_len, r.max_tokens) for r in want]
+    assert {r.priority for r in got} == {0, 1} and {r.slo for r in got} == {None}

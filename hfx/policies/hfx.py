@@ -40,8 +40,8 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   than this. Predicted as on the seed's engine, a request admitted
   with its slack nearly gone missed its TTFT although calculate_p had said ≥ θ: four-task at
   1,024 sequences, 160 QPS, lost 771 of 2,784 wikisql that way (121 on prefill-first). With
-  the engine's step in the prediction attainment went 0.877 → 0.940 there, wikisql at 35 QPS
-  0.862 → 0.939, six-task at 180 QPS 0.902 → 0.917 (single-seed probes; capacities under the
+  the engine's step in the prediction attainment went 0.877 → 0.945 there, wikisql at 35 QPS
+  0.862 → 0.935, six-task at 180 QPS 0.902 → 0.919 (single-seed probes; capacities under the
   comparison protocol in docs/results.md).
 - relax ≤ 0: the running batch alone already misses its strictest TPOT, so no number of decode
   iterations can pay back a prefill. Maturity is then one decode iteration after the prefill

@@ -1,0 +1,93 @@
+"""Memory of a long simulated run (issue 31): peak RSS and wall time of steady-state four-task
+runs at 45 QPS per instance, each in a child process, with the finished records folded into
+the metrics' columns as the run goes (``--fold-records``, the default) or kept. ``--tree``
+runs the same configurations in another checkout (an earlier commit, side by side). Writes
+JSON; not a test.
+
+    python bench/sim/memory.py --instances 100 --duration 120 --json docs/data/sim_memory.json
+    python bench/sim/memory.py --instances 1000 --duration 600 --modes fold \
+        --json docs/data/sim_memory_1000.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PER_INSTANCE_QPS = 45.0  # bench/sim/sim_speed.py's load, past rr's knee
+MODES = {"fold": True, "keep": False}
+
+
+def one(config: dict) -> dict:
+    """One run in this process: its result's size and this process's peak RSS."""
+    from hfx.config import SimConfig
+    from hfx.sim import simulate
+
+    fold = config.pop("fold_records", True)
+    cfg = SimConfig(**config, **({"fold_records": fold} if "fold_records" in
+                                 SimConfig.model_fields else {}))
+    t0 = time.perf_counter()
+    r = simulate(cfg)
+    wall = time.perf_counter() - t0
+    return {"policy": cfg.policy, "instances": cfg.instances, "qps": cfg.qps,
+            "duration": cfg.duration, "fold_records": fold, "requests": r["requests"],
+            "finished": r["finished"], "attainment": r["attainment"],
+            "attainment_dslo": r["attainment_dslo"], "sim_seconds": r["sim_seconds"],
+            "wall_seconds": wall, "sim_per_wall": r["sim_seconds"] / wall,
+            # Linux reports KiB.
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_child(config: dict, tree: str) -> dict:
+    """``one`` in a fresh process on the checkout ``tree`` (a directory holding ``hfx/``)."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one",
+                           json.dumps(config), str(Path(tree).resolve())],
+                          capture_output=True, text=True, check=True,
+                          cwd="/")  # not the repository root: the tree on sys.path is used
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--one":
+        sys.path.insert(0, sys.argv[3])
+        print(json.dumps(one(json.loads(sys.argv[2]))))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--instances", type=int, default=100)
+    ap.add_argument("--duration", type=float, default=120.0, help="simulated seconds of arrivals")
+    ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--policy", default="rr")
+    ap.add_argument("--modes", default="fold,keep", help="fold (the default), keep, or both")
+    ap.add_argument("--tree", default=None, help="also run in this checkout (side by side)")
+    ap.add_argument("--json", required=True, metavar="PATH")
+    args = ap.parse_args()
+
+    from hfx.evaluation import write_json
+
+    base = {"workload": "four-task", "policy": args.policy, "instances": args.instances,
+            "qps": PER_INSTANCE_QPS * args.instances, "duration": args.duration,
+            "warmup": args.warmup}
+    here = str(Path(__file__).resolve().parents[2])
+    plan = [(here, mode) for mode in args.modes.split(",")]
+    if args.tree:  # the other checkout as it is (it may not fold at all)
+        plan.append((args.tree, "keep"))
+    runs = []
+    for tree, mode in plan:
+        row = run_child({**base, "fold_records": MODES[mode]}, tree)
+        row.update(mode=mode, tree="this" if tree == here else tree)
+        runs.append(row)
+        print(f"{mode:5s} {row['tree']:12s} {row['requests']:9d} requests "
+              f"{row['wall_seconds']:8.1f} s wall ({row['sim_per_wall']:.2f}x real time), "
+              f"peak RSS {row['peak_rss_mb']:8.0f} MB", flush=True)
+        write_json(args.json, {"python": platform.python_version(),
+                               "command": "python " + " ".join(sys.argv), "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
