@@ -1,7 +1,7 @@
 """Request records as columns: what the metrics read of each record, a few numbers a request.
 
-A simulated run's records hold every token time (~1 KB a request); the metrics need nine
-numbers of each. ``RecordColumns.of`` computes them for a batch of records at once (the
+A simulated run's records hold every token time (~1 KB a request); the metrics need fifteen
+numbers of each (77 B). ``RecordColumns.of`` computes them for a batch of records at once (the
 per-token deadline check vectorised over all their token times), and ``RecordFold`` keeps the
 columns of records folded in while a run goes, so that a long run can drop each finished
 record (``hfx sim --fold-records``). Concatenated in the order the records were opened, the
