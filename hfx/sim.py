@@ -142,17 +142,28 @@ async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
     done = loop.create_future()
     n = len(requests)
 
-    def arrive(i: int) -> None:
+    def arrive(i: int, req: Request) -> None:
+        """Submit request ``i`` (``req``, read once: a stream builds it on each read) and
+        every later one already due; set the timer of the first one that is not."""
         now = loop.time()
-        while i < n and requests[i].arrival <= now:
-            control.submit(requests[i])
+        while True:
+            control.submit(req)
             i += 1
-        if i < n:
-            loop.call_at(requests[i].arrival, arrive, i)
-        else:
-            done.set_result(None)
+            if i == n:
+                done.set_result(None)
+                return
+            req = requests[i]
+            if req.arrival > now:
+                loop.call_at(req.arrival, arrive, i, req)
+                return
 
-    arrive(0)
+    if not n:
+        return
+    first = requests[0]
+    if first.arrival <= loop.time():
+        arrive(0, first)
+    else:
+        loop.call_at(first.arrival, arrive, 0, first)
     await done
 
 

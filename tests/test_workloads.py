@@ -144,9 +144,12 @@ def _rows_sorted(tasks, key, arrivals_of):
     return [r[3] for r in sorted(rows, key=lambda r: r[:3])]
 
 
-def test_a_request_stream_builds_the_merge_in_order_ties_included():
+def test_a_request_stream_builds_the_merge_in_order_ties_included(monkeypatch):
+    from hfx.workloads import load
     from hfx.workloads.load import RequestStream
     from hfx.workloads.tasks import WORKLOADS
+
+    monkeypatch.setattr(load, "_BLOCK", 3)  # rows turned into Python numbers 3 at a time
 
     tasks = WORKLOADS["four-task"]
     # Equal arrival times across and within tasks: ties go by task order, then index.
@@ -157,6 +160,9 @@ def test_a_request_stream_builds_the_merge_in_order_ties_included():
     assert len(s) == len(want) == 16
     assert list(s) == want
     assert s[3] == want[3] and s[-1] == want[-1] and s[2:9:3] == want[2:9:3]
+    assert [s[i] for i in (15, 0, 7, 6, 12)] == [want[i] for i in (15, 0, 7, 6, 12)]
+    with pytest.raises(IndexError):
+        s[16]
     by_task = {t.name: p for p, t in enumerate(tasks)}
     prio = s.with_priorities(by_task)
     assert [(r.priority, r.slo) for r in prio] == [(by_task[r.task], None) for r in want]

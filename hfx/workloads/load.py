@@ -92,6 +92,7 @@ def stream(workload: str, qps: float, seed: int,
         rng.exponential(1.0 / rate, requests_per_task)))
 
 
+_BLOCK = 4096  # rows a RequestStream turns into Python numbers at once
 ArrivalsOf = Callable[[int, TaskSpec, np.random.Generator], "np.ndarray | Sequence[float]"]
 
 
@@ -120,6 +121,9 @@ class RequestStream(Sequence[Request]):
         self._times, self._orders = times[by], orders[by].astype(np.int16)
         self._index = index[by].astype(np.int64)
         self._ins, self._outs = ins[by].astype(np.int32), outs[by].astype(np.int32)
+        # The rows of the block read last: (task order, index, arrival, prompt, output).
+        self._block = -1
+        self._rows: list[tuple[int, int, float, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._times)
@@ -133,11 +137,23 @@ class RequestStream(Sequence[Request]):
     def __getitem__(self, i: int | slice) -> Request | list[Request]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        task = self._tasks[self._orders[i]]
+        n = len(self._times)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("request index out of range")
+        b, k = divmod(i, _BLOCK)
+        if b != self._block:  # a run reads in order: a block of rows as Python numbers
+            lo, hi = b * _BLOCK, (b + 1) * _BLOCK
+            self._rows = list(zip(self._orders[lo:hi].tolist(), self._index[lo:hi].tolist(),
+                                  self._times[lo:hi].tolist(), self._ins[lo:hi].tolist(),
+                                  self._outs[lo:hi].tolist(), strict=True))
+            self._block = b
+        order, index, arrival, prompt, output = self._rows[k]
+        task = self._tasks[order]
         prio = self._priorities
-        return Request(f"{task.name}-{self._index[i]}", float(self._times[i]), int(self._ins[i]),
-                       int(self._outs[i]), None if prio else task.slo, task.name,
-                       prio[task.name] if prio else None)
+        return Request(f"{task.name}-{index}", arrival, prompt, output,
+                       None if prio else task.slo, task.name, prio[task.name] if prio else None)
 
     def with_priorities(self, of_task: dict[str, int]) -> RequestStream:
         """The same requests carrying their task's priority instead of an SLO
@@ -147,6 +163,7 @@ class RequestStream(Sequence[Request]):
             raise ValueError(f"task {missing.name!r} has no priority")
         out = copy.copy(self)
         out._priorities = dict(of_task)
+        out._block, out._rows = -1, []
         return out
 
 
