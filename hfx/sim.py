@@ -255,8 +255,8 @@ def pd_summary(control: ControlPlane) -> dict:
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
 
 
-def steady_state_summary(config: SimConfig, records: RecordColumns,
-                         measured: RecordColumns, end: float) -> dict:
+def steady_state_summary(config: SimConfig, backlog: int, measured: RecordColumns,
+                         end: float) -> dict:
     """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
     when it stopped), ``max_wait`` (the longest any measured request went without a first
     token: until its first token, its end, or the stop), and the window scored."""
@@ -265,7 +265,7 @@ def steady_state_summary(config: SimConfig, records: RecordColumns,
     waits = until - measured.arrival
     return {"window": [config.warmup, config.duration] if config.duration else None,
             "drain": config.drain_seconds,
-            "backlog_at_end": records.count(Outcome.PENDING),
+            "backlog_at_end": backlog,
             "max_wait": float(waits.max()) if len(waits) else 0.0}
 
 
@@ -281,10 +281,11 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
             fold=fold if config.fold_records and config.mode == "colocated" else None),
             virtual=True)
     spans = instance_spans(control)
-    records = fold.columns(list(control.records.values()))  # folded, then kept: opening order
+    measured = fold.columns(list(control.records.values()))  # folded, kept: opening order
+    backlog = measured.count(Outcome.PENDING)
     # A steady-state run scores the arrivals after the warm-up; a request still pending when
     # the run stops is a miss.
-    measured = records.take(np.flatnonzero(records.arrival >= config.warmup))
+    measured.keep(np.flatnonzero(measured.arrival >= config.warmup))
     result = {
         "policy": config.policy,
         "workload": config.workload,
@@ -295,7 +296,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         else len(control.instances) + len(control.retired),
         "profile": profile.name,
         **summarize_columns(measured, fold.task_names(), spans),
-        **steady_state_summary(config, records, measured, end),
+        **steady_state_summary(config, backlog, measured, end),
         "sim_seconds": end,
         "engine_steps": sum(cast(LocalInstance, inst).engine.num_steps for inst in
                             [*control.instances.values(), *control.retired.values()]),

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hfx.request import Outcome, RequestRecord
-from hfx.workloads.columns import NO_PRIORITY, RecordColumns
+from hfx.workloads.columns import NO_PRIORITY, OUTCOMES, RecordColumns
 
 COST_UNIT_SECONDS = 0.05  # HyperFlexis §7.5
 
@@ -34,40 +34,40 @@ def cost_units(spans: Iterable[tuple[float, float]], unit: float = COST_UNIT_SEC
     return total
 
 
-def distribution(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
+def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    if not len(values):
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     a = np.asarray(values, dtype=float)
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def _values(column: np.ndarray, idx: np.ndarray) -> list[float]:
-    return column[idx].tolist()
+def _group(cols: RecordColumns, idx: np.ndarray | None = None) -> dict:
+    """The keys of one group: the records at ``idx``, or all of them."""
+    def of(column: np.ndarray) -> np.ndarray:
+        return column if idx is None else column[idx]
 
-
-def _group(cols: RecordColumns, idx: np.ndarray) -> dict:
-    n = len(idx)
-    sub = cols.take(idx)
-    done = idx[cols.finished[idx]]
+    outcome = of(cols.outcome)
+    n = len(outcome)
+    done = of(cols.finished)
     return {
         "requests": n,
-        "finished": len(done),
-        "rejected": sub.count(Outcome.REJECTED),
-        "failed": sub.count(Outcome.FAILED),
-        "shed": sub.count(Outcome.SHED),
-        "best_effort": int(sub.best_effort.sum()),
-        "attainment": int(cols.met[idx].sum()) / n if n else 0.0,
-        "attainment_dslo": int(cols.met_dslo[idx].sum()) / n if n else 0.0,
-        "ttft": distribution(_values(cols.ttft, done)),
-        "tpot": distribution(_values(cols.tpot, done)),
-        "e2e": distribution(_values(cols.e2e, done)),
+        "finished": int(done.sum()),
+        "rejected": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.REJECTED))),
+        "failed": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.FAILED))),
+        "shed": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.SHED))),
+        "best_effort": int(of(cols.best_effort).sum()),
+        "attainment": int(of(cols.met).sum()) / n if n else 0.0,
+        "attainment_dslo": int(of(cols.met_dslo).sum()) / n if n else 0.0,
+        "ttft": distribution(of(cols.ttft)[done]),
+        "tpot": distribution(of(cols.tpot)[done]),
+        "e2e": distribution(of(cols.e2e)[done]),
     }
 
 
 def summarize_records(records: Sequence[RequestRecord]) -> dict:
     """Attainment and latency keys for one group of requests."""
-    return _group(RecordColumns.of(records, {}), np.arange(len(records)))
+    return _group(RecordColumns.of(records, {}))
 
 
 def summarize(records: Sequence[RequestRecord], spans: Iterable[tuple[float, float]]) -> dict:
@@ -80,7 +80,7 @@ def summarize_columns(cols: RecordColumns, task_names: Sequence[str],
                       spans: Iterable[tuple[float, float]]) -> dict:
     """``summarize`` of the records these are the columns of (``task`` indexing
     ``task_names``)."""
-    out = _group(cols, np.arange(len(cols)))
+    out = _group(cols)
     span = 0.0
     if cols.finished.any():
         start = float(cols.arrival.min())
