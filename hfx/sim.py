@@ -26,7 +26,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, load_profile
-from hfx.workloads.columns import RecordColumns, RecordFold
+from hfx.workloads.columns import RecordColumns, RecordFold, count_outcome
 from hfx.workloads.load import (
     RequestStream,
     load_workload,
@@ -282,7 +282,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
             virtual=True)
     spans = instance_spans(control)
     measured = fold.columns(list(control.records.values()))  # folded, kept: opening order
-    backlog = measured.count(Outcome.PENDING)
+    backlog = count_outcome(measured.outcome, Outcome.PENDING)
     # A steady-state run scores the arrivals after the warm-up; a request still pending when
     # the run stops is a miss.
     measured.keep(np.flatnonzero(measured.arrival >= config.warmup))

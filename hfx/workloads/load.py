@@ -102,10 +102,11 @@ class RequestStream(Sequence[Request]):
     task order, then index), each ``Request`` built when it is read. It keeps five numbers a
     request (~21 B) instead of the request (~300 B): a 27 M-request run reads each once."""
 
-    def __init__(self, tasks: Iterable[TaskSpec], key: list[int], arrivals_of: ArrivalsOf,
-                 priorities: dict[str, int] | None = None) -> None:
+    def __init__(self, tasks: Iterable[TaskSpec], key: list[int], arrivals_of: ArrivalsOf
+                 ) -> None:
         self._tasks = tuple(tasks)
-        self._priorities = priorities  # a task's priority in place of its SLO (HFX-PM)
+        # A task's priority in place of its SLO (HFX-PM): set by ``with_priorities``.
+        self._priorities: dict[str, int] | None = None
         parts: list[tuple[np.ndarray, ...]] = []
         for order, task in enumerate(self._tasks):
             rng = np.random.default_rng([key[0], zlib.crc32(task.name.encode()), *key[1:]])

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hfx.request import Outcome, RequestRecord
-from hfx.workloads.columns import NO_PRIORITY, OUTCOMES, RecordColumns
+from hfx.workloads.columns import NO_PRIORITY, RecordColumns, count_outcome
 
 COST_UNIT_SECONDS = 0.05  # HyperFlexis §7.5
 
@@ -53,9 +53,9 @@ def _group(cols: RecordColumns, idx: np.ndarray | None = None) -> dict:
     return {
         "requests": n,
         "finished": int(done.sum()),
-        "rejected": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.REJECTED))),
-        "failed": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.FAILED))),
-        "shed": int(np.count_nonzero(outcome == OUTCOMES.index(Outcome.SHED))),
+        "rejected": count_outcome(outcome, Outcome.REJECTED),
+        "failed": count_outcome(outcome, Outcome.FAILED),
+        "shed": count_outcome(outcome, Outcome.SHED),
         "best_effort": int(of(cols.best_effort).sum()),
         "attainment": int(of(cols.met).sum()) / n if n else 0.0,
         "attainment_dslo": int(of(cols.met_dslo).sum()) / n if n else 0.0,
@@ -86,9 +86,8 @@ def summarize_columns(cols: RecordColumns, task_names: Sequence[str],
         start = float(cols.arrival.min())
         last = float(cols.finish[cols.finished].max())
         span = max(last - start, 1e-9)
-    met = int(cols.met.sum())
-    out["goodput_rps"] = met / span if span else 0.0
-    out["throughput_rps"] = int(cols.finished.sum()) / span if span else 0.0
+    out["goodput_rps"] = int(cols.met.sum()) / span if span else 0.0
+    out["throughput_rps"] = out["finished"] / span if span else 0.0
     out["output_tokens_per_s"] = int(cols.tokens.sum()) / span if span else 0.0
     out["cost_units"] = cost_units(spans)
     # Groups in the order their first record comes.
