@@ -86,3 +86,37 @@ def test_same_engine_code_on_real_and_virtual_loops():
     sim = _tiny_cluster_run(virtual=True)
     assert {k: v[:2] for k, v in real.items()} == {k: v[:2] for k, v in sim.items()}
     assert all(o is Outcome.FINISHED and n == 5 + int(k[1:]) for k, (o, n, _) in sim.items())
+
+
+def test_timers_due_at_one_instant_fire_in_the_order_they_were_set():
+    """Ties fire first-set first, whatever else is pending: asyncio's own heap leaves their
+    order to the heap's shape, so a run would depend on how many other timers there were."""
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        fired: list[int] = []
+        for i in range(300):
+            loop.call_at(1.0 + (i % 7) * 0.25, fired.append, i)  # seven instants, interleaved
+        await asyncio.sleep(5.0)
+        return fired
+
+    fired = run(main(), virtual=True)
+    assert fired == sorted(range(300), key=lambda i: (i % 7, i))
+
+
+def test_cancelled_timers_do_not_fire_nor_pile_up():
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        fired: list[int] = []
+        most = 0
+        for i in range(20_000):  # a timer set and cancelled per step, as a cut decode run's
+            keep = loop.call_at(loop.time() + 100.0, fired.append, i)
+            if i % 100:
+                keep.cancel()
+            await asyncio.sleep(0.001)
+            most = max(most, len(loop._scheduled))  # type: ignore[attr-defined]
+        await asyncio.sleep(200.0)
+        return fired, most
+
+    fired, most = run(main(), virtual=True)
+    assert fired == list(range(0, 20_000, 100))
+    assert most < 600  # ~200 live timers at once; the 19,800 cancelled ones purged

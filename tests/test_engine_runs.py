@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 from hfx.assembly import sim_engines
+from hfx.backends import local
 from hfx.clock import run
 from hfx.cluster.ledger import RequestLedger
 from hfx.config import SimConfig
@@ -817,3 +818,27 @@ def test_cluster_records() -> None:
     # The cohort stepped, and the small KV caches preempted in a good share of the runs.
     assert ticks > 0
     assert preempted >= CLUSTER_CASES // 5, preempted
+
+
+def test_timer_driver_runs_as_the_task_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator's instances step on loop timers (LocalInstance._cycle), a real engine's on
+    a task awaiting each step (LocalInstance._run): over random clusters both give the same
+    records, steps and spans.
+
+    With step-time noise. Without it, a policy can predict a step's end to the bit (sa wakes
+    at the iteration boundary) and set a timer due at the same instant as the step's own; the
+    timer driver ends the step at its timer, the task driver one callback later, so the two
+    runs order those two callbacks differently (each deterministic)."""
+    rng = random.Random("engine-runs/drivers")
+    for i in range(CLUSTER_CASES):
+        kw = {**draw_sim_config(rng), "step_noise": 0.1}
+        timers = run_sim(kw, True)
+        with monkeypatch.context() as m:
+            m.setattr(local, "steps_are_waits", lambda executor: False)
+            task = run_sim(kw, True)
+        where = f"case {i} ({kw})"
+        if timers.records != task.records:
+            pytest.fail(f"{where}: records differ: {_diff(timers.records, task.records)}",
+                        pytrace=False)
+        assert timers.totals == task.totals, f"{where}: {_diff(timers.totals, task.totals)}"
+        assert timers.ticks == task.ticks, where

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 
 from hfx.clock import cancel
 from hfx.cluster.instance import EventSink, Instance
@@ -19,6 +21,9 @@ from hfx.engine import (
     StepFailed,
     StepOutput,
 )
+from hfx.engine.core import PlannedStep
+from hfx.engine.decode_run import DecodeRun
+from hfx.engine.executor import steps_are_waits
 from hfx.request import Request
 
 # A step that raises with one request in it fails that request alone, unless the steps before
@@ -27,12 +32,22 @@ MAX_FAILED_STEPS_IN_A_ROW = 1
 
 
 class LocalInstance:
-    """An EngineCore driven by a task on the current loop. ``delivery`` delays every output
-    that long on its way to the sink: a simulated fleet's stand-in for what a real server's
-    front end, stream and loop add between a step and the control plane's record of its tokens
-    (fitted live by hfx/serving/calibrator.py; 0 for a real engine, which has its own)."""
+    """An EngineCore driven on the current loop. ``delivery`` delays every output that long on
+    its way to the sink: a simulated fleet's stand-in for what a real server's front end,
+    stream and loop add between a step and the control plane's record of its tokens (fitted
+    live by hfx/serving/calibrator.py; 0 for a real engine, which has its own).
 
-    def __init__(self, instance_id: int, engine: EngineCore, delivery: float = 0.0) -> None:
+    Two drivers of one step loop (the engine core's ``begin_step`` / ``end_step``). A real
+    executor's step is awaited by a task (``_run``). A step that is only a wait
+    (``steps_are_waits``: the simulator's) is driven by loop timers (``_cycle``): the step ends
+    in its timer's callback, with no future, task wake-up or coroutine chain per step (~3 µs
+    of the virtual loop's ~4 µs a step; docs/performance.md). Both give the same run
+    (tests/test_engine_runs.py), except that the timer driver ends a step one callback earlier,
+    which orders it differently against another timer due at the very same instant. ``timers``
+    forces either driver."""
+
+    def __init__(self, instance_id: int, engine: EngineCore, delivery: float = 0.0,
+                 timers: bool | None = None) -> None:
         self.id = instance_id
         self.engine = engine
         self.delivery = delivery
@@ -40,15 +55,38 @@ class LocalInstance:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sink: EventSink | None = None
+        self._timed = steps_are_waits(engine.executor) if timers is None else timers
+        # The timer driver's state: its next callback, whether it waits for work (no step in
+        # flight, none scheduled), whether it has stopped for good (stopped, or failed).
+        self._handle: asyncio.Handle | None = None
+        self._waiting = False
+        self._ended = False
+        self._failures_in_a_row = 0
 
     def start(self, sink: EventSink) -> None:
         self._sink = sink
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"instance-{self.id}")
+        loop = asyncio.get_running_loop()
+        if self._timed:
+            self._handle = loop.call_soon(self._cycle)  # where the task's first step would run
+        else:
+            self._task = loop.create_task(self._run(), name=f"instance-{self.id}")
 
     async def stop(self) -> None:
         self._flush_run()
+        self._ended = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
         await cancel(self._task)
         self._task = None
+
+    def _kick(self) -> None:
+        """Something may have given the engine work: wake its driver if it waits."""
+        if not self._timed:
+            self._wake.set()
+        elif self._waiting and not self._ended:
+            self._waiting = False
+            self._handle = asyncio.get_running_loop().call_soon(self._cycle)
 
     def _flush_run(self) -> None:
         """A decode run under way reports the steps it has taken by now, those whose outputs
@@ -81,11 +119,11 @@ class LocalInstance:
             prefill_deadline=request.arrival + slo.ttft if slo else None,
             best_effort=best_effort,
         ))
-        self._wake.set()
+        self._kick()
 
     def abort(self, request_id: str) -> None:
         if self.engine.abort(request_id):
-            self._wake.set()
+            self._kick()
 
     # ---- P/D migration (HyperFlexis §5.1): the TLManager drives these ---------------------------
     def migration_state(self, request_id: str) -> Sequence:
@@ -100,13 +138,13 @@ class LocalInstance:
         """Prefill role: copy the KV out and free it here."""
         kv = self.engine.export_kv(request_id)
         self.engine.release(request_id)
-        self._wake.set()  # freed blocks may admit waiting prefills
+        self._kick()  # freed blocks may admit waiting prefills
         return kv
 
     def activate_import(self, request_id: str, kv: object | None = None) -> None:
         """Decode role: the KV has arrived; decode it."""
         self.engine.activate_import(request_id, kv)
-        self._wake.set()
+        self._kick()
 
     def set_role(self, role: Role) -> None:
         """Switch a drained (empty) instance between prefill and decode (HyperFlexis §6)."""
@@ -149,6 +187,7 @@ class LocalInstance:
     def _fail(self, error: str, suspects: tuple[str, ...] = (),
               before: list[tuple[str, RequestStatus]] | None = None) -> None:
         self._flush_run()  # the steps a decode run took before it broke
+        self._ended = True  # as the task's loop returns
         ids = self.engine.fail_all()
         now = asyncio.get_running_loop().time()
         self._emit(StepOutput(
@@ -201,6 +240,87 @@ class LocalInstance:
                 self._wake.clear()
                 await self._wake.wait()
 
+    # ---- the timer driver: ``_run``'s loop for steps that are only waits --------------------
+    def _cycle(self) -> None:
+        """``_run``'s loop from its top: step until a step is in flight (its end is a timer)
+        or there is nothing to do (then ``_kick`` resumes it)."""
+        self._handle = None
+        if self._ended:
+            return
+        engine = self.engine
+        loop = asyncio.get_running_loop()
+        if not steps_are_waits(engine.executor):
+            # Its ``execute`` was replaced (a fault injected): from now on it is awaited.
+            self._timed = False
+            self._task = loop.create_task(self._run(), name=f"instance-{self.id}")
+            return
+        while True:
+            if not engine.has_work():
+                self._waiting = True
+                return
+            steps = engine.num_steps
+            try:
+                begun = engine.begin_step(loop)
+                if isinstance(begun, DecodeRun):
+                    engine.arm_run(begun, partial(self._run_ended, begun, steps))
+                    return
+                if isinstance(begun, PlannedStep):
+                    try:
+                        wait = engine.executor.duration(begun.out.shape)[0]  # type: ignore[attr-defined]
+                    except Exception as e:
+                        raise StepFailed(e, begun.out.request_ids(), begun.transitions) from e
+                    if wait > 0:  # at loop.time() + wait, as asyncio.sleep(wait) ends
+                        self._handle = loop.call_at(loop.time() + wait,
+                                                    self._step_ended, begun, steps)
+                    else:  # as asyncio.sleep(0): after one pass of the loop
+                        self._handle = loop.call_soon(self._step_ended, begun, steps)
+                    return
+                out = begun
+            except StepFailed as e:
+                if self._timed_failure(e):
+                    continue
+                return
+            except Exception as e:  # a broken engine must not leave requests hanging
+                self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+                return
+            if not self._stepped(out, steps):
+                return
+
+    def _step_ended(self, begun: PlannedStep, steps: int) -> None:
+        """A step's timer: advance, and go on."""
+        self._ended_then_cycle(partial(self.engine.end_step, begun, None), steps)
+
+    def _run_ended(self, run: DecodeRun, steps: int) -> None:
+        """A decode run's timer (at its last step, or the step a cut left it): the same."""
+        self._ended_then_cycle(partial(self.engine.end_run, run), steps)
+
+    def _ended_then_cycle(self, end: Callable[[], StepOutput], steps: int) -> None:
+        self._handle = None
+        if self._ended:
+            return
+        try:
+            out = end()
+        except Exception as e:  # as ``_run``: a broken engine fails its requests
+            self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+            return
+        if self._stepped(out, steps):
+            self._cycle()
+
+    def _timed_failure(self, e: StepFailed) -> bool:
+        self._failures_in_a_row += 1
+        return self._step_failed(e, self._failures_in_a_row)
+
+    def _stepped(self, out: StepOutput, steps: int) -> bool:
+        """A step ended well (``_run``'s tail): emit; False when the driver must wait for work
+        (nothing could be planned although work is queued: KV held for migration)."""
+        self._failures_in_a_row = 0
+        if out.request_ids or out.transitions or out.ticked or out.moves:
+            self._emit(out)
+        if self.engine.num_steps == steps and self.engine.has_work():
+            self._waiting = True
+            return False
+        return True
+
 
 class LocalPlacement:
     """Engines from ``make_engine``, each driven by a task on this process's loop; their
@@ -226,3 +346,4 @@ class LocalPlacement:
             await asyncio.sleep(plan.seconds)
             engine = self.make_engine(config)
         return LocalInstance(instance_id, engine, self.delivery)
+

@@ -8,7 +8,9 @@ from the running loop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from hfx.clock import VirtualTimeLoop
@@ -17,7 +19,7 @@ from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
 from hfx.engine.decode_run import DecodeRun, plan_run
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
-from hfx.engine.planners import EngineState, make_planner
+from hfx.engine.planners import EngineState, SchedulerOutput, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.waiting import WaitingQueue
 from hfx.stepmodel.latency import StepTimeModel
@@ -56,6 +58,15 @@ class StepOutput(NamedTuple):
     # A decode run (decode_run.py) took several cohort steps: the times of those before the
     # one at ``time``, each a tick.
     earlier_ticks: list[float] | None = None
+
+
+class PlannedStep(NamedTuple):
+    """A step ``begin_step`` planned, for the executor to run and ``end_step`` to advance."""
+
+    out: SchedulerOutput
+    cohort: DecodeCohort | None  # the decode cohort, when the plan has one
+    transitions: list[tuple[str, RequestStatus]]  # aborts applied at its start
+    start: float
 
 
 class EngineError(ValueError):
@@ -277,7 +288,8 @@ class EngineCore:
             run.length = run.applied
             if run.timer is not None:
                 run.timer.cancel()
-            _resolve(run.done)
+            if run.ended is not None:
+                run.ended()
         ids = list(self._seqs)
         if self.state.cohort is not None:
             self.state.cohort.clear()
@@ -295,8 +307,30 @@ class EngineCore:
         return ids
 
     # ---- the step -------------------------------------------------------------------------
+    # A step is begun (plan), executed (the executor's await, or a timer: LocalInstance) and
+    # ended (advance): ``step`` does all three; a driver that times steps itself calls
+    # ``begin_step`` and ``end_step`` around its own wait.
     async def step(self) -> StepOutput:
         loop = asyncio.get_running_loop()
+        begun = self.begin_step(loop)
+        if isinstance(begun, StepOutput):
+            return begun
+        if isinstance(begun, DecodeRun):
+            done: asyncio.Future[None] = loop.create_future()
+            self.arm_run(begun, partial(_resolve, done))
+            await done
+            return self.end_run(begun)
+        try:
+            sampled = await self.executor.execute(begun.out)
+        except Exception as e:
+            # The caller decides whether to fail the step's requests alone (fail_request) or
+            # the whole engine (fail_all).
+            raise StepFailed(e, begun.out.request_ids(), begun.transitions) from e
+        return self.end_step(begun, sampled)
+
+    def begin_step(self, loop: asyncio.AbstractEventLoop) -> StepOutput | PlannedStep | DecodeRun:
+        """Plan the next step: its plan to execute, a decode run to arm (``arm_run``), or, when
+        nothing could be planned, the step boundary's output."""
         transitions: list[tuple[str, RequestStatus]] = []
         if self._aborts:
             self._apply_aborts(transitions)
@@ -314,8 +348,7 @@ class EngineCore:
                 isinstance(loop, VirtualTimeLoop):
             run = self._start_run(loop)
             if run is not None:
-                await run.done
-                return self._end_run(run, transitions)
+                return run
         out = self.planner.plan(self.state)
         if not out:
             return self._output(loop.time(), [], None, transitions)
@@ -327,16 +360,14 @@ class EngineCore:
             out.num_scheduled_tokens = {**dict.fromkeys(cohort.in_running_order(), 1),
                                         **out.num_scheduled_tokens}
             out.cohort = None
-        start = loop.time()
-        try:
-            sampled = await self.executor.execute(out)
-        except Exception as e:
-            # The caller decides whether to fail the step's requests alone (fail_request) or
-            # the whole engine (fail_all).
-            raise StepFailed(e, out.request_ids(), transitions) from e
-        now = loop.time()
+        return PlannedStep(out, cohort, transitions, loop.time())
+
+    def end_step(self, step: PlannedStep, sampled: dict[Sequence, int] | None) -> StepOutput:
+        """The planned step has run (``sampled``: the executor's tokens, if real): advance."""
+        now = asyncio.get_running_loop().time()
+        out, cohort, transitions = step.out, step.cohort, step.transitions
         self.num_steps += 1
-        self.busy_time += now - start
+        self.busy_time += now - step.start
         request_ids: list[str] = []
         token_ids: list[int] | None = None if sampled is None else []
         ticked = False
@@ -362,11 +393,16 @@ class EngineCore:
         if planned is None:
             return None
         times, factors = planned
-        run = DecodeRun(now, times, factors, len(times), loop.create_future())
-        run.timer = loop.call_at(times[-1], _resolve, run.done)
+        run = DecodeRun(now, times, factors, len(times))
         self._run = run
         self._plan_run_step(cohort)
         return run
+
+    def arm_run(self, run: DecodeRun, ended: Callable[[], None]) -> None:
+        """Call ``ended`` when the run begun by ``begin_step`` has taken its last step (then
+        ``end_run``); a cut moves that to the step under way."""
+        run.ended = ended
+        run.timer = asyncio.get_running_loop().call_at(run.times[-1], ended)
 
     def _plan_run_step(self, cohort: DecodeCohort) -> None:
         """A run's step planned: the blocks of the members crossing into one now, in
@@ -395,8 +431,9 @@ class EngineCore:
             self.state.now = end
             self._plan_run_step(cohort)
 
-    def _end_run(self, run: DecodeRun, transitions: list[tuple[str, RequestStatus]]
-                 ) -> StepOutput:
+    def end_run(self, run: DecodeRun) -> StepOutput:
+        """The run's last step has ended (its ``ended`` was called): apply its steps."""
+        transitions: list[tuple[str, RequestStatus]] = []  # none at its start (begin_step)
         self._run = None
         if run.length == run.applied:  # failed meanwhile (fail_all)
             return self._output(asyncio.get_running_loop().time(), [], None, transitions)
@@ -446,9 +483,9 @@ class EngineCore:
         self.executor.put_back(run.factors[run.applied + 1:run.length])  # type: ignore[attr-defined]
         run.length = run.applied + 1
         loop = asyncio.get_running_loop()
-        assert run.timer is not None
+        assert run.timer is not None and run.ended is not None
         run.timer.cancel()
-        run.timer = loop.call_at(run.times[run.applied], _resolve, run.done)
+        run.timer = loop.call_at(run.times[run.applied], run.ended)
 
     def _output(self, now: float, request_ids: list[str], token_ids: list[int] | None,
                 transitions: list[tuple[str, RequestStatus]], ticked: bool = False

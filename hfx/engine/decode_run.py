@@ -21,6 +21,7 @@ P/D decode instances, lie in stretches a run takes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hfx.engine.block_manager import BlockManager
@@ -34,7 +35,7 @@ class DecodeRun:
     times: list[float]  # when each step ends
     factors: list[float | None]  # the noise factor drawn for each step
     length: int  # steps it takes; a cut shortens it to the step under way
-    done: asyncio.Future[None]
+    ended: Callable[[], None] | None = None  # what its timer calls (EngineCore.arm_run)
     timer: asyncio.TimerHandle | None = None
     applied: int = 0  # steps whose tick is applied
     reported: int = 0  # steps whose tick is in a StepOutput (EngineCore.flush_run)

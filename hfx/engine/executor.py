@@ -17,7 +17,7 @@ from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
 from hfx.stepmodel.latency import BatchShape, StepTimeModel
 
-__all__ = ["PLACEHOLDER_TOKEN", "Executor", "SimExecutor", "StepNoise"]
+__all__ = ["PLACEHOLDER_TOKEN", "Executor", "SimExecutor", "StepNoise", "steps_are_waits"]
 
 
 class Executor(Protocol):
@@ -85,3 +85,11 @@ class SimExecutor:
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
         await asyncio.sleep(self.duration(out.shape)[0])
         return None
+
+
+def steps_are_waits(executor: object) -> bool:
+    """Whether each step of ``executor`` is only a wait of its ``duration`` (a SimExecutor
+    whose ``execute`` is neither overridden nor replaced, as a fault injector does): a driver
+    may then time its steps with loop timers instead of awaiting ``execute`` (LocalInstance)."""
+    return isinstance(executor, SimExecutor) and \
+        getattr(executor.execute, "__func__", None) is SimExecutor.execute
