@@ -234,3 +234,35 @@ def test_slos_serve_admission_plans_at_its_pace(monkeypatch):
     pol.enqueue(req("a", 0.1), 0.0)
     pol.schedule(view(2))
     assert steps and steps[0] == pytest.approx(0.5 * 0.1)
+
+
+def backed_up_view(now: float) -> ClusterView:
+    """One instance whose queued prompts (80k tokens at its last snapshot) put any new first
+    token seconds out, with room to spare for TPOT and KV."""
+    stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 5_000, 12_500, 16, 0, 1024, 0.0, 0)
+    return ClusterView(now, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE)
+
+
+def test_polyserve_walks_a_stuck_tier_again_once_its_head_loses_its_ttft():
+    """A request that misses on its TTFT misses again as time passes, so PolyServe skips the
+    walk while nothing moves; once its TTFT is lost whatever happens, it is placed for its
+    TPOT alone, with no other event to wake the tier."""
+    pol = make_policy("polyserve")
+    v = backed_up_view(0.0)
+    pol.enqueue(Request("r", 0.0, 100, 20, SLO(1.0, 0.05)), 0.0)
+    for now in (0.0, 0.5, 0.9):
+        v.now = now
+        assert pol.schedule(v).dispatch == [], now
+    v.now = 1.0  # 1.0 + its prompt's prefill is past arrival + TTFT: lost
+    assert [(d.request.id, d.instance) for d in pol.schedule(v).dispatch] == [("r", 0)]
+
+
+def test_polyserve_walks_a_stuck_tier_again_when_a_request_joins_its_queue():
+    pol = make_policy("polyserve")
+    v = backed_up_view(0.0)
+    pol.enqueue(Request("r", 0.0, 100, 20, SLO(1.0, 0.05)), 0.0)
+    assert pol.schedule(v).dispatch == []
+    # Behind it in deadline order, with a TTFT the queue can meet: the walk reaches it.
+    pol.enqueue(Request("patient", 0.0, 100, 20, SLO(60.0, 0.05)), 0.0)
+    v.now = 0.1
+    assert [d.request.id for d in pol.schedule(v).dispatch] == ["patient"]

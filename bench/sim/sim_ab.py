@@ -54,16 +54,31 @@ def one(tree: str, case: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def parse_case(text: str) -> dict:
+    """``POLICY@INSTANCES:REQUESTS`` as a case of ``CASES``."""
+    try:
+        policy, rest = text.split("@")
+        instances, requests = rest.split(":")
+        return {"policy": policy, "instances": int(instances),
+                "requests_per_task": int(requests) // 4}
+    except ValueError:
+        raise SystemExit(f"--case {text!r}: expected POLICY@INSTANCES:REQUESTS, "
+                         "e.g. rr@128:48000") from None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--case", action="append", default=None, metavar="POLICY@INSTANCES:REQUESTS",
+                    help="run this case instead of the default set (repeatable), e.g. "
+                         "rr@128:48000 (four-task at 45 QPS per instance, as the others)")
     args = ap.parse_args()
     out: dict = {"command": "python bench/sim/sim_ab.py " + " ".join(sys.argv[1:]),
                  "python": platform.python_version(), "cases": []}
-    for case in CASES:
+    for case in CASES if args.case is None else [parse_case(c) for c in args.case]:
         walls: dict[str, list[float]] = {"before": [], "after": []}
         results: dict[str, dict] = {}
         for _ in range(args.repeat):

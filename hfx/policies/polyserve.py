@@ -29,6 +29,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import cast
 
 from hfx.engine.planners.slo_paced import time2bs
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
@@ -76,6 +79,40 @@ def _locate(grid: tuple, x: float) -> tuple[int, float]:
     return i, min(max((x - grid[i]) / (grid[i + 1] - grid[i]), 0.0), 1.0)
 
 
+class TierMap(dict[int, float | None]):
+    """instance → its TPOT tier (None: the idle pool), with a ``version`` that moves on every
+    change, so what PolyServe derives from it can be kept until it moves."""
+
+    __slots__ = ("version",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+
+    def __setitem__(self, key: int, value: float | None) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def setdefault(self, key: int, default: float | None = None) -> float | None:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: int, *default: float | None) -> float | None:  # type: ignore[override]
+        self.version += 1
+        return super().pop(key, *default)
+
+
+@dataclass(slots=True)
+class _Stuck:
+    """A tier's last walk, which placed nothing (``PolyServe._still_stuck``)."""
+
+    epoch: int
+    ids: list[str]  # the requests it walked, in queue order
+    lost: list[bool]  # whether each one's TTFT was lost then
+    whole: bool  # it walked the whole queue
+
+
 class PolyServe(Policy):
     name = "polyserve"
     planner = TPOTChunkedPlanner.name
@@ -88,7 +125,7 @@ class PolyServe(Policy):
         self.max_misses = int(max_misses)
         self.predictor = OutputLengthPredictor(output_length)
         self.shadow = Shadows()
-        self.tier_of: dict[int, float | None] = {}  # instance → TPOT tier, None = idle pool
+        self.tier_of = TierMap()  # instance → TPOT tier, None = idle pool
         self._queues: dict[float, list[tuple[float, str, Request]]] = defaultdict(list)
         self._own: dict[int, int] = defaultdict(int)  # in-flight requests of its own tier
         self._counted: dict[str, int] = {}  # the requests ``_own`` counts → their instance
@@ -101,6 +138,22 @@ class PolyServe(Policy):
         self._table: IterationTable | None = None
         self._model: StepTimeModel | None = None
         self._saturated = math.inf  # the engine's saturated step time, once a view shows it
+        # A placement that missed misses again until something it reads moves: a snapshot or a
+        # membership change, a dispatch, a finish, the model, a tier; or its request's TTFT is
+        # lost (then it is placed for its TPOT alone). ``_moves`` counts those moves (with the
+        # tiers' version: ``_epoch``); ``_stuck`` keeps, per tier whose last walk placed
+        # nothing, the epoch and the requests it walked, so a call that would walk the same
+        # requests against the same state skips the tier: its decision would be the same (in
+        # overload most calls were such walks).
+        self._moves = 0
+        self._stuck: dict[float, _Stuck] = {}
+        # What a call reads and events rarely change, kept between calls: each tier's
+        # instances (and the tiers' version and view version they are of), the instances
+        # accepting work, and those that finished a request since the last call.
+        self._by_tier: dict[float, list[InstanceView]] = {}
+        self._by_tier_of: tuple[int, ClusterView | None, int] = (-1, None, -1)
+        self._accepting: set[int] = set()
+        self._touched: set[int] = set()
 
     def tier(self, tpot: float) -> float:
         """The TPOT tier of a request with this TPOT target."""
@@ -172,11 +225,13 @@ class PolyServe(Policy):
                lost: bool) -> InstanceView | None:
         """The highest-load candidate that fits its own tier's TPOT (the load gradient). A
         request whose TTFT is ``lost`` whatever happens is placed for its TPOT alone: it misses,
-        but it is served, never left waiting forever."""
-        for inst in sorted(candidates, key=lambda i: (-self.shadow[i.id].batch_size, i.id)):
+        but it is served, never left waiting forever. ``candidates``: the tier's instances with
+        a free slot (a full one fails ``fits`` first thing; ``_open``)."""
+        shadow = self.shadow
+        for inst in sorted(candidates, key=lambda i: (-shadow[i.id].batch_size, i.id)):
             tier = self.tier_of[inst.id]
             assert tier is not None
-            if self.fits(self.shadow[inst.id], tier, req, now, ttft=not lost):
+            if self.fits(shadow[inst.id], tier, req, now, ttft=not lost):
                 return inst
         return None
 
@@ -189,15 +244,27 @@ class PolyServe(Policy):
         if self._model is not view.step_model:
             self._model, self._table = view.step_model, IterationTable(view.step_model)
             self._saturate(view.step_model, targets[0].stats)
+            self._moves += 1
+        touched: Iterable[int] = self._touched
         if self.shadow.follow(view, targets):  # snapshots or membership moved
+            self._moves += 1
+            self._accepting = {target.id for target in targets}
+            touched = self._accepting
             for target in targets:
                 self.tier_of.setdefault(target.id, None)
                 if self._stats_time.get(target.id) != target.stats.time:  # a new snapshot
                     self._new_snapshot(target)
-        self._scale_down(targets)
+        self._scale_down(touched)
+        self._touched = set()
+        by_tier = self._members(view, targets)
+        # Per tier, its instances with a free slot, as this call's dispatches leave them.
+        open_in: dict[float, list[InstanceView]] = {}
         tiers = sorted(t for t, q in self._queues.items() if q)
         for tier in tiers:
             queue = self._queues[tier]
+            if self._still_stuck(tier, queue, now):
+                continue
+            epoch = self._epoch()
             waiting: list[tuple[float, str, Request]] = []
             misses = 0
             looked = 0
@@ -207,8 +274,8 @@ class PolyServe(Policy):
                 looked += 1
                 req = item[2]
                 lost = ttft_lost(req, self._model, now)
-                own = [i for i in targets if self.tier_of[i.id] == tier]
-                inst: InstanceView | None = self._place(req, own, now, lost)
+                inst: InstanceView | None = self._place(
+                    req, self._open(open_in, by_tier, tier), now, lost)
                 if inst is None:  # the tier is full: an idle (or pending-list) instance joins
                     spare = [i for i in targets if self.tier_of[i.id] is None] or [
                         i for i in targets if self.tier_of[i.id] is not None
@@ -216,13 +283,15 @@ class PolyServe(Policy):
                     for cand in spare:
                         if self.fits(self.shadow[cand.id], tier, req, now, ttft=not lost):
                             self.tier_of[cand.id] = tier
+                            by_tier = self._members(view, targets)
+                            open_in.clear()
                             inst = cand
                             break
                 if inst is None:  # no instance to add: lazy promotion, nearest tighter first
                     for tighter in sorted((t for t in set(self.tier_of.values())
                                            if t is not None and t < tier), reverse=True):
-                        members = [i for i in targets if self.tier_of[i.id] == tighter]
-                        inst = self._place(req, members, now, lost)
+                        inst = self._place(req, self._open(open_in, by_tier, tighter), now,
+                                           lost)
                         if inst is not None:
                             break
                 if inst is None:
@@ -230,12 +299,21 @@ class PolyServe(Policy):
                     misses += 1
                     continue
                 decision.dispatch.append(Dispatch(req, inst.id))
+                self._moves += 1
                 self.shadow[inst.id].add(req, self.predictor.predict(req))
+                if self.shadow[inst.id].free_slots() <= 0:  # full now: out of its tier's list
+                    opened = open_in.get(cast(float, self.tier_of[inst.id]))
+                    if opened is not None and inst in opened:
+                        opened.remove(inst)
                 self._recent[inst.id].append((now, req.prompt_len))
                 self._recent_tokens[inst.id] += req.prompt_len
                 if self.tier_of[inst.id] == tier:
                     self._own[inst.id] += 1
                     self._counted[req.id] = inst.id
+            if self._epoch() == epoch:  # nothing placed: the same walk misses until a move
+                self._stuck[tier] = _Stuck(epoch, [item[1] for item in waiting],
+                                           [ttft_lost(item[2], self._model, now)
+                                            for item in waiting], looked == len(queue))
             # Only the head was looked at: replace it in place rather than copy the whole
             # queue (a copy per call grows with the backlog).
             queue[:looked] = waiting
@@ -253,16 +331,70 @@ class PolyServe(Policy):
         self._recent[inst.id] = recent
         self._recent_tokens[inst.id] = sum(n for _, n in recent)
 
-    def _scale_down(self, targets: list[InstanceView]) -> None:
-        for inst in targets:
-            if self.tier_of[inst.id] is not None and self.shadow[inst.id].idle:
-                self.tier_of[inst.id] = None  # back to the idle pool
+    def _open(self, open_in: dict[float, list[InstanceView]],
+              by_tier: dict[float, list[InstanceView]], tier: float) -> list[InstanceView]:
+        """``tier``'s instances with a free slot, found once a call (``open_in``)."""
+        opened = open_in.get(tier)
+        if opened is None:
+            shadow = self.shadow
+            opened = open_in[tier] = [i for i in by_tier.get(tier, ())
+                                      if shadow[i.id].free_slots() > 0]
+        return opened
+
+    def _epoch(self) -> int:
+        """Moves so far (both counts only grow: equal sums, nothing moved)."""
+        return self._moves + self.tier_of.version
+
+    def _members(self, view: ClusterView, targets: list[InstanceView]
+                 ) -> dict[float, list[InstanceView]]:
+        """Each tier's instances among ``targets``, in their order (the idle pool left out);
+        found again when the tiers or the view's membership moved."""
+        of = (self.tier_of.version, view, view.version)
+        last = self._by_tier_of
+        if last[0] != of[0] or last[1] is not view or last[2] != of[2]:
+            by_tier: dict[float, list[InstanceView]] = defaultdict(list)
+            for inst in targets:
+                tier = self.tier_of[inst.id]
+                if tier is not None:
+                    by_tier[tier].append(inst)
+            self._by_tier, self._by_tier_of = by_tier, of
+        return self._by_tier
+
+    def _still_stuck(self, tier: float, queue: list[tuple[float, str, Request]],
+                     now: float) -> bool:
+        """Whether walking ``tier`` now would miss on the same requests as its last walk:
+        nothing moved since (``_epoch``), its queue starts with the same requests (and holds
+        no more, if that walk reached its end), and none of them has lost its TTFT since. A
+        miss with the TTFT checked stays a miss as time passes (the predicted first token only
+        moves later), and one without depends on no time."""
+        stuck = self._stuck.get(tier)
+        if stuck is None or stuck.epoch != self._epoch():
+            return False
+        n = len(stuck.ids)
+        if (stuck.whole and len(queue) != n) or len(queue) < n:
+            return False
+        model = self._model
+        assert model is not None
+        return all(item[1] == rid and ttft_lost(item[2], model, now) == lost
+                   for item, rid, lost in zip(queue, stuck.ids, stuck.lost, strict=False))
+
+    def _scale_down(self, ids: Iterable[int]) -> None:
+        """Those of ``ids`` that accept work and have nothing in flight go back to the idle
+        pool. Only an instance whose shadow lost work since the last call can have become
+        idle: one that finished a request, or any, after a snapshot."""
+        for iid in ids:
+            if iid in self._accepting and self.tier_of.get(iid) is not None \
+                    and self.shadow[iid].idle:
+                self.tier_of[iid] = None  # back to the idle pool
 
     def on_instance_removed(self, instance_id: int) -> None:
         self.tier_of.pop(instance_id, None)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        self._moves += 1  # room freed, and the output-length history moved
         iid = record.instance
+        if iid is not None:
+            self._touched.add(iid)
         # Uncounted where it was counted when placed, not by the instance's tier now: a
         # promoted request whose instance later joins the request's tier was never counted.
         counted = self._counted.pop(record.request.id, None)
