@@ -96,12 +96,13 @@ class SimulatedAnnealing(Policy):
         targets = view.accepting()
         if not targets:
             return decision
-        for inst in targets:
-            sh = self.shadow.sync(inst)
-            self._prefill_free_at.setdefault(inst.id, now)
-            if inst.id not in self._pending:
-                self._pending[inst.id], self._plans[inst.id] = [], None
-                self._remaining[inst.id] = float(sh.kv_capacity_tokens)
+        if self.shadow.follow(view, targets):  # snapshots or membership moved: O(N) then only
+            for inst in targets:
+                sh = self.shadow[inst.id]
+                self._prefill_free_at.setdefault(inst.id, now)
+                if inst.id not in self._pending:
+                    self._pending[inst.id], self._plans[inst.id] = [], None
+                    self._remaining[inst.id] = float(sh.kv_capacity_tokens)
         for req in self._arrived:
             out_len = float(self.predictor.sample(req, self.rng))
             iid = self._assign(req, out_len, view)
