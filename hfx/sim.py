@@ -36,6 +36,7 @@ from hfx.workloads.load import (
     workload_tasks,
 )
 from hfx.workloads.metrics import distribution, summarize_columns
+from hfx.workloads.streaming import StreamingFold
 from hfx.workloads.tasks import WORKLOADS
 
 
@@ -177,7 +178,7 @@ class _Folder:
     the ledger. Only finished ones: a rejected, shed or aborted record may still be looked up
     when its instance reports the end (they are few, and kept)."""
 
-    def __init__(self, control: ControlPlane, fold: RecordFold) -> None:
+    def __init__(self, control: ControlPlane, fold: RecordFold | StreamingFold) -> None:
         self.control, self.fold = control, fold
         self._batch: list[RequestRecord] = []
 
@@ -196,7 +197,8 @@ class _Folder:
 
 async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: Profile,
                       progress: bool = False, make_engine: EngineFactory | None = None,
-                      fold: RecordFold | None = None) -> tuple[ControlPlane, float]:
+                      fold: RecordFold | StreamingFold | None = None
+                      ) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
     (its records hold the outcome) and the time the last request finished. With ``fold``, each
     finished record goes into it and out of the records (colocated mode only)."""
@@ -255,18 +257,22 @@ def pd_summary(control: ControlPlane) -> dict:
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
 
 
-def steady_state_summary(config: SimConfig, backlog: int, measured: RecordColumns,
-                         end: float) -> dict:
-    """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
-    when it stopped), ``max_wait`` (the longest any measured request went without a first
-    token: until its first token, its end, or the stop), and the window scored."""
+def longest_wait(measured: RecordColumns, end: float) -> float:
+    """The longest any measured request went without a first token: until its first token,
+    its end, or the stop at ``end``."""
     until = np.where(np.isnan(measured.first),
                      np.where(np.isnan(measured.finish), end, measured.finish), measured.first)
     waits = until - measured.arrival
+    return float(waits.max()) if len(waits) else 0.0
+
+
+def steady_state_summary(config: SimConfig, backlog: int, max_wait: float) -> dict:
+    """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
+    when it stopped), ``max_wait`` (``longest_wait``), and the window scored."""
     return {"window": [config.warmup, config.duration] if config.duration else None,
             "drain": config.drain_seconds,
             "backlog_at_end": backlog,
-            "max_wait": float(waits.max()) if len(waits) else 0.0}
+            "max_wait": max_wait}
 
 
 def simulate(config: SimConfig, progress: bool = False) -> dict:
@@ -274,18 +280,26 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
     wall0 = time.perf_counter()
     profile = resolve_profile(config)
     requests = load_requests(config)
-    fold = RecordFold()
+    streaming = config.metrics == "streaming"
+    fold: RecordFold | StreamingFold = StreamingFold(config.warmup) if streaming else RecordFold()
     with _fewer_gc_passes():
         control, end = run(run_cluster(
             config, requests, profile, progress,
-            fold=fold if config.fold_records and config.mode == "colocated" else None),
-            virtual=True)
+            fold=fold if (config.fold_records or streaming) and config.mode == "colocated"
+            else None), virtual=True)
     spans = instance_spans(control)
-    measured = fold.columns(list(control.records.values()))  # folded, kept: opening order
-    backlog = count_outcome(measured.outcome, Outcome.PENDING)
-    # A steady-state run scores the arrivals after the warm-up; a request still pending when
-    # the run stops is a miss.
-    measured.keep(np.flatnonzero(measured.arrival >= config.warmup))
+    if isinstance(fold, StreamingFold):
+        fold.add(list(control.records.values()), end)  # the records left, pending ones too
+        metrics = fold.summary(spans)
+        backlog, max_wait = fold.backlog, fold.max_wait
+    else:
+        measured = fold.columns(list(control.records.values()))  # folded, kept: opening order
+        backlog = count_outcome(measured.outcome, Outcome.PENDING)
+        # A steady-state run scores the arrivals after the warm-up; a request still pending
+        # when the run stops is a miss.
+        measured.keep(np.flatnonzero(measured.arrival >= config.warmup))
+        metrics = summarize_columns(measured, fold.task_names(), spans)
+        max_wait = longest_wait(measured, end)
     result = {
         "policy": config.policy,
         "workload": config.workload,
@@ -295,8 +309,8 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         "instances": len(control.fleet.active_since) if control.scaler is None
         else len(control.instances) + len(control.retired),
         "profile": profile.name,
-        **summarize_columns(measured, fold.task_names(), spans),
-        **steady_state_summary(config, backlog, measured, end),
+        **metrics,
+        **steady_state_summary(config, backlog, max_wait),
         "sim_seconds": end,
         "engine_steps": sum(cast(LocalInstance, inst).engine.num_steps for inst in
                             [*control.instances.values(), *control.retired.values()]),

@@ -7,11 +7,14 @@ JSON; not a test.
     python bench/sim/memory.py --instances 100 --duration 120 --json docs/data/sim_memory.json
     python bench/sim/memory.py --instances 1000 --duration 600 --modes fold \
         --json docs/data/sim_memory_1000.json
+    python bench/sim/memory.py --instances 100 --duration 120,480 --modes fold,streaming \
+        --json docs/data/sim_memory_streaming.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import resource
@@ -21,7 +24,10 @@ import time
 from pathlib import Path
 
 PER_INSTANCE_QPS = 45.0  # bench/sim/sim_speed.py's load, past rr's knee
-MODES = {"fold": True, "keep": False}
+# Each mode's settings: records folded into columns (the default), kept, or folded into
+# streaming aggregates (--metrics streaming).
+MODES = {"fold": {"fold_records": True}, "keep": {"fold_records": False},
+         "streaming": {"metrics": "streaming"}}
 
 
 def one(config: dict) -> dict:
@@ -29,14 +35,15 @@ def one(config: dict) -> dict:
     from hfx.config import SimConfig
     from hfx.sim import simulate
 
-    fold = config.pop("fold_records", True)
-    cfg = SimConfig(**config, **({"fold_records": fold} if "fold_records" in
-                                 SimConfig.model_fields else {}))
+    mode = config.pop("mode", "fold")
+    # An earlier checkout may not know a mode's settings: it runs as it is.
+    settings = {k: v for k, v in MODES[mode].items() if k in SimConfig.model_fields}
+    cfg = SimConfig(**config, **settings)
     t0 = time.perf_counter()
     r = simulate(cfg)
     wall = time.perf_counter() - t0
     return {"policy": cfg.policy, "instances": cfg.instances, "qps": cfg.qps,
-            "duration": cfg.duration, "fold_records": fold, "requests": r["requests"],
+            "duration": cfg.duration, "settings": settings, "requests": r["requests"],
             "finished": r["finished"], "attainment": r["attainment"],
             "attainment_dslo": r["attainment_dslo"], "sim_seconds": r["sim_seconds"],
             "wall_seconds": wall, "sim_per_wall": r["sim_seconds"] / wall,
@@ -60,10 +67,12 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=100)
-    ap.add_argument("--duration", type=float, default=120.0, help="simulated seconds of arrivals")
+    ap.add_argument("--duration", default="120",
+                    help="simulated seconds of arrivals; several, comma-separated, to see growth")
     ap.add_argument("--warmup", type=float, default=20.0)
     ap.add_argument("--policy", default="rr")
-    ap.add_argument("--modes", default="fold,keep", help="fold (the default), keep, or both")
+    ap.add_argument("--modes", default="fold,keep",
+                    help="any of fold (the default), keep, streaming, comma-separated")
     ap.add_argument("--tree", default=None, help="also run in this checkout (side by side)")
     ap.add_argument("--json", required=True, metavar="PATH")
     args = ap.parse_args()
@@ -71,18 +80,17 @@ def main() -> None:
     from hfx.evaluation import write_json
 
     base = {"workload": "four-task", "policy": args.policy, "instances": args.instances,
-            "qps": PER_INSTANCE_QPS * args.instances, "duration": args.duration,
-            "warmup": args.warmup}
+            "qps": PER_INSTANCE_QPS * args.instances, "warmup": args.warmup}
     here = str(Path(__file__).resolve().parents[2])
     plan = [(here, mode) for mode in args.modes.split(",")]
     if args.tree:  # the other checkout as it is (it may not fold at all)
         plan.append((args.tree, "keep"))
     runs = []
-    for tree, mode in plan:
-        row = run_child({**base, "fold_records": MODES[mode]}, tree)
+    for (tree, mode), duration in itertools.product(plan, map(float, args.duration.split(","))):
+        row = run_child({**base, "duration": duration, "mode": mode}, tree)
         row.update(mode=mode, tree="this" if tree == here else tree)
         runs.append(row)
-        print(f"{mode:5s} {row['tree']:12s} {row['requests']:9d} requests "
+        print(f"{mode:9s} {row['tree']:12s} {row['requests']:9d} requests "
               f"{row['wall_seconds']:8.1f} s wall ({row['sim_per_wall']:.2f}x real time), "
               f"peak RSS {row['peak_rss_mb']:8.0f} MB", flush=True)
         write_json(args.json, {"python": platform.python_version(),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -71,6 +71,11 @@ class SimConfig(WorkloadSection, ClusterConfig):
         "drop it (~100 B a request kept instead of every token time; colocated mode, where "
         "nothing reads a record after its end); --no-fold-records keeps them all, with "
         "identical results (the check of that)"))
+    metrics: Literal["exact", "streaming"] = Field("exact", description=(
+        "exact: every measured request's numbers kept to the end (~100 B a request); "
+        "streaming: counters and latency sketches only, memory that does not grow with the "
+        "run (percentiles within 0.5%, means to the last bits; counts and attainment exact: "
+        "hfx/workloads/streaming.py), for runs of tens of millions of requests"))
 
 
 class ProfileConfig(ModelConfig, VLLMSection):
