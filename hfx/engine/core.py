@@ -1,8 +1,9 @@
 """EngineCore: one instance's queues, KV accounting and step loop.
 
-``step()`` = plan → execute → advance → emit token events. The core is the same whether the
-executor is simulated or real, and whether the loop's clock is virtual or not: it reads time only
-from the running loop.
+``step()`` = plan (``begin_step``) → execute → advance (``end_step``) → emit token events; a
+driver that times a step itself (the simulator's, on loop timers: hfx/backends/local.py) calls
+the two halves around its own wait. The core is the same whether the executor is simulated or
+real, and whether the loop's clock is virtual or not: it reads time only from the running loop.
 """
 
 from __future__ import annotations
