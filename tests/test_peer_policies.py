@@ -266,3 +266,34 @@ def test_polyserve_walks_a_stuck_tier_again_when_a_request_joins_its_queue():
     pol.enqueue(Request("patient", 0.0, 100, 20, SLO(60.0, 0.05)), 0.0)
     v.now = 0.1
     assert [d.request.id for d in pol.schedule(v).dispatch] == ["patient"]
+
+
+def test_scorpio_rejects_at_its_guards_time_with_nothing_else_moving():
+    """SCORPIO's TTFT guard rejects a queued request once the prefills ahead of it cannot end
+    by its deadline. A call walks only the queues that may decide differently, so the guard's
+    own time must bring the queue back into the walk: no finish or snapshot comes here."""
+    pol = make_policy("scorpio")
+    v = view(1, max_num_seqs=1)
+    pol.enqueue(req("running", 0.05), 0.0)
+    assert [d.request.id for d in pol.schedule(v).dispatch] == ["running"]  # the only slot
+    pol.enqueue(req("late", 0.05, arrival=0.0), 0.0)  # TTFT 1.0 s: deadline 1.0
+    d = pol.schedule(v)
+    assert d.dispatch == [] and d.reject == [] and d.wake_at is not None
+    due = d.wake_at  # the guard's time: the deadline less the request's prefill
+    assert 0.9 < due < 1.0
+    v.now = due / 2
+    assert pol.schedule(v).reject == []  # not yet
+    v.now = due + 1e-6
+    assert [r.id for r in pol.schedule(v).reject] == ["late"]
+
+
+def test_scorpio_wakes_for_no_queue_that_was_emptied():
+    pol = make_policy("scorpio")
+    v = view(1, max_num_seqs=1)
+    pol.enqueue(req("running", 0.05), 0.0)
+    pol.schedule(v)
+    pol.enqueue(req("queued", 0.05), 0.0)
+    assert pol.schedule(v).wake_at is not None
+    assert pol.withdraw("queued")  # the client went away: nothing waits any more
+    v.now = 0.1
+    assert pol.schedule(v).wake_at is None

@@ -79,6 +79,12 @@ class Scorpio(Policy):
         self._dirty: set[int] = set()
         self._reject_at: dict[int, float] = {}
         self._snapshot_at: dict[int, float] = {}
+        # So that a call costs O(the queues it walks), not O(N): each accepting instance's place
+        # in ``targets`` (the walk's order), and a heap of (rejection time, instance) with lazy
+        # deletion (an entry is live while it is its instance's ``_reject_at`` and the instance
+        # still queues work), both rebuilt when the view's version moves.
+        self._place: dict[int, int] = {}
+        self._rejections: list[tuple[float, int]] = []
         # Per-task output-length predictions, refreshed with each Monitor round rather than on
         # every finish anywhere (which would dirty every instance).
         self._out_len: dict[str, float] = {}
@@ -120,13 +126,17 @@ class Scorpio(Policy):
         targets = view.accepting()
         if not targets:
             return decision
-        for inst in targets:
-            self._queues.setdefault(inst.id, [])
-            self.shadow.sync(inst)
-            if self._snapshot_at.get(inst.id) != inst.stats.time:
-                self._snapshot_at[inst.id] = inst.stats.time
-                self._dirty.add(inst.id)
-                self._out_len.clear()
+        if self.shadow.follow(view, targets):  # snapshots or membership moved: O(N) only then
+            self._place = {inst.id: k for k, inst in enumerate(targets)}
+            for inst in targets:
+                self._queues.setdefault(inst.id, [])
+                if self._snapshot_at.get(inst.id) != inst.stats.time:
+                    self._snapshot_at[inst.id] = inst.stats.time
+                    self._dirty.add(inst.id)
+                    self._out_len.clear()
+            self._rejections = [(at, iid) for iid, at in self._reject_at.items()
+                                if iid in self._place and at < math.inf]
+            heapq.heapify(self._rejections)
         for req in self._pending:  # round robin at arrival
             assert req.slo is not None
             iid = targets[self._next % len(targets)].id
@@ -138,15 +148,16 @@ class Scorpio(Policy):
         self._pending.clear()
 
         alpha, beta, delta = model.decode_b, model.decode_c, model.decode_a
-        next_reject = math.inf
-        for inst in targets:
+        # Walked: every dirty instance with a queue, and every clean one whose guard's next
+        # rejection is due (or that has none yet); the others would decide as last time.
+        walk = {iid for iid in self._dirty if iid in self._place and self._queues[iid]}
+        heap = self._rejections
+        while heap and heap[0][0] <= now:
+            at, iid = heapq.heappop(heap)
+            if self._live(at, iid):
+                walk.add(iid)
+        for inst in [targets[k] for k in sorted(self._place[iid] for iid in walk)]:
             queue, sh = self._queues[inst.id], self.shadow[inst.id]
-            if not queue:
-                continue
-            reject_at = self._reject_at.get(inst.id, -math.inf)
-            if inst.id not in self._dirty and now < reject_at:
-                next_reject = min(next_reject, reject_at)
-                continue  # the same queue, shadow and predictions: the same decision
             self._dirty.discard(inst.id)
             mix = TPOTMix.of(sh)
             # TTFT guard: cumulative predicted prefill in deadline order.
@@ -184,12 +195,20 @@ class Scorpio(Policy):
                 if deadline - cum < reject_at:
                     reject_at = deadline - cum
             self._reject_at[inst.id] = reject_at
-            next_reject = min(next_reject, reject_at)
+            if reject_at < math.inf:
+                heapq.heappush(heap, (reject_at, inst.id))
             heapq.heapify(waiting)
             self._queues[inst.id] = waiting
+        while heap and not self._live(*heap[0]):
+            heapq.heappop(heap)
+        next_reject = heap[0][0] if heap else math.inf
         if next_reject < math.inf:  # at the next iteration boundary, or when the guard acts
             decision.wake_at = max(now + max(model.decode_a, 1e-3), next_reject)
         return decision
+
+    def _live(self, at: float, iid: int) -> bool:
+        """Whether a rejection-heap entry still stands (see ``_rejections``)."""
+        return self._reject_at.get(iid) == at and iid in self._place and bool(self._queues[iid])
 
     def _predict(self, req: Request) -> float:
         if self.predictor.mode == "oracle":
