@@ -98,7 +98,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 base._timer_cancelled_count -= 1
             if not heap:
                 raise SimulationDeadlock("every task is waiting and no timer is set")
-            self._now = heap[0][0]
+            # To the timer's own time; one set in the past fires now (asyncio's timeout is
+            # max(0, when - now)): the clock never goes back.
+            self._now = max(self._now, heap[0][0])
         now = self._now
         while heap and heap[0][0] <= now:
             handle = pop(heap)[2]

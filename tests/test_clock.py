@@ -120,3 +120,17 @@ def test_cancelled_timers_do_not_fire_nor_pile_up():
     fired, most = run(main(), virtual=True)
     assert fired == list(range(0, 20_000, 100))
     assert most < 600  # ~200 live timers at once; the 19,800 cancelled ones purged
+
+
+def test_a_timer_set_in_the_past_fires_now_and_time_never_goes_back():
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(10.0)
+        seen: list[float] = []
+        loop.call_at(9.0, lambda: seen.append(loop.time()))  # a deadline already passed
+        loop.call_later(-1.0, lambda: seen.append(loop.time()))
+        await asyncio.sleep(1.0)
+        seen.append(loop.time())
+        return seen
+
+    assert run(main(), virtual=True) == [10.0, 10.0, 11.0]

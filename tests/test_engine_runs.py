@@ -842,3 +842,37 @@ def test_timer_driver_runs_as_the_task_driver(monkeypatch: pytest.MonkeyPatch) -
                         pytrace=False)
         assert timers.totals == task.totals, f"{where}: {_diff(timers.totals, task.totals)}"
         assert timers.ticks == task.ticks, where
+
+
+@pytest.mark.parametrize("timers", [True, False], ids=["timer-driver", "task-driver"])
+def test_work_given_while_a_stalled_instance_emits_is_not_lost(timers: bool) -> None:
+    """An instance with work it cannot plan (its KV held for an import) waits for a change. A
+    listener that makes one at once, while the instance emits that step's output, must wake it:
+    here the abort's output lands the import, which then decodes, and frees room for the rest."""
+    engine = EngineCore(EngineConfig(num_kv_blocks=4, block_size=16, planner="prefill-first"),
+                        SimExecutor(MODEL))
+    instance = local.LocalInstance(0, engine, timers=timers)
+    ended: dict[str, RequestStatus] = {}
+
+    def sink(_: int, out: Any) -> None:
+        for rid, status in out.transitions:
+            ended[rid] = status
+            if rid == "gone":
+                instance.activate_import("held")  # at once, from the emit
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert engine.reserve_import(_import("held"))  # a block of four held
+        for rid in ("big", "gone"):  # 50-token prompts: four blocks each, three free
+            instance.submit(Request(rid, 0.0, 50, 4))
+        instance.start(sink)
+        loop.call_later(0.01, instance.abort, "gone")
+        for _ in range(1_000):  # 10 simulated seconds: ample
+            if len(ended) == 3:
+                break
+            await asyncio.sleep(0.01)
+        await instance.stop()
+
+    run(main(), virtual=True)
+    assert ended == {"gone": RequestStatus.FINISHED_ABORTED,
+                     "held": RequestStatus.FINISHED_LENGTH, "big": RequestStatus.FINISHED_LENGTH}

@@ -59,13 +59,14 @@ class LocalInstance:
         # The timer driver's state: its next callback, whether it waits for work (no step in
         # flight, none scheduled), whether it has stopped for good (stopped, or failed).
         self._handle: asyncio.Handle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = False
         self._ended = False
         self._failures_in_a_row = 0
 
     def start(self, sink: EventSink) -> None:
         self._sink = sink
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self._timed:
             self._handle = loop.call_soon(self._cycle)  # where the task's first step would run
         else:
@@ -85,8 +86,9 @@ class LocalInstance:
         if not self._timed:
             self._wake.set()
         elif self._waiting and not self._ended:
+            assert self._loop is not None  # waiting: started
             self._waiting = False
-            self._handle = asyncio.get_running_loop().call_soon(self._cycle)
+            self._handle = self._loop.call_soon(self._cycle)
 
     def _flush_run(self) -> None:
         """A decode run under way reports the steps it has taken by now, those whose outputs
@@ -212,9 +214,8 @@ class LocalInstance:
         self._fail(f"instance {self.id} failed: {e}", tuple(e.request_ids), e.transitions)
         return False
 
-    async def _run(self) -> None:
+    async def _run(self, failures_in_a_row: int = 0) -> None:
         engine = self.engine
-        failures_in_a_row = 0
         while True:
             if not engine.has_work():
                 self._wake.clear()
@@ -232,12 +233,15 @@ class LocalInstance:
                 self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
                 return
             failures_in_a_row = 0
+            # Work is queued but nothing could be planned (KV held for migration): sleep until
+            # something changes here. Decided before the emit, whose listeners may change
+            # something here at once: that wakes it.
+            stalled = engine.num_steps == steps and engine.has_work()
+            if stalled:
+                self._wake.clear()
             if out.request_ids or out.transitions or out.ticked or out.moves:
                 self._emit(out)
-            if engine.num_steps == steps and engine.has_work():
-                # Work is queued but nothing could be planned (KV held for migration):
-                # sleep until something changes here.
-                self._wake.clear()
+            if stalled:
                 await self._wake.wait()
 
     # ---- the timer driver: ``_run``'s loop for steps that are only waits --------------------
@@ -249,14 +253,15 @@ class LocalInstance:
             return
         engine = self.engine
         loop = asyncio.get_running_loop()
-        if not steps_are_waits(engine.executor):
-            # Its ``execute`` was replaced (a fault injected): from now on it is awaited.
-            self._timed = False
-            self._task = loop.create_task(self._run(), name=f"instance-{self.id}")
-            return
         while True:
             if not engine.has_work():
                 self._waiting = True
+                return
+            if not steps_are_waits(engine.executor):
+                # Its ``execute`` was replaced (a fault injected): from now on it is awaited.
+                self._timed = False
+                self._task = loop.create_task(self._run(self._failures_in_a_row),
+                                              name=f"instance-{self.id}")
                 return
             steps = engine.num_steps
             try:
@@ -314,12 +319,13 @@ class LocalInstance:
         """A step ended well (``_run``'s tail): emit; False when the driver must wait for work
         (nothing could be planned although work is queued: KV held for migration)."""
         self._failures_in_a_row = 0
+        # Decided before the emit, as ``_run`` does: a listener that gives this instance work
+        # at once then finds it waiting, and kicks it.
+        stalled = self.engine.num_steps == steps and self.engine.has_work()
+        self._waiting = stalled
         if out.request_ids or out.transitions or out.ticked or out.moves:
             self._emit(out)
-        if self.engine.num_steps == steps and self.engine.has_work():
-            self._waiting = True
-            return False
-        return True
+        return not stalled
 
 
 class LocalPlacement:

@@ -289,6 +289,7 @@ class EngineCore:
             run.length = run.applied
             if run.timer is not None:
                 run.timer.cancel()
+            self._run = None
             if run.ended is not None:
                 run.ended()
         ids = list(self._seqs)

@@ -154,6 +154,7 @@ class PolyServe(Policy):
         self._by_tier_of: tuple[int, ClusterView | None, int] = (-1, None, -1)
         self._accepting: set[int] = set()
         self._touched: set[int] = set()
+        self._tiers_seen = -1  # the tiers' version this policy left them at (the last call)
 
     def tier(self, tpot: float) -> float:
         """The TPOT tier of a request with this TPOT target."""
@@ -254,6 +255,8 @@ class PolyServe(Policy):
                 self.tier_of.setdefault(target.id, None)
                 if self._stats_time.get(target.id) != target.stats.time:  # a new snapshot
                     self._new_snapshot(target)
+        elif self.tier_of.version != self._tiers_seen:  # tiers set from outside: check all
+            touched = self._accepting
         self._scale_down(touched)
         self._touched = set()
         by_tier = self._members(view, targets)
@@ -317,6 +320,7 @@ class PolyServe(Policy):
             # Only the head was looked at: replace it in place rather than copy the whole
             # queue (a copy per call grows with the backlog).
             queue[:looked] = waiting
+        self._tiers_seen = self.tier_of.version
         if self.num_queued():  # requests wait for capacity: look again at the next iteration
             decision.wake_at = now + max(view.step_model.decode_a, 1e-3)
         return decision
