@@ -7,9 +7,13 @@ Beside it:
 
 - ``now``: the wall time per step of that run as the simulator stands;
 - ``engine alone``: one ``EngineCore`` with a ``SimExecutor`` stepping a batch of decodes of the
-  run's size on the virtual loop, nothing else: the loop's wake-up, the planner, the advance.
-  No control plane, no policy, no records. A simulator that keeps this engine core cannot step
-  faster than this; a target whose budget is below it needs another engine (or interpreter).
+  run's size, driven as the simulator drives it (a loop timer per step), every step planned,
+  nothing else: no control plane, no policy, no records. The cheapest step this engine core
+  takes;
+- ``empty timer``: the virtual loop's cost of one event with nothing done in it;
+- ``floor``: engine alone plus an empty timer for each arrival (issue 31: "an empty timer per
+  step on the virtual loop; the cheapest plan"). A target whose budget is below it is beyond
+  what this loop and engine core can do; above it, the distance is the rest of the simulator.
 
     python bench/sim/sim_budget.py --json docs/data/sim_budget.json
 """
