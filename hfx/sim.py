@@ -26,7 +26,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, load_profile
-from hfx.workloads.columns import RecordColumns, RecordFold, count_outcome
+from hfx.workloads.columns import RecordFold, count_outcome
 from hfx.workloads.load import (
     RequestStream,
     load_workload,
@@ -35,7 +35,7 @@ from hfx.workloads.load import (
     with_priorities,
     workload_tasks,
 )
-from hfx.workloads.metrics import distribution, summarize_columns
+from hfx.workloads.metrics import distribution, longest_wait, summarize_columns
 from hfx.workloads.streaming import StreamingFold
 from hfx.workloads.tasks import WORKLOADS
 
@@ -255,15 +255,6 @@ def pd_summary(control: ControlPlane) -> dict:
     return {"prefill_instances": sum(i.role is Role.PREFILL for i in control.instances.values()),
             "migrations": len(records), "migration_delay": distribution(delays),
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
-
-
-def longest_wait(measured: RecordColumns, end: float) -> float:
-    """The longest any measured request went without a first token: until its first token,
-    its end, or the stop at ``end``."""
-    until = np.where(np.isnan(measured.first),
-                     np.where(np.isnan(measured.finish), end, measured.finish), measured.first)
-    waits = until - measured.arrival
-    return float(waits.max()) if len(waits) else 0.0
 
 
 def steady_state_summary(config: SimConfig, backlog: int, max_wait: float) -> dict:

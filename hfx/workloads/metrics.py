@@ -42,27 +42,54 @@ def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def _group(cols: RecordColumns, idx: np.ndarray | None = None) -> dict:
-    """The keys of one group: the records at ``idx``, or all of them."""
+def group_counts(cols: RecordColumns, idx: np.ndarray | None = None) -> dict[str, int]:
+    """The counts of one group (the records at ``idx``, or all of them) that its keys are
+    made of (``group_keys``); counts add up across batches (hfx/workloads/streaming.py)."""
     def of(column: np.ndarray) -> np.ndarray:
         return column if idx is None else column[idx]
 
     outcome = of(cols.outcome)
-    n = len(outcome)
-    done = of(cols.finished)
     return {
-        "requests": n,
-        "finished": int(done.sum()),
+        "requests": len(outcome),
+        "finished": int(of(cols.finished).sum()),
         "rejected": count_outcome(outcome, Outcome.REJECTED),
         "failed": count_outcome(outcome, Outcome.FAILED),
         "shed": count_outcome(outcome, Outcome.SHED),
         "best_effort": int(of(cols.best_effort).sum()),
-        "attainment": int(of(cols.met).sum()) / n if n else 0.0,
-        "attainment_dslo": int(of(cols.met_dslo).sum()) / n if n else 0.0,
-        "ttft": distribution(of(cols.ttft)[done]),
-        "tpot": distribution(of(cols.tpot)[done]),
-        "e2e": distribution(of(cols.e2e)[done]),
+        "met": int(of(cols.met).sum()),
+        "met_dslo": int(of(cols.met_dslo).sum()),
     }
+
+
+def group_keys(counts: dict[str, int], ttft: dict[str, float | None],
+               tpot: dict[str, float | None], e2e: dict[str, float | None]) -> dict:
+    """The keys of one group in the result JSON, from its counts and latency distributions."""
+    n = counts["requests"]
+    return {
+        **{key: counts[key] for key in ("requests", "finished", "rejected", "failed", "shed",
+                                        "best_effort")},
+        "attainment": counts["met"] / n if n else 0.0,
+        "attainment_dslo": counts["met_dslo"] / n if n else 0.0,
+        "ttft": ttft,
+        "tpot": tpot,
+        "e2e": e2e,
+    }
+
+
+def _group(cols: RecordColumns, idx: np.ndarray | None = None) -> dict:
+    """The keys of one group: the records at ``idx``, or all of them."""
+    done = cols.finished if idx is None else idx[cols.finished[idx]]
+    return group_keys(group_counts(cols, idx), distribution(cols.ttft[done]),
+                      distribution(cols.tpot[done]), distribution(cols.e2e[done]))
+
+
+def longest_wait(cols: RecordColumns, end: float) -> float:
+    """The longest any of ``cols``' requests went without a first token: until its first
+    token, its end, or the stop at ``end`` (0 if none)."""
+    until = np.where(np.isnan(cols.first),
+                     np.where(np.isnan(cols.finish), end, cols.finish), cols.first)
+    waits = until - cols.arrival
+    return float(waits.max()) if len(waits) else 0.0
 
 
 def summarize_records(records: Sequence[RequestRecord]) -> dict:

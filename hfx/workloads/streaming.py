@@ -23,52 +23,29 @@ import numpy as np
 
 from hfx.request import Outcome, RequestRecord
 from hfx.workloads.columns import NO_PRIORITY, RecordColumns, count_outcome
-from hfx.workloads.metrics import cost_units
+from hfx.workloads.metrics import cost_units, group_counts, group_keys, longest_wait
 from hfx.workloads.sketch import LatencySketch
-
-_COUNTED = (Outcome.REJECTED, Outcome.FAILED, Outcome.SHED)
 
 
 class _Group:
     """What ``metrics._group`` reports of one group, accumulated."""
 
     def __init__(self) -> None:
-        self.requests = self.finished = self.best_effort = self.met = self.met_dslo = 0
-        self.outcomes = dict.fromkeys(_COUNTED, 0)
+        self.counts = dict.fromkeys(("requests", "finished", "rejected", "failed", "shed",
+                                     "best_effort", "met", "met_dslo"), 0)
         self.ttft, self.tpot, self.e2e = LatencySketch(), LatencySketch(), LatencySketch()
 
     def add(self, cols: RecordColumns, idx: np.ndarray | None = None) -> None:
-        def of(column: np.ndarray) -> np.ndarray:
-            return column if idx is None else column[idx]
-
-        done = of(cols.finished)
-        self.requests += len(done)
-        self.finished += int(done.sum())
-        outcome = of(cols.outcome)
-        for o in _COUNTED:
-            self.outcomes[o] += count_outcome(outcome, o)
-        self.best_effort += int(of(cols.best_effort).sum())
-        self.met += int(of(cols.met).sum())
-        self.met_dslo += int(of(cols.met_dslo).sum())
-        self.ttft.add(of(cols.ttft)[done])
-        self.tpot.add(of(cols.tpot)[done])
-        self.e2e.add(of(cols.e2e)[done])
+        for key, n in group_counts(cols, idx).items():
+            self.counts[key] += n
+        done = cols.finished if idx is None else idx[cols.finished[idx]]
+        self.ttft.add(cols.ttft[done])
+        self.tpot.add(cols.tpot[done])
+        self.e2e.add(cols.e2e[done])
 
     def summary(self) -> dict:
-        n = self.requests
-        return {
-            "requests": n,
-            "finished": self.finished,
-            "rejected": self.outcomes[Outcome.REJECTED],
-            "failed": self.outcomes[Outcome.FAILED],
-            "shed": self.outcomes[Outcome.SHED],
-            "best_effort": self.best_effort,
-            "attainment": self.met / n if n else 0.0,
-            "attainment_dslo": self.met_dslo / n if n else 0.0,
-            "ttft": _distribution(self.ttft),
-            "tpot": _distribution(self.tpot),
-            "e2e": _distribution(self.e2e),
-        }
+        return group_keys(self.counts, _distribution(self.ttft), _distribution(self.tpot),
+                          _distribution(self.e2e))
 
 
 def _distribution(sketch: LatencySketch) -> dict[str, float | None]:
@@ -122,19 +99,16 @@ class StreamingFold:
         if cols.finished.any():
             self._last_finish = max(self._last_finish, float(cols.finish[cols.finished].max()))
         self._tokens += int(cols.tokens.sum())
-        # steady_state_summary's wait: until the first token, else the end, else the stop.
-        stop = math.inf if end is None else end
-        until = np.where(np.isnan(cols.first),
-                         np.where(np.isnan(cols.finish), stop, cols.finish), cols.first)
-        self._max_wait = max(self._max_wait, float((until - cols.arrival).max()))
+        self._max_wait = max(self._max_wait,
+                             longest_wait(cols, math.inf if end is None else end))
 
     def summary(self, spans: Iterable[tuple[float, float]]) -> dict:
         """``metrics.summarize_columns``'s keys, from the aggregates."""
         out = self._all.summary()
         span = 0.0
-        if self._all.finished:
+        if self._all.counts["finished"]:
             span = max(self._last_finish - self._first_arrival, 1e-9)
-        out["goodput_rps"] = self._all.met / span if span else 0.0
+        out["goodput_rps"] = self._all.counts["met"] / span if span else 0.0
         out["throughput_rps"] = out["finished"] / span if span else 0.0
         out["output_tokens_per_s"] = self._tokens / span if span else 0.0
         out["cost_units"] = cost_units(spans)
