@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import math
 import selectors
 from asyncio import events
 from collections.abc import Coroutine
@@ -55,19 +54,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._now
 
-    # asyncio fires the timers due before time() + the clock's resolution, so on a clock that
-    # jumps, a timer 1 ns ahead of the one that set the time would fire early and its callback
-    # read a time before its own: a step would end before start + duration. One ulp fires
-    # exactly the timers due now (kept for asyncio code that reads it; this loop's own
-    # iteration fires the timers due at ``when <= now``, the same set).
-    @property
-    def _clock_resolution(self) -> float:
-        return math.ulp(self._now)
-
-    @_clock_resolution.setter
-    def _clock_resolution(self, value: float) -> None:
-        pass  # the real clock's, set by asyncio's constructor
-
     # The methods below use BaseEventLoop's private state (``_scheduled``, ``_ready``,
     # ``_stopping``, ``_timer_cancelled_count``), which typeshed does not declare: ``base``
     # is ``self`` typed as Any.
@@ -101,6 +87,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             # To the timer's own time; one set in the past fires now (asyncio's timeout is
             # max(0, when - now)): the clock never goes back.
             self._now = max(self._now, heap[0][0])
+        # Exactly the timers due now (asyncio's own iteration fires those due before now + the
+        # clock's resolution: on a clock that jumps, one due 1 ns later would fire early and
+        # read a time before its own, and a step would end before start + duration).
         now = self._now
         while heap and heap[0][0] <= now:
             handle = pop(heap)[2]

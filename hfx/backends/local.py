@@ -214,7 +214,7 @@ class LocalInstance:
         self._fail(f"instance {self.id} failed: {e}", tuple(e.request_ids), e.transitions)
         return False
 
-    async def _run(self, failures_in_a_row: int = 0) -> None:
+    async def _run(self) -> None:
         engine = self.engine
         while True:
             if not engine.has_work():
@@ -225,23 +225,13 @@ class LocalInstance:
             try:
                 out = await engine.step()
             except StepFailed as e:
-                failures_in_a_row += 1
-                if self._step_failed(e, failures_in_a_row):
+                if self._failed_step(e):
                     continue
                 return
             except Exception as e:  # a broken engine must not leave requests hanging
                 self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
                 return
-            failures_in_a_row = 0
-            # Work is queued but nothing could be planned (KV held for migration): sleep until
-            # something changes here. Decided before the emit, whose listeners may change
-            # something here at once: that wakes it.
-            stalled = engine.num_steps == steps and engine.has_work()
-            if stalled:
-                self._wake.clear()
-            if out.request_ids or out.transitions or out.ticked or out.moves:
-                self._emit(out)
-            if stalled:
+            if not self._stepped(out, steps):
                 await self._wake.wait()
 
     # ---- the timer driver: ``_run``'s loop for steps that are only waits --------------------
@@ -260,8 +250,7 @@ class LocalInstance:
             if not steps_are_waits(engine.executor):
                 # Its ``execute`` was replaced (a fault injected): from now on it is awaited.
                 self._timed = False
-                self._task = loop.create_task(self._run(self._failures_in_a_row),
-                                              name=f"instance-{self.id}")
+                self._task = loop.create_task(self._run(), name=f"instance-{self.id}")
                 return
             steps = engine.num_steps
             try:
@@ -273,7 +262,7 @@ class LocalInstance:
                     try:
                         wait = engine.executor.duration(begun.out.shape)[0]  # type: ignore[attr-defined]
                     except Exception as e:
-                        raise StepFailed(e, begun.out.request_ids(), begun.transitions) from e
+                        raise begun.failed(e) from e
                     if wait > 0:  # at loop.time() + wait, as asyncio.sleep(wait) ends
                         self._handle = loop.call_at(loop.time() + wait,
                                                     self._step_ended, begun, steps)
@@ -282,7 +271,7 @@ class LocalInstance:
                     return
                 out = begun
             except StepFailed as e:
-                if self._timed_failure(e):
+                if self._failed_step(e):
                     continue
                 return
             except Exception as e:  # a broken engine must not leave requests hanging
@@ -311,18 +300,22 @@ class LocalInstance:
         if self._stepped(out, steps):
             self._cycle()
 
-    def _timed_failure(self, e: StepFailed) -> bool:
+    def _failed_step(self, e: StepFailed) -> bool:
+        """A step raised (either driver): ``_step_failed``, counting the failures in a row
+        (kept across a hand-over from the timer driver to the task driver)."""
         self._failures_in_a_row += 1
         return self._step_failed(e, self._failures_in_a_row)
 
     def _stepped(self, out: StepOutput, steps: int) -> bool:
-        """A step ended well (``_run``'s tail): emit; False when the driver must wait for work
-        (nothing could be planned although work is queued: KV held for migration)."""
+        """A step ended well (either driver): emit; False when the driver must wait for work
+        (nothing could be planned although work is queued: KV held for migration). Decided
+        before the emit: a listener that gives this instance work at once then finds it
+        waiting, and wakes it (``_kick``)."""
         self._failures_in_a_row = 0
-        # Decided before the emit, as ``_run`` does: a listener that gives this instance work
-        # at once then finds it waiting, and kicks it.
         stalled = self.engine.num_steps == steps and self.engine.has_work()
         self._waiting = stalled
+        if stalled:
+            self._wake.clear()
         if out.request_ids or out.transitions or out.ticked or out.moves:
             self._emit(out)
         return not stalled
@@ -352,4 +345,3 @@ class LocalPlacement:
             await asyncio.sleep(plan.seconds)
             engine = self.make_engine(config)
         return LocalInstance(instance_id, engine, self.delivery)
-

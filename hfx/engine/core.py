@@ -69,6 +69,10 @@ class PlannedStep(NamedTuple):
     transitions: list[tuple[str, RequestStatus]]  # aborts applied at its start
     start: float
 
+    def failed(self, error: Exception) -> StepFailed:
+        """The step raised ``error`` running: its requests and the aborts at its start."""
+        return StepFailed(error, self.out.request_ids(), self.transitions)
+
 
 class EngineError(ValueError):
     """A request this engine can never serve (too long for the model or the KV cache)."""
@@ -327,7 +331,7 @@ class EngineCore:
         except Exception as e:
             # The caller decides whether to fail the step's requests alone (fail_request) or
             # the whole engine (fail_all).
-            raise StepFailed(e, begun.out.request_ids(), begun.transitions) from e
+            raise begun.failed(e) from e
         return self.end_step(begun, sampled)
 
     def begin_step(self, loop: asyncio.AbstractEventLoop) -> StepOutput | PlannedStep | DecodeRun:
