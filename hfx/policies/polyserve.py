@@ -269,6 +269,7 @@ class PolyServe(Policy):
                 continue
             epoch = self._epoch()
             waiting: list[tuple[float, str, Request]] = []
+            walked_lost: list[bool] = []  # each looked-at request's: whether its TTFT is lost
             misses = 0
             looked = 0
             for item in queue:
@@ -277,6 +278,7 @@ class PolyServe(Policy):
                 looked += 1
                 req = item[2]
                 lost = ttft_lost(req, self._model, now)
+                walked_lost.append(lost)
                 inst: InstanceView | None = self._place(
                     req, self._open(open_in, by_tier, tier), now, lost)
                 if inst is None:  # the tier is full: an idle (or pending-list) instance joins
@@ -314,9 +316,8 @@ class PolyServe(Policy):
                     self._own[inst.id] += 1
                     self._counted[req.id] = inst.id
             if self._epoch() == epoch:  # nothing placed: the same walk misses until a move
-                self._stuck[tier] = _Stuck(epoch, [item[1] for item in waiting],
-                                           [ttft_lost(item[2], self._model, now)
-                                            for item in waiting], looked == len(queue))
+                self._stuck[tier] = _Stuck(epoch, [item[1] for item in waiting], walked_lost,
+                                           looked == len(queue))
             # Only the head was looked at: replace it in place rather than copy the whole
             # queue (a copy per call grows with the backlog).
             queue[:looked] = waiting
