@@ -197,6 +197,10 @@ class LocalInstance:
             [*(before or []), *((rid, RequestStatus.FINISHED_ABORTED) for rid in ids)],
             error, suspects, moves=self.engine.cohort_moves()))
 
+    def _broken(self, e: Exception) -> None:
+        """The engine itself raised (not a step's requests): the instance fails."""
+        self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+
     def _step_failed(self, e: StepFailed, failures_in_a_row: int) -> bool:
         """A step raised. One request alone in it, the first time in a row: that request
         failed, not the instance (one bad request never takes an instance down).
@@ -229,7 +233,7 @@ class LocalInstance:
                     continue
                 return
             except Exception as e:  # a broken engine must not leave requests hanging
-                self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+                self._broken(e)
                 return
             if not self._stepped(out, steps):
                 await self._wake.wait()
@@ -275,7 +279,7 @@ class LocalInstance:
                     continue
                 return
             except Exception as e:  # a broken engine must not leave requests hanging
-                self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+                self._broken(e)
                 return
             if not self._stepped(out, steps):
                 return
@@ -295,7 +299,7 @@ class LocalInstance:
         try:
             out = end()
         except Exception as e:  # as ``_run``: a broken engine fails its requests
-            self._fail(f"instance {self.id} failed: {type(e).__name__}: {e}")
+            self._broken(e)
             return
         if self._stepped(out, steps):
             self._cycle()
