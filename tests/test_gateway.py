@@ -520,3 +520,33 @@ def test_a_trailing_slash_reaches_the_completion_route():
         r = client.post("/v1/completions/", json={"model": model, "prompt": "hi",
                                                   "max_tokens": 2})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_disconnect_watch_passes_over_other_messages_until_the_client_leaves():
+    """A server may hand ``receive`` more than the disconnect after the body was read (an empty
+    ``http.request``, as on pipelined or replayed input): the watch waits on, and the stream's
+    reader hears the client leave only when it does."""
+    from types import SimpleNamespace
+
+    from hfx.serving.gateway.completions import _CLIENT_LEFT, Completions
+    from hfx.serving.server import TokenQueue
+
+    async def run() -> tuple[list, list]:
+        messages: asyncio.Queue = asyncio.Queue()
+
+        async def receive() -> dict:
+            return await messages.get()
+
+        stream = SimpleNamespace(queue=TokenQueue())
+        watch = Completions(None)._watch(stream, receive)  # type: ignore[arg-type]
+        messages.put_nowait({"type": "http.request", "body": b"", "more_body": False})
+        for _ in range(5):  # the watch takes the message and waits again
+            await asyncio.sleep(0)
+        early = list(stream.queue._items)
+        messages.put_nowait({"type": "http.disconnect"})
+        await watch
+        await asyncio.sleep(0)
+        return early, list(stream.queue._items)
+
+    early, late = asyncio.run(run())
+    assert early == [] and late == [_CLIENT_LEFT]

@@ -269,11 +269,10 @@ class Completions:
     def _watch(self, stream: Stream, receive: Receive) -> asyncio.Future[Any]:
         """The client's disconnect, which wakes the stream's reader (and the request is then
         aborted: its KV freed)."""
-        watch = asyncio.ensure_future(receive())
+        watch = asyncio.ensure_future(_disconnect(receive))
 
         def heard(t: asyncio.Future[Any]) -> None:
-            if not t.cancelled() and t.exception() is None and \
-                    t.result().get("type") == "http.disconnect":
+            if not t.cancelled() and t.exception() is None:
                 stream.queue.put_nowait(_CLIENT_LEFT)
 
         watch.add_done_callback(heard)
@@ -341,6 +340,14 @@ class Completions:
             await respond(send, err)
         else:
             await respond_json(send, 200, shape.whole(gen), slo_headers(gen.stream))
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Until the client leaves. Any other message (a server that hands the body again, or
+    more of it) is passed over rather than taken for the end of the watch, as Starlette's
+    ``listen_for_disconnect`` does."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _encode(server: ServingCore, prompt: str | list[int]) -> list[int]:
