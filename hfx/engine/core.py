@@ -19,6 +19,7 @@ from hfx.engine.block_manager import BlockManager
 from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
 from hfx.engine.decode_run import DecodeRun, plan_run
+from hfx.engine.errors import EngineError, StepFailed
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, SchedulerOutput, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
@@ -72,21 +73,6 @@ class PlannedStep(NamedTuple):
     def failed(self, error: Exception) -> StepFailed:
         """The step raised ``error`` running: its requests and the aborts at its start."""
         return StepFailed(error, self.out.request_ids(), self.transitions)
-
-
-class EngineError(ValueError):
-    """A request this engine can never serve (too long for the model or the KV cache)."""
-
-
-class StepFailed(RuntimeError):
-    """The executor raised during a step; ``request_ids`` were in that step, which advanced
-    nothing. ``transitions`` are the aborts applied before it (they still happened)."""
-
-    def __init__(self, cause: BaseException, request_ids: list[str],
-                 transitions: list[tuple[str, RequestStatus]]) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.request_ids = request_ids
-        self.transitions = transitions
 
 
 @dataclass(frozen=True, slots=True)

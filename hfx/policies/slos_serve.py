@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hfx.engine.planners.slo_paced import SLOPacedPlanner, time2bs
+from hfx.engine.planners.slo_paced import DEFAULT_PACE, SLOPacedPlanner, time2bs
 from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
@@ -89,7 +89,7 @@ class SLOsServe(ArrivalOrderPolicy):
     planner = SLOPacedPlanner.name
 
     def __init__(self, route_limit: int = 2, output_length: str = "history",
-                 pace: float = SLOPacedPlanner.pace) -> None:
+                 pace: float = DEFAULT_PACE) -> None:
         if route_limit < 1:
             raise ValueError(f"route_limit must be >= 1, got {route_limit}")
         if not 0 < pace <= 1:
