@@ -312,12 +312,13 @@ def test_slo_paced_decodes_a_request_without_a_tpot_on_leftover_budget(vloop):
 def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones():
     """What a fair comparison tunes: each engine's planner, its class untouched."""
     from hfx.config import SimConfig
-    from hfx.engine.planners.slo_paced import SLOPacedPlanner
+    from hfx.engine.planners.slo_paced import DEFAULT_PACE
     from hfx.sim import resolve_profile, sim_cluster
 
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, _ = make_engine(planner="slo-paced", step_model=model, planner_params={"pace": 0.7})
-    assert engine.planner.pace == 0.7 and SLOPacedPlanner.pace == 0.9
+    untouched, _ = make_engine(planner="slo-paced", step_model=model)  # the default stays
+    assert engine.planner.pace == 0.7 and untouched.planner.pace == DEFAULT_PACE == 0.9
     with pytest.raises(ValueError, match=r"no parameter 'slack_share' .*its parameters: pace"):
         make_engine(planner="slo-paced", step_model=model, planner_params={"slack_share": 0.5})
     with pytest.raises(ValueError, match="its parameters: none"):

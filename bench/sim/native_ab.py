@@ -3,11 +3,8 @@ as Python and as a compiled copy, interleaved (``sim_ab.py``), results required 
 Writes JSON; not a test, and nothing here changes how HFX runs: the compiled copy lives in a
 temporary git worktree and is removed after.
 
-The modules are the engine core, its planners, the request ledger, the control plane and the
-local instance driver: the per-step and per-request path of a simulated run (issue 31). Left
-out: the policies (an interpreted class cannot derive from a compiled one, and every policy
-derives from ``Policy``) and whatever tests subclass or patch (``hfx/engine/executor.py``'s
-executors are; a compiled copy is measured here, not tested).
+The modules are ``hfx.native.MODULES``, what ``hfx native build`` compiles (hfx/native.py says
+which and why). Here they are compiled from the commit measured, in a worktree of their own.
 
     python bench/sim/native_ab.py --repeat 3 --json docs/data/native_ab.json
 """
@@ -24,19 +21,9 @@ import time
 from pathlib import Path
 
 from hfx.evaluation import write_json
+from hfx.native import MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = [
-    "hfx/engine/block_manager.py", "hfx/engine/cohort.py", "hfx/engine/core.py",
-    "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/stats.py",
-    "hfx/engine/waiting.py", "hfx/engine/planners/__init__.py", "hfx/engine/planners/base.py",
-    "hfx/engine/planners/chunked.py", "hfx/engine/planners/credit.py",
-    "hfx/engine/planners/deadline_chunked.py", "hfx/engine/planners/prefill_first.py",
-    "hfx/engine/planners/slo_paced.py", "hfx/engine/planners/tpot_chunked.py",
-    "hfx/request.py", "hfx/cluster/ledger.py", "hfx/cluster/control.py",
-    "hfx/cluster/fleet.py", "hfx/cluster/stage.py", "hfx/backends/local.py",
-    "hfx/workloads/columns.py", "hfx/workloads/load.py",
-]
 CASES = ["rr@8:6000", "rr@128:24000", "hfx@32:12000", "polyserve@8:12000", "scorpio@32:12000"]
 
 

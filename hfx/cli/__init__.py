@@ -1,5 +1,5 @@
 """The ``hfx`` command line, a module per command: ``hfx sim``, ``sweep``, ``capacity``,
-``whatif``, ``profile``, ``checkpoint``, ``serve``, ``bench``, ``list``.
+``whatif``, ``profile``, ``checkpoint``, ``serve``, ``bench``, ``list``, ``native``.
 
 Flags are generated from the fields of the command's configuration (hfx/config/), so each flag
 carries the field's help text and default; ``--config FILE.yaml`` sets any of them from a file.
@@ -18,6 +18,7 @@ from hfx.cli import (
     capacity,
     checkpoint,
     listing,
+    native,
     profile,
     serve,
     sim,
@@ -26,7 +27,7 @@ from hfx.cli import (
 )
 
 # In the order ``hfx --help`` lists them.
-COMMANDS = (sim, sweep, capacity, whatif, profile, checkpoint, serve, bench, listing)
+COMMANDS = (sim, sweep, capacity, whatif, profile, checkpoint, serve, bench, listing, native)
 
 
 def build_parser() -> argparse.ArgumentParser:

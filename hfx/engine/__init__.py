@@ -10,7 +10,7 @@ from hfx.registry import lazy_exports
 
 _EXPORTS = {
     "EngineConfig": "hfx.engine.config",
-    "Admission": "hfx.engine.core",
+    "Admission": "hfx.engine.admission",
     "EngineCore": "hfx.engine.core",
     "EngineError": "hfx.engine.errors",
     "StepFailed": "hfx.engine.errors",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from hfx.clock import VirtualTimeLoop
+from hfx.engine.admission import Admission
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
@@ -75,45 +77,8 @@ class PlannedStep(NamedTuple):
         return StepFailed(error, self.out.request_ids(), self.transitions)
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What a request must satisfy to ever run on an engine. Picklable: a remote instance's
-    proxy refuses a request the engine would refuse, without a round trip."""
-
-    max_model_len: int
-    num_kv_blocks: int
-    block_size: int
-    needs_token_ids: bool  # a real model runs on token ids
-    vocab_size: int | None
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def check_size(self, prompt_len: int, max_tokens: int) -> None:
-        total = prompt_len + max_tokens
-        if total > self.max_model_len:
-            raise EngineError(f"prompt ({prompt_len}) + max_tokens ({max_tokens}) exceeds the "
-                              f"model's context of {self.max_model_len} tokens")
-        if self.blocks_for(total) > self.num_kv_blocks:
-            raise EngineError(f"request of {total} tokens exceeds the KV cache "
-                              f"({self.num_kv_blocks * self.block_size} tokens)")
-
-    def check(self, request_id: str, prompt_len: int, max_tokens: int,
-              ids: list[int] | None) -> None:
-        self.check_size(prompt_len, max_tokens)
-        if ids is None:
-            if self.needs_token_ids:
-                raise EngineError(f"request {request_id}: this engine runs a real model "
-                                  "and needs prompt token ids")
-            return
-        if len(ids) != prompt_len:
-            raise EngineError(f"request {request_id}: {len(ids)} prompt token ids for a "
-                              f"prompt_len of {prompt_len}")
-        vocab = self.vocab_size
-        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
-            raise EngineError(f"request {request_id}: token ids must be in [0, {vocab})")
-
-
+# Compiled (hfx/native.py), it may still be subclassed in Python: tests count its decode runs.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EngineCore:
     def __init__(self, config: EngineConfig, executor: Executor,
                  step_model: StepTimeModel | None = None) -> None:
@@ -143,6 +108,7 @@ class EngineCore:
         self._seqs: dict[str, Sequence] = {}
         self._aborts: list[str] = []
         self.num_steps = 0
+        self.num_preemptions = 0  # sequences preempted (recompute), as vLLM's counter of them
         self.busy_time = 0.0  # seconds spent executing steps
         # Fixed for the engine's life (a role switch changes none of it): built once, not per
         # request.
@@ -342,6 +308,8 @@ class EngineCore:
             if run is not None:
                 return run
         out = self.planner.plan(self.state)
+        if out.preempted:
+            self.num_preemptions += len(out.preempted)
         if not out:
             return self._output(loop.time(), [], None, transitions)
         cohort = out.cohort

@@ -1,0 +1,72 @@
+"""hfx/native.py: a compiled build is used only for the exact source it was built from.
+
+Building takes ~30 s, so the README's suite does not build: ``.ci/run`` builds once and runs
+the golden and engine-run tests under ``HFX_NATIVE=1``, where the last test here checks that
+the compiled modules are really the ones loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from hfx import native
+
+
+def _tree(tmp_path: Path) -> Path:
+    src = tmp_path / "hfx"
+    (src / "engine").mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    (src / "engine" / "core.py").write_text("X = 1\n")
+    return src
+
+
+def test_the_build_key_follows_every_source_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "PACKAGE", _tree(tmp_path))
+    first = native.key()
+    assert native.key() == first  # stable
+    (native.PACKAGE / "engine" / "core.py").write_text("X = 2\n")
+    edited = native.key()
+    (native.PACKAGE / "engine" / "new.py").write_text("")
+    assert len({first, edited, native.key()}) == 3
+
+
+def test_no_build_of_this_source_means_python(tmp_path, monkeypatch):
+    """A build of other source (an edit since) is never loaded: activate says no, and changes
+    nothing in how modules load."""
+    monkeypatch.setattr(native, "PACKAGE", _tree(tmp_path))
+    root = tmp_path / "builds"
+    stale = root / "0123456789abcdef"
+    stale.mkdir(parents=True)
+    (stale / "manifest.json").write_text(json.dumps({"key": stale.name}))
+    if native.active():
+        pytest.skip("this process runs compiled (HFX_NATIVE=1)")
+    before = list(sys.meta_path)
+    monkeypatch.setattr(native, "MODULES", ("hfx/not_imported_anywhere.py",))
+    assert native.activate(root) is False
+    assert list(sys.meta_path) == before
+
+
+def test_activating_after_a_compiled_module_was_imported_as_python_is_refused(monkeypatch):
+    if native.active():
+        pytest.skip("this process runs compiled (HFX_NATIVE=1)")
+    import hfx.engine.cohort  # noqa: F401  (imported as Python)
+
+    with pytest.raises(RuntimeError, match=r"imported as Python already: .*hfx\.engine\.cohort"):
+        native.activate(Path("/nonexistent"))
+
+
+@pytest.mark.skipif(not os.environ.get("HFX_NATIVE"), reason="HFX_NATIVE is not set")
+def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
+    """.ci/run's native tier: the tests it runs must not pass as Python by accident."""
+    import hfx.cluster.control
+    import hfx.engine.core
+
+    assert native.active()
+    for module in (hfx.engine.core, hfx.cluster.control):
+        assert module.__file__.endswith(importlib.machinery.EXTENSION_SUFFIXES[0]), module
