@@ -8,11 +8,12 @@ stderr, rather than run stale code. Builds live outside the tree
 (``~/.cache/hfx/native/<key>``); nothing in the source tree changes.
 
 Compiled: the engine core and its planners, the request ledger, the control plane and the
-local instance driver, the per-step and per-request path of a simulated run. Not compiled: what
-crosses a process (requests, sequences, instance stats, ``Admission``: a compiled class does not
-pickle), the policies (an interpreted class cannot derive from a compiled one, and every policy
-derives from ``Policy``), the executors (tests subclass them), the clock (its loop derives from
-asyncio's Python classes). Results are bit-identical to plain Python (the golden
+local instance driver, the per-step and per-request path of a simulated run. Not compiled:
+what crosses a process as a frozen dataclass (requests and their SLOs, instance stats,
+``Admission``: a compiled frozen class does not unpickle; ``Sequence``, not frozen, is compiled
+as serializable), the policies (an interpreted class cannot derive from a compiled one, and
+every policy derives from ``Policy``), the executors (tests subclass them), the clock (its loop
+derives from asyncio's Python classes). Results are bit-identical to plain Python (the golden
 runs, in CI); speed: docs/performance.md, "Compiled".
 """
 
@@ -37,12 +38,13 @@ from types import ModuleType
 PACKAGE = Path(__file__).resolve().parent
 MODULES = (
     "hfx/engine/block_manager.py", "hfx/engine/cohort.py", "hfx/engine/core.py",
-    "hfx/engine/decode_run.py", "hfx/engine/waiting.py", "hfx/engine/planners/base.py",
-    "hfx/engine/planners/chunked.py", "hfx/engine/planners/credit.py",
-    "hfx/engine/planners/deadline_chunked.py", "hfx/engine/planners/prefill_first.py",
-    "hfx/engine/planners/slo_paced.py", "hfx/engine/planners/tpot_chunked.py",
-    "hfx/cluster/ledger.py", "hfx/cluster/control.py", "hfx/cluster/fleet.py",
-    "hfx/cluster/stage.py", "hfx/backends/local.py", "hfx/workloads/columns.py",
+    "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/waiting.py",
+    "hfx/engine/planners/base.py", "hfx/engine/planners/chunked.py",
+    "hfx/engine/planners/credit.py", "hfx/engine/planners/deadline_chunked.py",
+    "hfx/engine/planners/prefill_first.py", "hfx/engine/planners/slo_paced.py",
+    "hfx/engine/planners/tpot_chunked.py", "hfx/cluster/ledger.py", "hfx/cluster/control.py",
+    "hfx/cluster/fleet.py", "hfx/cluster/stage.py", "hfx/backends/local.py",
+    "hfx/workloads/columns.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from hfx.sampling import GREEDY, SamplingParams
 
 # The token a simulated executor "samples": it produces timing, not text.
@@ -56,6 +58,9 @@ FINISH_REASON: dict[RequestStatus, str | None] = {
 }
 
 
+# Picklable compiled too (hfx/native.py): a migrated request's sequence travels to a remote
+# instance.
+@mypyc_attr(serializable=True)
 @dataclass(eq=False, slots=True)
 class Sequence:
     """One request inside one engine. Compared and hashed by identity.
