@@ -7,14 +7,14 @@ source differs from the build's (an edit since) runs as plain Python and says so
 stderr, rather than run stale code. Builds live outside the tree
 (``~/.cache/hfx/native/<key>``); nothing in the source tree changes.
 
-Compiled: the engine core and its planners, the request ledger, the control plane and the
-local instance driver, the per-step and per-request path of a simulated run. Not compiled:
-what crosses a process as a frozen dataclass (requests and their SLOs, instance stats,
-``Admission``: a compiled frozen class does not unpickle; ``Sequence``, not frozen, is compiled
-as serializable), the policies (an interpreted class cannot derive from a compiled one, and
-every policy derives from ``Policy``), the executors (tests subclass them), the clock (its loop
-derives from asyncio's Python classes). Results are bit-identical to plain Python (the golden
-runs, in CI); speed: docs/performance.md, "Compiled".
+Compiled: the engine core and its planners, requests and records, the ledger, the control
+plane, the fleet and the local instance driver, the per-step and per-request path of a simulated
+run. What travels to other processes pickles compiled too (``serializable``; a frozen class
+through its constructor, ``__reduce__``). Not compiled: ``Admission`` (a frozen class proxies
+hold), the policies (a Python class cannot derive from a compiled one, and every policy derives
+from ``Policy``), the executors (tests subclass them), the request stream (copied with
+``copy.copy``), the clock (its loop derives from asyncio's Python classes). Results are
+bit-identical to plain Python (the golden runs, in CI); speed: docs/performance.md, "Compiled".
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from types import ModuleType
 PACKAGE = Path(__file__).resolve().parent
 MODULES = (
     "hfx/engine/block_manager.py", "hfx/engine/cohort.py", "hfx/engine/core.py",
-    "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/waiting.py",
+    "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/stats.py",
+    "hfx/engine/waiting.py", "hfx/request.py",
     "hfx/engine/planners/base.py", "hfx/engine/planners/chunked.py",
     "hfx/engine/planners/credit.py", "hfx/engine/planners/deadline_chunked.py",
     "hfx/engine/planners/prefill_first.py", "hfx/engine/planners/slo_paced.py",

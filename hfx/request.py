@@ -12,6 +12,8 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from hfx.sampling import GREEDY, SamplingParams
 
 
@@ -27,7 +29,14 @@ class SLO:
             raise ValueError(f"SLO targets must be positive and finite, got ttft={self.ttft}, "
                              f"tpot={self.tpot}")
 
+    def __reduce__(self) -> tuple[type[SLO], tuple[float, float]]:
+        # Through the constructor: compiled (hfx/native.py), a frozen class cannot be unpickled
+        # field by field.
+        return SLO, (self.ttft, self.tpot)
 
+
+# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
+@mypyc_attr(serializable=True)
 @dataclass(slots=True)
 class Request:
     """One LLM request as the control plane sees it.
@@ -67,6 +76,8 @@ class Outcome(enum.Enum):
     SHED = "shed"  # admission control turned it away: queue full, or waited too long
 
 
+# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
+@mypyc_attr(serializable=True)
 @dataclass(slots=True)
 class TokenRun:
     """Tokens a simulated engine's decode cohort produced for one request (cohort.py): the
@@ -83,6 +94,8 @@ class TokenRun:
         return (len(self.log) if self.end is None else self.end) - self.start
 
 
+# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
+@mypyc_attr(serializable=True)
 @dataclass(slots=True)
 class RequestRecord:
     """What happened to one request: times are seconds on the loop's clock."""

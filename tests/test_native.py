@@ -70,3 +70,26 @@ def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
     assert native.active()
     for module in (hfx.engine.core, hfx.cluster.control):
         assert module.__file__.endswith(importlib.machinery.EXTENSION_SUFFIXES[0]), module
+
+
+def test_what_crosses_a_process_pickles_back_equal():
+    """Requests, records, sequences and stats travel to front processes and Ray actors; as
+    Python and compiled alike (``__reduce__`` of the frozen ones lists every field), each comes
+    back equal."""
+    import pickle
+
+    from hfx.engine.sequence import Role, Sequence
+    from hfx.engine.stats import InstanceStats
+    from hfx.request import SLO, Request, RequestRecord
+
+    slo = SLO(0.5, 0.05)
+    request = Request("r1", 1.25, 100, 20, slo, "chat", 2, [1, 2, 3])
+    record = RequestRecord(request, dispatch_time=1.5, instance=3)
+    stats = InstanceStats(4, Role.DECODE, 2.0, 1, 2, 3, 5, 6, 7, 16, 900, 8, 0.75, 11)
+    seq = Sequence("r1", 100, 20, tpot=0.05)
+    seq.num_computed_tokens = 42
+    for value in (slo, request, record, stats):
+        assert pickle.loads(pickle.dumps(value)) == value, value
+    back = pickle.loads(pickle.dumps(seq))
+    assert (back.request_id, back.prompt_len, back.max_tokens, back.tpot,
+            back.num_computed_tokens) == ("r1", 100, 20, 0.05, 42)

@@ -29,6 +29,14 @@ class InstanceStats:
     busy_time: float  # seconds spent executing steps so far
     num_steps: int
 
+    def __reduce__(self) -> tuple[type[InstanceStats], tuple[object, ...]]:
+        # Through the constructor: compiled (hfx/native.py), a frozen class cannot be unpickled
+        # field by field (stats travel from Ray actors).
+        return InstanceStats, tuple(getattr(self, f) for f in _FIELDS)
+
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / self.kv_total_blocks
+
+
+_FIELDS = tuple(InstanceStats.__dataclass_fields__)  # in the constructor's order
