@@ -98,6 +98,7 @@ def build(root: Path | None = None, log: bool = True) -> Path:
             raise RuntimeError(f"mypyc failed (exit {done.returncode}){detail}")
         staging = out.with_name(out.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
         for so in work.rglob(f"*{_SUFFIX}"):
             if "build" in so.relative_to(work).parts[:1]:
                 continue  # mypyc's intermediate copies
