@@ -7,7 +7,7 @@ must come before any of them is imported.
 
 import os as _os
 
-if _os.environ.get("HFX_NATIVE", "") not in ("", "0"):
+if _os.environ.get("HFX_NATIVE", "") not in ("", "0"):  # hfx.native.requested()
     from hfx import native as _native
 
     _native.activate_from_env()

@@ -1,20 +1,23 @@
 """The simulator's hot modules compiled by mypyc, opt in: ``hfx native build``, then
-``HFX_NATIVE=1`` for any ``hfx`` command or script.
+``HFX_NATIVE=1`` for any ``hfx`` command or script (``0`` or unset: Python).
 
 The same source, compiled: one engine, not two (issue 31). A build is made for exactly the
 source tree it came from: its key hashes every ``.py`` file of the package, and a process whose
-source differs from the build's (an edit since) runs as plain Python and says so once on
-stderr, rather than run stale code. Builds live outside the tree
-(``~/.cache/hfx/native/<key>``); nothing in the source tree changes.
+source differs from the build's (an edit since) runs as plain Python and says so on stderr,
+rather than run stale code. Builds live outside the tree (``cache_root()/<key>``); nothing in
+the source tree changes. Every process of a run must be one or the other: a request pickled by
+a compiled process does not unpickle in a Python one, nor the other way (front processes and
+local Ray workers inherit ``HFX_NATIVE`` and the build; remote Ray nodes need the same build).
 
 Compiled: the engine core and its planners, requests and records, the ledger, the control
 plane, the fleet and the local instance driver, the per-step and per-request path of a simulated
 run. What travels to other processes pickles compiled too (``serializable``; a frozen class
 through its constructor, ``__reduce__``). Not compiled: ``Admission`` (a frozen class proxies
-hold), the policies (a Python class cannot derive from a compiled one, and every policy derives
-from ``Policy``), the executors (tests subclass them), the request stream (copied with
-``copy.copy``), the clock (its loop derives from asyncio's Python classes). Results are
-bit-identical to plain Python (the golden runs, in CI); speed: docs/performance.md, "Compiled".
+hold), the policies (a Python class derives from a compiled one only where that class allows
+it, as ``EngineCore`` does for tests, at some cost; every policy derives from ``Policy``), the
+executors (tests subclass them), the request stream (copied with ``copy.copy``), the clock (its
+loop derives from asyncio's Python classes). Results are bit-identical to plain Python (the
+golden runs, in CI); speed: docs/performance.md, "Compiled".
 """
 
 from __future__ import annotations
@@ -59,14 +62,16 @@ def key() -> str:
     """The build key of this source tree: its Python, mypyc's version and every source file."""
     h = hashlib.sha256()
     h.update(sysconfig.get_config_var("EXT_SUFFIX").encode())
-    h.update(_mypyc_version().encode())
+    h.update(mypyc_version().encode())
     for path in sorted(PACKAGE.rglob("*.py")):
+        if not path.is_file():
+            continue  # a dangling link (an editor's lock file) is no source
         h.update(str(path.relative_to(PACKAGE)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _mypyc_version() -> str:
+def mypyc_version() -> str:
     try:
         from importlib.metadata import version
         return version("mypy")
@@ -75,40 +80,68 @@ def _mypyc_version() -> str:
 
 
 def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/hfx/native``, else ``~/.cache/hfx/native``."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfx" / "native"
+
+
+def _complete(where: Path) -> dict[str, str] | None:
+    """The manifest of a whole build at ``where`` (every module and the shared library there),
+    else None."""
+    try:
+        manifest = json.loads((where / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = [*(m.removesuffix(".py") + _SUFFIX for m in MODULES), manifest.get("shared", "")]
+    return manifest if all((where / f).is_file() for f in files) else None
 
 
 def build(root: Path | None = None, log: bool = True) -> Path:
     """Compile MODULES of this source tree into ``root/<key>`` (default: the cache) and return
-    that directory; an existing build of the same key is kept. Needs mypy (the dev extra) and
-    a C compiler; about 30 s on 2 cores."""
+    that directory; an existing build of the same key is kept. Needs mypy (the dev extra) in
+    this interpreter and a C compiler; about 30 s on 2 cores. Concurrent builds of one key are
+    safe: each stages its own copy, the first whole one is published, the others dropped."""
+    if mypyc_version() == "none":
+        raise RuntimeError("mypy is not installed in this interpreter: pip install -e '.[dev]'")
     out = (root or cache_root()) / key()
-    if (out / _MANIFEST).exists():
+    if _complete(out):
         return out
-    mypyc = shutil.which("mypyc", path=str(Path(sys.executable).parent)) or shutil.which("mypyc")
-    if mypyc is None:
-        raise RuntimeError("mypyc not found: install the dev extra (pip install -e '.[dev]')")
-    with tempfile.TemporaryDirectory(prefix="hfx-native-") as tmp:
-        work = Path(tmp)
-        shutil.copytree(PACKAGE, work / "hfx",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-        done = subprocess.run([mypyc, *MODULES], cwd=work, capture_output=not log, text=True)
-        if done.returncode:
-            detail = "" if log else f":\n{(done.stdout or '')[-4000:]}{(done.stderr or '')[-4000:]}"
-            raise RuntimeError(f"mypyc failed (exit {done.returncode}){detail}")
-        staging = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        with tempfile.TemporaryDirectory(prefix="hfx-native-") as tmp:
+            work = Path(tmp)
+            shutil.copytree(PACKAGE, work / "hfx", ignore_dangling_symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so", ".#*"))
+            # This interpreter's mypyc: a build is for the Python that loads it.
+            done = subprocess.run([sys.executable, "-m", "mypyc", *MODULES], cwd=work,
+                                  capture_output=not log, text=True)
+            if done.returncode:
+                detail = "" if log else \
+                    f":\n{(done.stdout or '')[-4000:]}{(done.stderr or '')[-4000:]}"
+                raise RuntimeError(f"mypyc failed (exit {done.returncode}){detail}")
+            shared = [so.name for so in work.glob(f"*__mypyc{_SUFFIX}")]
+            if len(shared) != 1:
+                raise RuntimeError(f"mypyc left {len(shared)} shared libraries, expected one")
+            for so in work.rglob(f"*{_SUFFIX}"):
+                if so.relative_to(work).parts[0] == "build":
+                    continue  # mypyc's intermediate copies
+                dest = staging / so.relative_to(work)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(so, dest)
+        (staging / _MANIFEST).write_text(json.dumps({"key": out.name, "shared": shared[0],
+                                                     "modules": list(MODULES)}))
+        if _complete(staging) is None:
+            raise RuntimeError(f"mypyc did not build every module of {', '.join(MODULES)}")
+        if out.exists() and not _complete(out):
+            shutil.rmtree(out, ignore_errors=True)  # a build cut short (never published whole)
+        try:
+            staging.rename(out)  # published whole, or not at all
+        except OSError:
+            if not _complete(out):  # not another build's win: a real failure
+                raise
+        return out
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for so in work.rglob(f"*{_SUFFIX}"):
-            if "build" in so.relative_to(work).parts[:1]:
-                continue  # mypyc's intermediate copies
-            dest = staging / so.relative_to(work)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(so, dest)
-    (staging / _MANIFEST).write_text(json.dumps({"key": out.name, "modules": list(MODULES)}))
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)  # whole or absent: a build cut short is never found
-    return out
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -132,25 +165,45 @@ def active() -> bool:
     return any(isinstance(f, _Finder) for f in sys.meta_path)
 
 
+def requested() -> bool:
+    """Whether ``HFX_NATIVE`` asks for the compiled modules (set, and not ``0``)."""
+    return os.environ.get("HFX_NATIVE", "") not in ("", "0")
+
+
 def activate(root: Path | None = None) -> bool:
-    """Load MODULES compiled from now on, if a build of this exact source exists; returns
-    whether it does. Call it before any of them is imported (``hfx/__init__.py`` does, under
-    ``HFX_NATIVE=1``)."""
+    """Load MODULES compiled from now on, if a whole build of this exact source exists;
+    returns whether it does. Call it before any of them is imported (``hfx/__init__.py`` does,
+    under ``HFX_NATIVE=1``)."""
     if active():
         return True
     early = sorted(n for n in map(module_name, MODULES) if n in sys.modules)
     if early:
         raise RuntimeError(f"activate() too late, imported as Python already: {', '.join(early)}")
     where = (root or cache_root()) / key()
-    if not (where / _MANIFEST).exists():
+    manifest = _complete(where)
+    if manifest is None:
         return False
-    sys.path.append(str(where))  # mypyc's shared library, which every compiled module loads
+    # The shared library every compiled module imports by name, loaded from this build by its
+    # path: mypyc names it after the module list alone, so any other build's has the same name.
+    name = manifest["shared"].removesuffix(_SUFFIX)
+    spec = importlib.util.spec_from_file_location(
+        name, where / manifest["shared"],
+        loader=importlib.machinery.ExtensionFileLoader(name, str(where / manifest["shared"])))
+    assert spec is not None and spec.loader is not None
+    shared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shared)
+    sys.modules[name] = shared
     sys.meta_path.insert(0, _Finder(where))
     return True
 
 
 def activate_from_env() -> None:
-    """``HFX_NATIVE=1``: activate, or say once why this process runs as Python."""
-    if not activate():
-        print("hfx: HFX_NATIVE is set but no native build matches this source tree "
-              "(run `hfx native build`); running as Python", file=sys.stderr)
+    """``HFX_NATIVE=1``: activate, or say (once per process) why this process runs as Python;
+    never fail the import of ``hfx``."""
+    try:
+        if activate():
+            return
+        why = "no native build matches this source tree (run `hfx native build`)"
+    except Exception as e:  # a home directory that is not there, an unreadable build, ...
+        why = f"{type(e).__name__}: {e}"
+    print(f"hfx: HFX_NATIVE is set but {why}; running as Python", file=sys.stderr)

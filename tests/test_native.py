@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def test_no_build_of_this_source_means_python(tmp_path, monkeypatch):
     stale = root / "0123456789abcdef"
     stale.mkdir(parents=True)
     (stale / "manifest.json").write_text(json.dumps({"key": stale.name}))
-    if native.active():
+    if native.requested():
         pytest.skip("this process runs compiled (HFX_NATIVE=1)")
     before = list(sys.meta_path)
     monkeypatch.setattr(native, "MODULES", ("hfx/not_imported_anywhere.py",))
@@ -53,7 +52,7 @@ def test_no_build_of_this_source_means_python(tmp_path, monkeypatch):
 
 
 def test_activating_after_a_compiled_module_was_imported_as_python_is_refused(monkeypatch):
-    if native.active():
+    if native.requested():
         pytest.skip("this process runs compiled (HFX_NATIVE=1)")
     import hfx.engine.cohort  # noqa: F401  (imported as Python)
 
@@ -61,15 +60,36 @@ def test_activating_after_a_compiled_module_was_imported_as_python_is_refused(mo
         native.activate(Path("/nonexistent"))
 
 
-@pytest.mark.skipif(not os.environ.get("HFX_NATIVE"), reason="HFX_NATIVE is not set")
+def test_a_build_is_whole_only_with_every_module_and_its_shared_library(tmp_path):
+    """A build cut short, or one mypyc left a module out of, is never loaded."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "manifest.json").write_text(json.dumps({"shared": f"abc__mypyc{suffix}"}))
+    files = [m.removesuffix(".py") + suffix for m in native.MODULES] + [f"abc__mypyc{suffix}"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_bytes(b"")
+    assert native._complete(tmp_path) is not None
+    (tmp_path / files[3]).unlink()
+    assert native._complete(tmp_path) is None
+
+
+@pytest.mark.skipif(not native.requested(), reason="HFX_NATIVE is not set")
 def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
-    """.ci/run's native tier: the tests it runs must not pass as Python by accident."""
-    import hfx.cluster.control
-    import hfx.engine.core
+    """.ci/run's native tier: the tests it runs must not pass as Python by accident. Every
+    compiled module, and the shared library they call into, come from this source's build."""
+    import importlib
 
     assert native.active()
-    for module in (hfx.engine.core, hfx.cluster.control):
-        assert module.__file__.endswith(importlib.machinery.EXTENSION_SUFFIXES[0]), module
+    where = native.cache_root() / native.key()
+    manifest = native._complete(where)
+    assert manifest is not None
+    for m in native.MODULES:
+        module = importlib.import_module(native.module_name(m))
+        assert Path(module.__file__).resolve() == (where / (m.removesuffix(".py")
+                                                   + importlib.machinery.EXTENSION_SUFFIXES[0])
+                                                   ).resolve(), module
+    shared = sys.modules[manifest["shared"].removesuffix(importlib.machinery.EXTENSION_SUFFIXES[0])]
+    assert Path(shared.__file__).resolve() == (where / manifest["shared"]).resolve()
 
 
 def test_what_crosses_a_process_pickles_back_equal():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -48,9 +49,11 @@ print(json.dumps({"wall_seconds": time.perf_counter() - t0, "attainment": r["att
 
 def one(tree: str, case: dict) -> dict:
     cfg = {"workload": "four-task", "qps": 45.0 * case["instances"], **case}
+    # Each tree as it is: not the repository root's (the tree on sys.path is used), and not a
+    # compiled build an exported HFX_NATIVE would load for both (native_ab.py compiles in-tree).
     done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tree).resolve()),
                            json.dumps(cfg)], capture_output=True, text=True, check=True,
-                          cwd="/")  # not the repository root: the tree on sys.path is used
+                          cwd="/", env={**os.environ, "HFX_NATIVE": "0"})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

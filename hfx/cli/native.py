@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -21,13 +22,21 @@ def run(args: argparse.Namespace) -> int:
     from hfx import native
 
     if args.action == "build":
-        where = native.build(log=False)
+        try:
+            where = native.build(log=False)
+        except RuntimeError as e:  # no mypy, no compiler, a module mypyc refused
+            print(f"hfx native: {e}", file=sys.stderr)
+            return 2
         print(f"built {len(native.MODULES)} modules: {where}")
         print("run with HFX_NATIVE=1 to use them")
         return 0
     where = native.cache_root() / native.key()
-    built = (where / "manifest.json").exists()
-    print(f"source key {native.key()}: " + (f"built ({where})" if built else
-                                           "not built (hfx native build)"))
+    if native.mypyc_version() == "none":
+        print("mypy is not installed in this interpreter: nothing can be built or matched "
+              "(pip install -e '.[dev]')")
+    elif (where / "manifest.json").exists():
+        print(f"source key {native.key()}: built ({where})")
+    else:
+        print(f"source key {native.key()}: not built (hfx native build)")
     print("this process: " + ("compiled" if native.active() else "Python"))
     return 0
