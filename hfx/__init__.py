@@ -7,7 +7,8 @@ must come before any of them is imported.
 
 import os as _os
 
-if _os.environ.get("HFX_NATIVE", "") not in ("", "0"):  # hfx.native.requested()
+# hfx.native.requested(), inline: a plain start does not import hfx.native.
+if _os.environ.get("HFX_NATIVE", "") not in ("", "0"):
     from hfx import native as _native
 
     _native.activate_from_env()

@@ -95,6 +95,12 @@ def _complete(where: Path) -> dict[str, str] | None:
     return manifest if all((where / f).is_file() for f in files) else None
 
 
+def built(root: Path | None = None) -> Path | None:
+    """The whole build of this source tree under ``root`` (default: the cache), or None."""
+    where = (root or cache_root()) / key()
+    return where if _complete(where) is not None else None
+
+
 def build(root: Path | None = None, log: bool = True) -> Path:
     """Compile MODULES of this source tree into ``root/<key>`` (default: the cache) and return
     that directory; an existing build of the same key is kept. Needs mypy (the dev extra) in
@@ -103,7 +109,7 @@ def build(root: Path | None = None, log: bool = True) -> Path:
     if mypyc_version() == "none":
         raise RuntimeError("mypy is not installed in this interpreter: pip install -e '.[dev]'")
     out = (root or cache_root()) / key()
-    if _complete(out):
+    if _complete(out) is not None:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))

@@ -80,7 +80,8 @@ def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
     import importlib
 
     assert native.active()
-    where = native.cache_root() / native.key()
+    where = native.built()
+    assert where is not None
     manifest = native._complete(where)
     assert manifest is not None
     for m in native.MODULES:

@@ -30,13 +30,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"built {len(native.MODULES)} modules: {where}")
         print("run with HFX_NATIVE=1 to use them")
         return 0
-    where = native.cache_root() / native.key()
     if native.mypyc_version() == "none":
         print("mypy is not installed in this interpreter: nothing can be built or matched "
               "(pip install -e '.[dev]')")
-    elif (where / "manifest.json").exists():
-        print(f"source key {native.key()}: built ({where})")
     else:
-        print(f"source key {native.key()}: not built (hfx native build)")
+        found = native.built()
+        print(f"source key {native.key()}: "
+              + (f"built ({found})" if found is not None else "not built (hfx native build)"))
     print("this process: " + ("compiled" if native.active() else "Python"))
     return 0
