@@ -174,25 +174,23 @@ FOLD_BATCH = 4096
 
 
 class _Folder:
-    """The ledger's ``on_done``: each finished record goes into ``fold`` (in batches) and out of
-    the ledger. Only finished ones: a rejected, shed or aborted record may still be looked up
-    when its instance reports the end (they are few, and kept)."""
+    """The ledger's ``on_done``: each finished record goes into ``fold``'s rows and out of the
+    ledger as it ends (while its objects are in cache), its rows are folded in batches. Only
+    finished ones: a rejected, shed or aborted record may still be looked up when its instance
+    reports the end (they are few, and kept)."""
 
     def __init__(self, control: ControlPlane, fold: RecordFold | StreamingFold) -> None:
         self.control, self.fold = control, fold
-        self._batch: list[RequestRecord] = []
 
     def __call__(self, record: RequestRecord) -> None:
         if record.outcome is Outcome.FINISHED:
-            self._batch.append(record)
-            if len(self._batch) >= FOLD_BATCH:
+            self.fold.rows.add(record)
+            self.control.forget(record.request.id)
+            if len(self.fold.rows) >= FOLD_BATCH:
                 self.flush()
 
     def flush(self) -> None:
-        self.fold.add(self._batch)
-        for record in self._batch:
-            self.control.forget(record.request.id)
-        self._batch.clear()
+        self.fold.fold_rows()
 
 
 async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: Profile,

@@ -155,7 +155,7 @@ def test_folding_records_changes_nothing(name: str, monkeypatch: pytest.MonkeyPa
 
 def _counting(method: Callable, calls: list) -> Callable:
     def counted(self: Any) -> None:
-        calls.append(len(self._batch))
+        calls.append(len(self.fold.rows))
         method(self)
     return counted
 

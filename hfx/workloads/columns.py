@@ -11,7 +11,8 @@ columns give the metrics exactly what the records would have (hfx/workloads/metr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import cast
 
@@ -46,58 +47,12 @@ class RecordColumns:
     priority: np.ndarray  # NO_PRIORITY if none
 
     @classmethod
-    def of(cls, records: Sequence[RequestRecord], tasks: dict[str, int]) -> RecordColumns:
+    def of(cls, records: Iterable[RequestRecord], tasks: dict[str, int]) -> RecordColumns:
         """Columns of ``records``; task names are numbered in ``tasks`` (extended in place)."""
-        # A row of Python numbers a record, made into arrays a column at a time: a numpy
-        # element store costs ~0.1 µs, fifteen a record.
-        rows: list[tuple[int | float | bool, ...]] = []
-        # The deadline check's inputs, over the finished records with a target.
-        times: list[np.ndarray] = []
-        checked: list[int] = []
-        base: list[float] = []
-        step: list[float] = []
-        for i, r in enumerate(records):
-            req = r.request
-            t = r.times()
-            k = len(t)
-            done = r.outcome is Outcome.FINISHED
-            e2e = ttft = tpot = 0.0
-            met = False
-            if done:
-                e2e = cast(float, r.finish_time) - req.arrival
-                if not k:  # finished with no token (a stream that ended at once): no latencies
-                    ttft = tpot = math.nan
-                else:
-                    ttft = t[0] - req.arrival
-                    tpot = 0.0 if k == 1 else (t[-1] - t[0]) / (k - 1)  # RequestRecord.tpot
-                    target = r.target
-                    if target is not None:
-                        met = ttft <= target.ttft and tpot <= target.tpot  # HyperFlexis Eq. 4
-                        times.append(np.frombuffer(t, dtype=np.float64))
-                        checked.append(i)
-                        base.append(req.arrival + target.ttft)
-                        step.append(target.tpot)
-            rows.append((r.seq, _CODE[r.outcome], done, ttft, tpot, e2e, k if done else 0, met,
-                         r.best_effort, req.arrival, t[0] if k else math.nan,
-                         math.nan if r.finish_time is None else r.finish_time,
-                         tasks.setdefault(req.task, len(tasks)),
-                         NO_PRIORITY if req.priority is None else req.priority))
-        values = list(zip(*rows, strict=True)) if rows else [()] * len(_ROW)
-        cols = cls(**{name: np.array(column, dtype=dtype)
-                      for (name, dtype), column in zip(_ROW, values, strict=True)},
-                   met_dslo=np.zeros(len(rows), dtype=bool))
-        if checked:
-            # PolyServe §2.3: token j by arrival + TTFT + j·TPOT (RequestRecord's own check,
-            # the same operations in the same order).
-            lengths = np.fromiter((len(t) for t in times), dtype=np.int64, count=len(times))
-            starts = np.zeros(len(times), dtype=np.int64)
-            np.cumsum(lengths[:-1], out=starts[1:])
-            j = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-            deadlines = np.repeat(np.asarray(base), lengths) + \
-                np.repeat(np.asarray(step), lengths) * j
-            ok = np.concatenate(times) <= deadlines
-            cols.met_dslo[np.asarray(checked)] = np.logical_and.reduceat(ok, starts)
-        return cols
+        rows = RecordRows(tasks)
+        for r in records:
+            rows.add(r)
+        return rows.take()
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -117,6 +72,84 @@ _ROW = (("seq", np.int64), ("outcome", np.int8), ("finished", bool), ("ttft", fl
         ("task", np.int32), ("priority", np.int32))
 
 
+class RecordRows:
+    """``RecordColumns`` made a row at a time: ``add`` takes what the columns need of a record,
+    ``take`` makes the columns of every row added since the last ``take``. A run adds each
+    finished record as it ends, while its objects are still in cache: taken 4,096 records at a
+    time later, the same rows cost ~2.4× as much (docs/performance.md, "Compiled")."""
+
+    # A row of Python numbers a record, made into arrays a column at a time: a numpy element
+    # store costs ~0.1 µs, fifteen a record.
+    _rows: list[tuple[int | float | bool, ...]]
+    # The deadline check's inputs, over the finished records with a target: their token times
+    # end to end, and per record its row, token count, first deadline and pace.
+    _times: array
+    _checked: list[int]
+    _lengths: list[int]
+    _base: list[float]
+    _step: list[float]
+
+    def __init__(self, tasks: dict[str, int]) -> None:
+        self.tasks = tasks  # task name → its code, extended in place
+        self._clear()
+
+    def _clear(self) -> None:
+        self._rows, self._times = [], array("d")
+        self._checked, self._lengths, self._base, self._step = [], [], [], []
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, r: RequestRecord) -> None:
+        req = r.request
+        t = r.times()
+        k = len(t)
+        done = r.outcome is Outcome.FINISHED
+        e2e = ttft = tpot = 0.0
+        met = False
+        if done:
+            e2e = cast(float, r.finish_time) - req.arrival
+            if not k:  # finished with no token (a stream that ended at once): no latencies
+                ttft = tpot = math.nan
+            else:
+                ttft = t[0] - req.arrival
+                tpot = 0.0 if k == 1 else (t[-1] - t[0]) / (k - 1)  # RequestRecord.tpot
+                target = r.target
+                if target is not None:
+                    met = ttft <= target.ttft and tpot <= target.tpot  # HyperFlexis Eq. 4
+                    self._times += t
+                    self._checked.append(len(self._rows))
+                    self._lengths.append(k)
+                    self._base.append(req.arrival + target.ttft)
+                    self._step.append(target.tpot)
+        self._rows.append((r.seq, _CODE[r.outcome], done, ttft, tpot, e2e, k if done else 0,
+                           met, r.best_effort, req.arrival, t[0] if k else math.nan,
+                           math.nan if r.finish_time is None else r.finish_time,
+                           self.tasks.setdefault(req.task, len(self.tasks)),
+                           NO_PRIORITY if req.priority is None else req.priority))
+
+    def take(self) -> RecordColumns:
+        """The columns of the rows added since the last ``take``, in the order added."""
+        rows = self._rows
+        values = list(zip(*rows, strict=True)) if rows else [()] * len(_ROW)
+        cols = RecordColumns(**{name: np.array(column, dtype=dtype)
+                                for (name, dtype), column in zip(_ROW, values, strict=True)},
+                             met_dslo=np.zeros(len(rows), dtype=bool))
+        if self._checked:
+            # PolyServe §2.3: token j by arrival + TTFT + j·TPOT (RequestRecord's own check,
+            # the same operations in the same order).
+            lengths = np.asarray(self._lengths, dtype=np.int64)
+            starts = np.zeros(len(lengths), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            j = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+            deadlines = np.repeat(np.asarray(self._base), lengths) + \
+                np.repeat(np.asarray(self._step), lengths) * j
+            ok = np.frombuffer(self._times, dtype=np.float64) <= deadlines
+            cols.met_dslo[np.asarray(self._checked)] = np.logical_and.reduceat(ok, starts)
+        self._clear()
+        return cols
+
+
 def count_outcome(outcomes: np.ndarray, outcome: Outcome) -> int:
     """How many entries of an ``outcome`` column are ``outcome``."""
     return int(np.count_nonzero(outcomes == _CODE[outcome]))
@@ -129,13 +162,21 @@ class RecordFold:
 
     def __init__(self) -> None:
         self.tasks: dict[str, int] = {}
+        self.rows = RecordRows(self.tasks)  # records added one at a time, not yet folded
         self._parts: list[RecordColumns] = []
         self.num_folded = 0
 
-    def add(self, records: Sequence[RequestRecord]) -> None:
-        if records:
-            self._parts.append(RecordColumns.of(records, self.tasks))
-            self.num_folded += len(records)
+    def add(self, records: Iterable[RequestRecord]) -> None:
+        for r in records:
+            self.rows.add(r)
+        self.fold_rows()
+
+    def fold_rows(self) -> None:
+        """Fold in the records added to ``rows``."""
+        n = len(self.rows)
+        if n:
+            self._parts.append(self.rows.take())
+            self.num_folded += n
 
     def columns(self, kept: Sequence[RequestRecord] = ()) -> RecordColumns:
         """Every record folded in and ``kept``, in opening order. Once: the folded parts are

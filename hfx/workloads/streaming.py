@@ -17,12 +17,12 @@ The warm-up is cut as records are folded (by arrival, as the exact path cuts the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 
 from hfx.request import Outcome, RequestRecord
-from hfx.workloads.columns import NO_PRIORITY, RecordColumns, count_outcome
+from hfx.workloads.columns import NO_PRIORITY, RecordColumns, RecordRows, count_outcome
 from hfx.workloads.metrics import cost_units, group_counts, group_keys, longest_wait
 from hfx.workloads.sketch import LatencySketch
 
@@ -62,6 +62,7 @@ class StreamingFold:
     def __init__(self, warmup: float = 0.0) -> None:
         self.warmup = warmup
         self.tasks: dict[str, int] = {}
+        self.rows = RecordRows(self.tasks)  # records added one at a time, not yet folded
         self.num_folded = 0
         self.backlog = 0  # requests still pending at the end, the warm-up's included
         self._all = _Group()
@@ -74,13 +75,20 @@ class StreamingFold:
         self._max_wait = 0.0
         self._measured = 0
 
-    def add(self, records: Sequence[RequestRecord], end: float | None = None) -> None:
+    def add(self, records: Iterable[RequestRecord], end: float | None = None) -> None:
         """Fold ``records`` in. ``end``: the run has stopped there and these are the records
         left (a pending one's wait runs to ``end``)."""
-        if not records:
+        for r in records:
+            self.rows.add(r)
+        self.fold_rows(end)
+
+    def fold_rows(self, end: float | None = None) -> None:
+        """Fold in the records added to ``rows`` (``end``: as ``add``)."""
+        n = len(self.rows)
+        if not n:
             return
-        cols = RecordColumns.of(records, self.tasks)
-        self.num_folded += len(records)
+        cols = self.rows.take()
+        self.num_folded += n
         self.backlog += count_outcome(cols.outcome, Outcome.PENDING)
         cols.keep(np.flatnonzero(cols.arrival >= self.warmup))
         if not len(cols):
