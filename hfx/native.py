@@ -5,15 +5,13 @@ The same source, compiled: one engine, not two (issue 31). A build is made for e
 source tree it came from: its key hashes every ``.py`` file of the package, and a process whose
 source differs from the build's (an edit since) runs as plain Python and says so on stderr,
 rather than run stale code. Builds live outside the tree (``cache_root()/<key>``); nothing in
-the source tree changes. Every process of a run must be one or the other: a request pickled by
-a compiled process does not unpickle in a Python one, nor the other way (front processes and
-local Ray workers inherit ``HFX_NATIVE`` and the build; remote Ray nodes need the same build).
+the source tree changes. The processes of a run may differ (a front process, a Ray actor on a
+node without the build): what travels between them pickles through its constructor
+(``__reduce__``), one format compiled and as Python.
 
 Compiled: the engine core and its planners, requests and records, the ledger, the control
 plane, the fleet and the local instance driver, the per-step and per-request path of a simulated
-run. What travels to other processes pickles compiled too (``serializable``; a frozen class
-through its constructor, ``__reduce__``). Not compiled: ``Admission`` (a frozen class proxies
-hold), the policies (a Python class derives from a compiled one only where that class allows
+run. Not compiled: ``Admission`` (a frozen class proxies hold), the policies (a Python class derives from a compiled one only where that class allows
 it, as ``EngineCore`` does for tests, at some cost; every policy derives from ``Policy``), the
 executors (tests subclass them), the request stream (copied with ``copy.copy``), the clock (its
 loop derives from asyncio's Python classes). Results are bit-identical to plain Python (the

@@ -12,8 +12,6 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
-from mypy_extensions import mypyc_attr
-
 from hfx.sampling import GREEDY, SamplingParams
 
 
@@ -35,8 +33,6 @@ class SLO:
         return SLO, (self.ttft, self.tpot)
 
 
-# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
-@mypyc_attr(serializable=True)
 @dataclass(slots=True)
 class Request:
     """One LLM request as the control plane sees it.
@@ -64,6 +60,11 @@ class Request:
         if self.max_tokens < 1:
             raise ValueError(f"request {self.id}: max_tokens must be >= 1, got {self.max_tokens}")
 
+    def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
+        # Through the constructor, in one format as Python and compiled (hfx/native.py): it
+        # travels to front processes and Ray actors, which may run the other way.
+        return Request, tuple(getattr(self, f) for f in _REQUEST_FIELDS)
+
 
 class Outcome(enum.Enum):
     """Terminal state of a request at the control plane."""
@@ -76,8 +77,6 @@ class Outcome(enum.Enum):
     SHED = "shed"  # admission control turned it away: queue full, or waited too long
 
 
-# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
-@mypyc_attr(serializable=True)
 @dataclass(slots=True)
 class TokenRun:
     """Tokens a simulated engine's decode cohort produced for one request (cohort.py): the
@@ -93,9 +92,10 @@ class TokenRun:
     def __len__(self) -> int:
         return (len(self.log) if self.end is None else self.end) - self.start
 
+    def __reduce__(self) -> tuple[type[TokenRun], tuple[int, array, int, int | None]]:
+        return TokenRun, (self.at, self.log, self.start, self.end)  # as Request's
 
-# Picklable compiled too (hfx/native.py): it travels to front processes and Ray actors.
-@mypyc_attr(serializable=True)
+
 @dataclass(slots=True)
 class RequestRecord:
     """What happened to one request: times are seconds on the loop's clock."""
@@ -128,6 +128,9 @@ class RequestRecord:
             self.slo = self.request.slo
         if self.target is None:
             self.target = self.request.slo
+
+    def __reduce__(self) -> tuple[type[RequestRecord], tuple[object, ...]]:
+        return RequestRecord, tuple(getattr(self, f) for f in _RECORD_FIELDS)  # as Request's
 
     @property
     def queue_time(self) -> float | None:
@@ -201,3 +204,8 @@ class RequestRecord:
         target = self.target
         deadlines = self.request.arrival + target.ttft + target.tpot * np.arange(len(times))
         return bool(np.all(times <= deadlines))
+
+
+# Every field, in the constructor's order (each is an ``__init__`` argument).
+_REQUEST_FIELDS = tuple(Request.__dataclass_fields__)
+_RECORD_FIELDS = tuple(RequestRecord.__dataclass_fields__)

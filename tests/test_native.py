@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import os
+import pickle
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from hfx import native
+from tests.helpers import native_pickles
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -94,23 +98,26 @@ def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
 
 
 def test_what_crosses_a_process_pickles_back_equal():
-    """Requests, records, sequences and stats travel to front processes and Ray actors; as
-    Python and compiled alike (``__reduce__`` of the frozen ones lists every field), each comes
-    back equal."""
-    import pickle
+    """Requests, records (with a shared tick log), sequences (a cohort member's trailing token
+    count) and stats travel to front processes and Ray actors; each comes back equal."""
+    for value in native_pickles.samples():
+        assert native_pickles.key(pickle.loads(pickle.dumps(value))) == native_pickles.key(value)
 
-    from hfx.engine.sequence import Role, Sequence
-    from hfx.engine.stats import InstanceStats
-    from hfx.request import SLO, Request, RequestRecord
 
-    slo = SLO(0.5, 0.05)
-    request = Request("r1", 1.25, 100, 20, slo, "chat", 2, [1, 2, 3])
-    record = RequestRecord(request, dispatch_time=1.5, instance=3)
-    stats = InstanceStats(4, Role.DECODE, 2.0, 1, 2, 3, 5, 6, 7, 16, 900, 8, 0.75, 11)
-    seq = Sequence("r1", 100, 20, tpot=0.05)
-    seq.num_computed_tokens = 42
-    for value in (slo, request, record, stats):
-        assert pickle.loads(pickle.dumps(value)) == value, value
-    back = pickle.loads(pickle.dumps(seq))
-    assert (back.request_id, back.prompt_len, back.max_tokens, back.tpot,
-            back.num_computed_tokens) == ("r1", 100, 20, 0.05, 42)
+def test_a_process_running_the_other_way_unpickles_what_this_one_pickled():
+    """A compiled process and a Python one (a front, a Ray actor on a node without the build)
+    exchange requests, records, sequences and stats: each side unpickles the other's, equal to
+    its own (one format both ways: ``__reduce__`` through the constructor)."""
+    if native.built() is None:
+        pytest.skip("no build of this source (`hfx native build`; .ci/run's compiled tier has one)")
+    here = native_pickles.compiled()
+    env = {**os.environ, "HFX_NATIVE": "0" if here else "1"}
+    done = subprocess.run([sys.executable, "-m", "tests.helpers.native_pickles"],
+                          input=pickle.dumps(native_pickles.samples()), capture_output=True,
+                          env=env, cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert f"compiled={not here}" in err  # it really ran the other way
+    theirs = pickle.loads(done.stdout)
+    assert [native_pickles.key(x) for x in theirs] == \
+        [native_pickles.key(x) for x in native_pickles.samples()]

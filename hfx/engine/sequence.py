@@ -9,9 +9,7 @@ samples the next token.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-
-from mypy_extensions import mypyc_attr
+from dataclasses import dataclass, field, fields
 
 from hfx.sampling import GREEDY, SamplingParams
 
@@ -58,9 +56,6 @@ FINISH_REASON: dict[RequestStatus, str | None] = {
 }
 
 
-# Picklable compiled too (hfx/native.py): a migrated request's sequence travels to a remote
-# instance.
-@mypyc_attr(serializable=True)
 @dataclass(eq=False, slots=True)
 class Sequence:
     """One request inside one engine. Compared and hashed by identity.
@@ -101,6 +96,15 @@ class Sequence:
     def __post_init__(self) -> None:
         self.num_tokens = self.prompt_len + len(self.output_token_ids)
 
+    def __reduce__(self) -> tuple[type[Sequence], tuple[object, ...], int]:
+        # A migrated request's sequence travels to a remote instance, which may run compiled
+        # while this one does not (hfx/native.py): through the constructor, one format both
+        # ways, then the one field it derives (a cohort member's trails its output).
+        return Sequence, tuple(getattr(self, f) for f in _INIT_FIELDS), self.num_tokens
+
+    def __setstate__(self, num_tokens: int) -> None:
+        self.num_tokens = num_tokens
+
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.num_tokens += 1
@@ -126,3 +130,6 @@ class Sequence:
     def is_decode(self) -> bool:
         """One token missing after at least one sampled token: a decode step, not a prefill."""
         return self.num_computed_tokens == self.num_tokens - 1 and bool(self.output_token_ids)
+
+
+_INIT_FIELDS = tuple(f.name for f in fields(Sequence) if f.init)  # in the constructor's order
