@@ -8,6 +8,9 @@ them is a behaviour change, and the script says so.
 
     git worktree add /tmp/before HEAD~1
     python bench/sim/sim_ab.py /tmp/before . --repeat 5 --json docs/data/sim_ab.json
+
+Each tree runs as Python, whatever ``HFX_NATIVE`` says; with ``--native``, each runs compiled
+(``hfx native``), from a build of its own source (made first where there is none).
 """
 
 from __future__ import annotations
@@ -42,19 +45,31 @@ from hfx.sim import simulate
 config = SimConfig(**json.loads(sys.argv[2]))
 t0 = time.perf_counter()
 r = simulate(config)
+from hfx import native
 print(json.dumps({"wall_seconds": time.perf_counter() - t0, "attainment": r["attainment"],
-                  "engine_steps": r["engine_steps"], "finished": r["finished"]}))
+                  "engine_steps": r["engine_steps"], "finished": r["finished"],
+                  "compiled": native.active()}))
+"""
+
+BUILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hfx import native
+native.built() or native.build(log=False)
 """
 
 
-def one(tree: str, case: dict) -> dict:
+def one(tree: str, case: dict, compiled: bool) -> dict:
     cfg = {"workload": "four-task", "qps": 45.0 * case["instances"], **case}
-    # Each tree as it is: not the repository root's (the tree on sys.path is used), and not a
-    # compiled build an exported HFX_NATIVE would load for both (native_ab.py compiles in-tree).
+    # Each tree as it is: not the repository root's (the tree on sys.path is used), and
+    # compiled only if asked, from its own build.
     done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tree).resolve()),
                            json.dumps(cfg)], capture_output=True, text=True, check=True,
-                          cwd="/", env={**os.environ, "HFX_NATIVE": "0"})
-    return json.loads(done.stdout.strip().splitlines()[-1])
+                          cwd="/", env={**os.environ, "HFX_NATIVE": "1" if compiled else "0"})
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    if r.pop("compiled") != compiled:
+        raise SystemExit(f"{tree} ran {'as Python' if compiled else 'compiled'}")
+    return r
 
 
 def parse_case(text: str) -> dict:
@@ -78,15 +93,21 @@ def main() -> int:
     ap.add_argument("--case", action="append", default=None, metavar="POLICY@INSTANCES:REQUESTS",
                     help="run this case instead of the default set (repeatable), e.g. "
                          "rr@128:48000 (four-task at 45 QPS per instance, as the others)")
+    ap.add_argument("--native", action="store_true",
+                    help="run both trees compiled (hfx native), building each where needed")
     args = ap.parse_args()
+    if args.native:
+        for tree in (args.before, args.after):
+            subprocess.run([sys.executable, "-c", BUILD, str(Path(tree).resolve())], check=True,
+                           cwd="/", env={**os.environ, "HFX_NATIVE": "0"})
     out: dict = {"command": "python bench/sim/sim_ab.py " + " ".join(sys.argv[1:]),
-                 "python": platform.python_version(), "cases": []}
+                 "python": platform.python_version(), "compiled": args.native, "cases": []}
     for case in CASES if args.case is None else [parse_case(c) for c in args.case]:
         walls: dict[str, list[float]] = {"before": [], "after": []}
         results: dict[str, dict] = {}
         for _ in range(args.repeat):
             for name in ("before", "after"):
-                r = one(getattr(args, name), case)
+                r = one(getattr(args, name), case, args.native)
                 walls[name].append(r.pop("wall_seconds"))
                 results[name] = r
         row = {**case, "wall_before": walls["before"], "wall_after": walls["after"],
