@@ -10,12 +10,13 @@ node without the build): what travels between them pickles through its construct
 (``__reduce__``), one format compiled and as Python.
 
 Compiled: the engine core and its planners, requests and records, the ledger, the control
-plane, the fleet and the local instance driver, the per-step and per-request path of a simulated
-run. Not compiled: ``Admission`` (a frozen class proxies hold), the policies (a Python class derives from a compiled one only where that class allows
-it, as ``EngineCore`` does for tests, at some cost; every policy derives from ``Policy``), the
-executors (tests subclass them), the request stream (copied with ``copy.copy``), the clock (its
-loop derives from asyncio's Python classes). Results are bit-identical to plain Python (the
-golden runs, in CI); speed: docs/performance.md, "Compiled".
+plane, the fleet and the local instance driver, the per-step and per-request path of a
+simulated run. Not compiled: ``Admission`` (a frozen class proxies hold), the policies (a
+Python class derives from a compiled one only where that class allows it, as ``EngineCore``
+does for tests, at some cost; every policy derives from ``Policy``), the executors (tests
+subclass them), the request stream (copied with ``copy.copy``), the clock (its loop derives
+from asyncio's Python classes). Results are bit-identical to plain Python (the golden runs, in
+CI); speed: docs/performance.md, "Compiled".
 """
 
 from __future__ import annotations
