@@ -110,7 +110,7 @@ def test_a_process_running_the_other_way_unpickles_what_this_one_pickled():
     its own (one format both ways: ``__reduce__`` through the constructor)."""
     if native.built() is None:
         pytest.skip("no build of this source (`hfx native build`; .ci/run's compiled tier has one)")
-    here = native_pickles.compiled()
+    here = native.active()
     env = {**os.environ, "HFX_NATIVE": "0" if here else "1"}
     done = subprocess.run([sys.executable, "-m", "tests.helpers.native_pickles"],
                           input=pickle.dumps(native_pickles.samples()), capture_output=True,

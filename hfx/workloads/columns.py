@@ -76,7 +76,7 @@ class RecordRows:
     """``RecordColumns`` made a row at a time: ``add`` takes what the columns need of a record,
     ``take`` makes the columns of every row added since the last ``take``. A run adds each
     finished record as it ends, while its objects are still in cache: taken 4,096 records at a
-    time later, the same rows cost ~2.4× as much (docs/performance.md, "Compiled")."""
+    time later, the same rows cost ~2.3× as much (docs/performance.md, "Compiled")."""
 
     # A row of Python numbers a record, made into arrays a column at a time: a numpy element
     # store costs ~0.1 µs, fifteen a record.

@@ -9,6 +9,7 @@ import pickle
 import sys
 from array import array
 
+from hfx import native
 from hfx.engine.core import StepOutput
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.stats import InstanceStats
@@ -42,13 +43,8 @@ def key(obj: object) -> object:
     return obj
 
 
-def compiled() -> bool:
-    return not Request.__module__.endswith(".py") and \
-        getattr(sys.modules[Request.__module__], "__file__", "").endswith(".so")
-
-
 def main() -> int:
-    print(f"compiled={compiled()}", file=sys.stderr)
+    print(f"compiled={native.active()}", file=sys.stderr)
     theirs = pickle.loads(sys.stdin.buffer.read())
     mine = samples()
     for a, b in zip(theirs, mine, strict=True):
