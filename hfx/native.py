@@ -41,7 +41,7 @@ PACKAGE = Path(__file__).resolve().parent
 MODULES = (
     "hfx/engine/block_manager.py", "hfx/engine/cohort.py", "hfx/engine/core.py",
     "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/stats.py",
-    "hfx/engine/waiting.py", "hfx/request.py",
+    "hfx/engine/tick_calendar.py", "hfx/engine/waiting.py", "hfx/request.py",
     "hfx/engine/planners/base.py", "hfx/engine/planners/chunked.py",
     "hfx/engine/planners/credit.py", "hfx/engine/planners/deadline_chunked.py",
     "hfx/engine/planners/prefill_first.py", "hfx/engine/planners/slo_paced.py",

@@ -3,9 +3,9 @@ by one counter instead of an update per sequence.
 
 A member's token count is ``cohort_base + tick``: a decode step of the cohort increments
 ``tick`` once, whatever the number of members, and the step's shape is two running sums. The
-events of one member — it crosses into a new KV block, or reaches ``max_tokens`` — come off two
-heaps keyed on the tick, so a step costs the same for 1 or 256 members, and a sequence costs work
-only at its own events (join, block crossing, finish, preemption, abort).
+events of one member — it crosses into a new KV block, or reaches ``max_tokens`` — are listed in
+two calendars of ticks (tick_calendar.py), so a step costs the same for 1 or 256 members, and a
+sequence costs work only at its own events (join, block crossing, finish, preemption, abort).
 
 While a sequence is a member, its ``num_tokens``, ``num_computed_tokens`` and
 ``output_token_ids`` are brought up to date only when read outside the hot path: ``sync`` (on
@@ -19,10 +19,10 @@ pacing, SCORPIO's credits, vLLM v1's budget-cut chunking) step each sequence.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 
 from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+from hfx.engine.tick_calendar import Crossings, Finishes
 
 
 class DecodeCohort:
@@ -40,11 +40,9 @@ class DecodeCohort:
         self.ids: dict[str, None] = {}  # the members' request ids, for a step's token list
         self._sum_base = 0
         self._tpots: dict[float, int] = {}  # the members' TPOT targets, counted
-        # (tick, order, seq): ``order`` (the running-list position) is unique per membership,
-        # so entries never compare sequences, and an entry whose order is not its sequence's
-        # current one (it left, or left and came back) is stale.
-        self._finish: list[tuple[int, int, Sequence]] = []
-        self._cross: list[tuple[int, int, Sequence]] = []
+        # Each member's finish, and its next block crossing, by tick.
+        self._finish = Finishes()
+        self._cross = Crossings()
 
     def __len__(self) -> int:
         return len(self.members)
@@ -78,14 +76,14 @@ class DecodeCohort:
         if tpot:
             self._tpots[tpot] = self._tpots.get(tpot, 0) + 1
         # After tick T it holds base + T tokens: done at prompt + max_tokens.
-        heapq.heappush(self._finish, (seq.prompt_len + seq.max_tokens - base, seq.order, seq))
+        self._finish.put(seq, seq.prompt_len + seq.max_tokens - base)
         self._push_crossing(seq)
 
     def _push_crossing(self, seq: Sequence) -> None:
         # A decode at tick k writes the KV of token base + k: it needs a new block once that
         # passes the blocks it holds.
         cap = len(seq.block_table) * self.block_size
-        heapq.heappush(self._cross, (cap - seq.cohort_base + 1, seq.order, seq))
+        self._cross.put(seq, cap - seq.cohort_base + 1)
 
     def sync(self, seq: Sequence) -> None:
         """Bring a member's token fields up to the tick."""
@@ -105,6 +103,8 @@ class DecodeCohort:
         self.sync(seq)
         del self.members[seq]
         del self.ids[seq.request_id]
+        self._finish.drop(seq)
+        self._cross.drop(seq)
         self._sum_base -= seq.cohort_base
         if self.moves is not None:
             self.moves.append((seq.request_id, self.tick, False))
@@ -125,21 +125,16 @@ class DecodeCohort:
     def crossing(self) -> list[Sequence]:
         """Members whose decode at this tick needs a new KV block, in running-list order (the
         order a per-sequence planner visits them in). The caller allocates, then ``crossed``."""
-        return _pop_due(self._cross, self.tick)
+        return _in_running_order(self._cross.take(self.tick))
 
     def next_finish(self) -> int | None:
         """The tick at which the first member reaches ``max_tokens`` (None: no member)."""
-        heap = self._finish
-        while heap:
-            if _live(*heap[0]):
-                return heap[0][0]
-            heapq.heappop(heap)
-        return None
+        return self._finish.first()
 
     def crossing_ticks(self, last: int) -> list[int]:
         """The ticks, up to ``last``, at which members need their next KV block, sorted; each
         member's next one only (what a window of at most ``block_size`` ticks holds)."""
-        return sorted(entry[0] for entry in self._cross if entry[0] <= last and _live(*entry))
+        return self._cross.due_by(last)
 
     def crossed(self, seq: Sequence) -> None:
         """``seq`` got its block: watch for the next crossing."""
@@ -149,7 +144,7 @@ class DecodeCohort:
         """One decode step of every member. Returns those it brought to ``max_tokens``, in
         running-list order, synced and removed."""
         self.tick += 1
-        done = _pop_due(self._finish, self.tick)
+        done = _in_running_order(self._finish.take(self.tick))
         for seq in done:
             self.leave(seq)
         return done
@@ -165,9 +160,7 @@ class DecodeCohort:
     def purge(self) -> None:
         """Drop the finish entries up to the tick. With a real executor the core finishes
         members as their tokens come, so every such entry is stale."""
-        heap, tick = self._finish, self.tick
-        while heap and heap[0][0] <= tick:
-            heapq.heappop(heap)
+        self._finish.take(self.tick)
 
     def in_running_order(self) -> list[Sequence]:
         return sorted(self.members, key=_order)
@@ -183,18 +176,7 @@ def _order(seq: Sequence) -> int:
     return seq.order
 
 
-def _live(tick: int, order: int, seq: Sequence) -> bool:
-    """Whether a heap entry is its sequence's current one (not left, or left and back)."""
-    return seq.in_cohort and seq.order == order
-
-
-def _pop_due(heap: list[tuple[int, int, Sequence]], tick: int) -> list[Sequence]:
-    """Pop the entries due by ``tick``; their live sequences, in running-list order."""
-    due = []
-    while heap and heap[0][0] <= tick:
-        entry = heapq.heappop(heap)
-        if _live(*entry):
-            due.append(entry[2])
-    if len(due) > 1:
-        due.sort(key=_order)
-    return due
+def _in_running_order(seqs: list[Sequence]) -> list[Sequence]:
+    if len(seqs) > 1:
+        seqs.sort(key=_order)
+    return seqs

@@ -9,12 +9,15 @@ samples the next token.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass, field, fields
 
 from hfx.sampling import GREEDY, SamplingParams
 
 # The token a simulated executor "samples": it produces timing, not text.
 PLACEHOLDER_TOKEN = 0
+# A cohort event's tick when none is due (tick_calendar.py): later than any tick.
+NO_EVENT = sys.maxsize
 
 
 class Role(str, enum.Enum):
@@ -91,6 +94,9 @@ class Sequence:
     # counter (num_tokens is cohort_base + the cohort's tick) until synced.
     in_cohort: bool = False
     cohort_base: int = 0
+    # The cohort ticks of its next block crossing and of its finish (tick_calendar.py).
+    cross_due: int = field(default=NO_EVENT, init=False, repr=False)
+    finish_due: int = field(default=NO_EVENT, init=False, repr=False)
     num_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
