@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hfx.sampling import GREEDY, SamplingParams
 
@@ -33,7 +33,7 @@ class SLO:
         return SLO, (self.ttft, self.tpot)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Request:
     """One LLM request as the control plane sees it.
 
@@ -46,19 +46,34 @@ class Request:
     arrival: float
     prompt_len: int
     max_tokens: int
-    slo: SLO | None = None
-    task: str = "default"
-    priority: int | None = None
-    prompt_token_ids: list[int] | None = None
+    slo: SLO | None
+    task: str
+    priority: int | None
+    prompt_token_ids: list[int] | None
     # For a real executor: how to sample, and token ids that end the output (EOS, stop words).
-    sampling: SamplingParams = GREEDY
-    stop_token_ids: frozenset[int] = frozenset()
+    sampling: SamplingParams
+    stop_token_ids: frozenset[int]
 
-    def __post_init__(self) -> None:
-        if self.prompt_len < 1:
-            raise ValueError(f"request {self.id}: prompt_len must be >= 1, got {self.prompt_len}")
-        if self.max_tokens < 1:
-            raise ValueError(f"request {self.id}: max_tokens must be >= 1, got {self.max_tokens}")
+    # The hot dataclasses write their ``__init__`` out: mypyc compiles it, while the one
+    # dataclasses generates runs as Python, ~6x the cost of a construction (docs/performance.md).
+    def __init__(self, id: str, arrival: float, prompt_len: int, max_tokens: int,
+                 slo: SLO | None = None, task: str = "default", priority: int | None = None,
+                 prompt_token_ids: list[int] | None = None, sampling: SamplingParams = GREEDY,
+                 stop_token_ids: frozenset[int] = frozenset()) -> None:
+        if prompt_len < 1:
+            raise ValueError(f"request {id}: prompt_len must be >= 1, got {prompt_len}")
+        if max_tokens < 1:
+            raise ValueError(f"request {id}: max_tokens must be >= 1, got {max_tokens}")
+        self.id = id
+        self.arrival = arrival
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.slo = slo
+        self.task = task
+        self.priority = priority
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling = sampling
+        self.stop_token_ids = stop_token_ids
 
     def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
         # Through the constructor, in one format as Python and compiled (hfx/native.py): it
@@ -77,7 +92,7 @@ class Outcome(enum.Enum):
     SHED = "shed"  # admission control turned it away: queue full, or waited too long
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TokenRun:
     """Tokens a simulated engine's decode cohort produced for one request (cohort.py): the
     times of ticks ``start`` to ``end`` (exclusive; None while it still decodes there) in the
@@ -87,7 +102,10 @@ class TokenRun:
     at: int
     log: array
     start: int
-    end: int | None = None
+    end: int | None
+
+    def __init__(self, at: int, log: array, start: int, end: int | None = None) -> None:
+        self.at, self.log, self.start, self.end = at, log, start, end  # compiled (see Request)
 
     def __len__(self) -> int:
         return (len(self.log) if self.end is None else self.end) - self.start
@@ -96,38 +114,56 @@ class TokenRun:
         return TokenRun, (self.at, self.log, self.start, self.end)  # as Request's
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RequestRecord:
     """What happened to one request: times are seconds on the loop's clock."""
 
     request: Request
-    dispatch_time: float | None = None
-    instance: int | None = None  # where it was placed (the prefill instance in P/D)
-    decode_instance: int | None = None  # P/D: where it decoded after migration
-    migrated_at: float | None = None  # P/D: when its KV arrived on the decode instance
-    token_times: array = field(default_factory=lambda: array("d"))
-    finish_time: float | None = None
-    outcome: Outcome = Outcome.PENDING
+    dispatch_time: float | None
+    instance: int | None  # where it was placed (the prefill instance in P/D)
+    decode_instance: int | None  # P/D: where it decoded after migration
+    migrated_at: float | None  # P/D: when its KV arrived on the decode instance
+    token_times: array
+    finish_time: float | None
+    outcome: Outcome
     # The SLO the dispatcher was given (explicit, or mapped from a priority by HFX-PM)...
-    slo: SLO | None = None
+    slo: SLO | None
     # ...and the SLO attainment is scored against: the explicit one, or for a priority request
     # the nominal SLO of its priority (HyperFlexis §9.1: mapping "configured to satisfy" targets).
-    target: SLO | None = None
-    best_effort: bool = False  # the policy knew the SLO was already lost when it placed it
-    error: str | None = None  # why the request failed or was rejected
+    target: SLO | None
+    best_effort: bool  # the policy knew the SLO was already lost when it placed it
+    error: str | None  # why the request failed or was rejected
     # Sampled token ids (real executors only; None in simulation): what a retry resumes from.
-    output_ids: list[int] | None = None
-    retries: int = 0  # times it was resumed elsewhere after its instance failed
+    output_ids: list[int] | None
+    retries: int  # times it was resumed elsewhere after its instance failed
     # Tokens not (yet) in ``token_times``: runs of a simulated decode cohort, copied in when the
     # request ends (``close_runs``). Read the times through ``times()`` before then.
-    runs: list[TokenRun] | None = None
-    seq: int = 0  # the order the ledger opened it in: the metrics' order (RecordFold)
+    runs: list[TokenRun] | None
+    seq: int  # the order the ledger opened it in: the metrics' order (RecordFold)
 
-    def __post_init__(self) -> None:
-        if self.slo is None:
-            self.slo = self.request.slo
-        if self.target is None:
-            self.target = self.request.slo
+    def __init__(self, request: Request, dispatch_time: float | None = None,
+                 instance: int | None = None, decode_instance: int | None = None,
+                 migrated_at: float | None = None, token_times: array | None = None,
+                 finish_time: float | None = None, outcome: Outcome = Outcome.PENDING,
+                 slo: SLO | None = None, target: SLO | None = None, best_effort: bool = False,
+                 error: str | None = None, output_ids: list[int] | None = None,
+                 retries: int = 0, runs: list[TokenRun] | None = None, seq: int = 0) -> None:
+        self.request = request  # compiled (see Request)
+        self.dispatch_time = dispatch_time
+        self.instance = instance
+        self.decode_instance = decode_instance
+        self.migrated_at = migrated_at
+        self.token_times = array("d") if token_times is None else token_times
+        self.finish_time = finish_time
+        self.outcome = outcome
+        self.slo = request.slo if slo is None else slo
+        self.target = request.slo if target is None else target
+        self.best_effort = best_effort
+        self.error = error
+        self.output_ids = output_ids
+        self.retries = retries
+        self.runs = runs
+        self.seq = seq
 
     def __reduce__(self) -> tuple[type[RequestRecord], tuple[object, ...]]:
         return RequestRecord, tuple(getattr(self, f) for f in _RECORD_FIELDS)  # as Request's

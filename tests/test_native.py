@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from hfx import native
+from hfx.engine.sequence import Sequence
+from hfx.request import Request, RequestRecord, TokenRun
 from tests.helpers import native_pickles
 
 
@@ -95,6 +97,22 @@ def test_under_hfx_native_the_compiled_modules_are_the_ones_loaded():
                                                    ).resolve(), module
     shared = sys.modules[manifest["shared"].removesuffix(importlib.machinery.EXTENSION_SUFFIXES[0])]
     assert Path(shared.__file__).resolve() == (where / manifest["shared"]).resolve()
+
+
+def test_under_hfx_native_the_hot_classes_construct_in_compiled_code():
+    """The classes a simulated run makes per request or per step write their ``__init__`` out:
+    one that dataclasses generates is a Python function, and every construction would run it
+    as Python even in a compiled build (docs/performance.md, "Compiled")."""
+    if not native.active():
+        pytest.skip("runs as Python: every __init__ is a Python function")
+    import types
+
+    from hfx.engine.decode_run import DecodeRun
+    from hfx.engine.planners.base import SchedulerOutput
+
+    hot = (Request, RequestRecord, TokenRun, Sequence, SchedulerOutput, DecodeRun)
+    generated = [c.__name__ for c in hot if isinstance(c.__init__, types.FunctionType)]
+    assert generated == []
 
 
 def test_what_crosses_a_process_pickles_back_equal():

@@ -29,16 +29,24 @@ from hfx.engine.cohort import DecodeCohort
 from hfx.stepmodel.latency import BatchShape
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class DecodeRun:
     start: float  # when its first step was planned
     times: list[float]  # when each step ends
     factors: list[float | None]  # the noise factor drawn for each step
     length: int  # steps it takes; a cut shortens it to the step under way
-    ended: Callable[[], None] | None = None  # what its timer calls (EngineCore.arm_run)
-    timer: asyncio.TimerHandle | None = None
-    applied: int = 0  # steps whose tick is applied
-    reported: int = 0  # steps whose tick is in a StepOutput (EngineCore.flush_run)
+    ended: Callable[[], None] | None  # what its timer calls (EngineCore.arm_run)
+    timer: asyncio.TimerHandle | None
+    applied: int  # steps whose tick is applied
+    reported: int  # steps whose tick is in a StepOutput (EngineCore.flush_run)
+
+    # Written out, not generated: mypyc compiles it (as hfx.request.Request's).
+    def __init__(self, start: float, times: list[float], factors: list[float | None],
+                 length: int, ended: Callable[[], None] | None = None,
+                 timer: asyncio.TimerHandle | None = None, applied: int = 0,
+                 reported: int = 0) -> None:
+        self.start, self.times, self.factors, self.length = start, times, factors, length
+        self.ended, self.timer, self.applied, self.reported = ended, timer, applied, reported
 
 
 def plan_run(cohort: DecodeCohort, kv: BlockManager, executor: object, now: float

@@ -59,7 +59,7 @@ FINISH_REASON: dict[RequestStatus, str | None] = {
 }
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Sequence:
     """One request inside one engine. Compared and hashed by identity.
 
@@ -71,36 +71,70 @@ class Sequence:
     request_id: str
     prompt_len: int
     max_tokens: int
-    prompt_token_ids: list[int] | None = None
-    stop_token_ids: frozenset[int] = frozenset()
-    sampling: SamplingParams = GREEDY
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
-    status: RequestStatus = RequestStatus.WAITING
-    num_preemptions: int = 0
+    prompt_token_ids: list[int] | None
+    stop_token_ids: frozenset[int]
+    sampling: SamplingParams
+    output_token_ids: list[int]
+    num_computed_tokens: int
+    block_table: list[int]
+    status: RequestStatus
+    num_preemptions: int
     # The request's TPOT target, for SLO-aware planners (SCORPIO's credits); None if unknown.
-    tpot: float | None = None
-    credit: float = 0.0  # SCORPIO's per-sequence decode credit
-    prefill_deadline: float | None = None  # arrival + TTFT, for deadline-aware planners
-    best_effort: bool = False  # served with leftover capacity, preempted first (SLOs-Serve §4.1)
-    next_due: float = 0.0  # SLOs-Serve pacing: when its next decode token is due
+    tpot: float | None
+    credit: float  # SCORPIO's per-sequence decode credit
+    prefill_deadline: float | None  # arrival + TTFT, for deadline-aware planners
+    best_effort: bool  # served with leftover capacity, preempted first (SLOs-Serve §4.1)
+    next_due: float  # SLOs-Serve pacing: when its next decode token is due
     # When a planner that spends TPOT slack first saw it decode (its first token, near enough).
-    first_decode_at: float | None = None
+    first_decode_at: float | None
     # Its place in the engine's running list (admission order), set as it joins that list: the
     # order a per-sequence planner visits it in, which decides preemption victims.
-    order: int = 0
+    order: int
     # A member of the engine's decode cohort (cohort.py): its token fields trail the cohort's
     # counter (num_tokens is cohort_base + the cohort's tick) until synced.
-    in_cohort: bool = False
-    cohort_base: int = 0
+    in_cohort: bool
+    cohort_base: int
     # The cohort ticks of its next block crossing and of its finish (tick_calendar.py).
-    cross_due: int = field(default=NO_EVENT, init=False, repr=False)
-    finish_due: int = field(default=NO_EVENT, init=False, repr=False)
+    cross_due: int = field(init=False, repr=False)
+    finish_due: int = field(init=False, repr=False)
     num_tokens: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.num_tokens = self.prompt_len + len(self.output_token_ids)
+    # Written out, not generated: mypyc compiles this one, while the ``__init__`` dataclasses
+    # generates runs as Python, ~6x the cost of a construction (docs/performance.md).
+    def __init__(self, request_id: str, prompt_len: int, max_tokens: int,
+                 prompt_token_ids: list[int] | None = None,
+                 stop_token_ids: frozenset[int] = frozenset(),
+                 sampling: SamplingParams = GREEDY,
+                 output_token_ids: list[int] | None = None, num_computed_tokens: int = 0,
+                 block_table: list[int] | None = None,
+                 status: RequestStatus = RequestStatus.WAITING, num_preemptions: int = 0,
+                 tpot: float | None = None, credit: float = 0.0,
+                 prefill_deadline: float | None = None, best_effort: bool = False,
+                 next_due: float = 0.0, first_decode_at: float | None = None, order: int = 0,
+                 in_cohort: bool = False, cohort_base: int = 0) -> None:
+        self.request_id = request_id
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.prompt_token_ids = prompt_token_ids
+        self.stop_token_ids = stop_token_ids
+        self.sampling = sampling
+        self.output_token_ids = [] if output_token_ids is None else output_token_ids
+        self.num_computed_tokens = num_computed_tokens
+        self.block_table = [] if block_table is None else block_table
+        self.status = status
+        self.num_preemptions = num_preemptions
+        self.tpot = tpot
+        self.credit = credit
+        self.prefill_deadline = prefill_deadline
+        self.best_effort = best_effort
+        self.next_due = next_due
+        self.first_decode_at = first_decode_at
+        self.order = order
+        self.in_cohort = in_cohort
+        self.cohort_base = cohort_base
+        self.cross_due = NO_EVENT
+        self.finish_due = NO_EVENT
+        self.num_tokens = prompt_len + len(self.output_token_ids)
 
     def __reduce__(self) -> tuple[type[Sequence], tuple[object, ...], int]:
         # A migrated request's sequence travels to a remote instance, which may run compiled

@@ -9,7 +9,7 @@ goes back to the front of the waiting queue with the tokens it already generated
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from hfx.engine.block_manager import BlockManager
@@ -41,14 +41,23 @@ class EngineState:
         self.running.append(seq)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SchedulerOutput:
-    num_scheduled_tokens: dict[Sequence, int] = field(default_factory=dict)
-    shape: BatchShape = field(default_factory=BatchShape)
-    preempted: list[Sequence] = field(default_factory=list)
+    num_scheduled_tokens: dict[Sequence, int]
+    shape: BatchShape
+    preempted: list[Sequence]
     # Set when every member of this cohort decodes one token in the step, beside (not in)
     # ``num_scheduled_tokens``; the step's shape counts them.
-    cohort: DecodeCohort | None = None
+    cohort: DecodeCohort | None
+
+    # Written out, not generated: mypyc compiles it (as hfx.request.Request's).
+    def __init__(self, num_scheduled_tokens: dict[Sequence, int] | None = None,
+                 shape: BatchShape | None = None, preempted: list[Sequence] | None = None,
+                 cohort: DecodeCohort | None = None) -> None:
+        self.num_scheduled_tokens = {} if num_scheduled_tokens is None else num_scheduled_tokens
+        self.shape = BatchShape() if shape is None else shape
+        self.preempted = [] if preempted is None else preempted
+        self.cohort = cohort
 
     def schedule(self, seq: Sequence, num_tokens: int) -> None:
         self.num_scheduled_tokens[seq] = num_tokens
