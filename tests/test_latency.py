@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import pickle
+import random
 from dataclasses import astuple, replace
 
 import numpy as np
 import pytest
 
+from hfx.engine.step_noise import StepNoise, lognormal
 from hfx.stepmodel import roofline
 from hfx.stepmodel.latency import (
     BatchShape,
@@ -37,6 +41,28 @@ def test_eq1_eq2_and_mixed_batch():
     assert MODEL.step_time(m) == pytest.approx(
         0.020 + 5e-5 * 64 + 2e-9 * 64 * (128 + 64) + 4e-8 * 1000 + 1e-4)
     assert MODEL.step_time(BatchShape()) == 0.0
+
+
+def test_the_noise_draw_is_the_standard_librarys_bit_for_bit():
+    """``lognormal`` (compiled under HFX_NATIVE) takes the same uniforms from the same stream
+    and gives the same factor as ``random``'s own ``lognormvariate``: a seed's run is the same
+    whichever draws it."""
+    ours, theirs = random.Random("seed"), random.Random("seed")
+    drawn = [lognormal(ours, -0.0112, 0.1492) for _ in range(20_000)]
+    assert drawn == [theirs.lognormvariate(-0.0112, 0.1492) for _ in range(20_000)]
+    assert ours.random() == theirs.random()  # as many uniforms taken
+    noise, rng = StepNoise(0.15, 7), random.Random(repr(7))
+    sigma = math.sqrt(math.log1p(0.15 * 0.15))
+    assert [noise.factor() for _ in range(100)] == \
+        [rng.lognormvariate(-sigma ** 2 / 2, sigma) for _ in range(100)]
+
+
+def test_a_shape_and_a_model_pickle_back_equal():
+    """They travel to Ray actors (in a profile, a planned step), one format compiled and not."""
+    shape = BatchShape(prefill_tokens=7, prefill_sq=49.0, num_prefill=1, decode_ctx=900,
+                       num_decode=3)
+    for value in (shape, MODEL):
+        assert pickle.loads(pickle.dumps(value)) == value
 
 
 def test_fit_recovers_known_coefficients_from_noisy_samples():

@@ -26,7 +26,7 @@ from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, SchedulerOutput, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.waiting import WaitingQueue
-from hfx.stepmodel.latency import StepTimeModel
+from hfx.stepmodel.step_time import StepTimeModel
 
 
 class StepOutput(NamedTuple):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.cohort import DecodeCohort
-from hfx.stepmodel.latency import BatchShape
+from hfx.stepmodel.step_time import BatchShape
 
 
 @dataclass(slots=True, init=False)

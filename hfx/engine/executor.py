@@ -9,13 +9,12 @@ same method and returns the sampled token ids.
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 from typing import Protocol
 
 from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
-from hfx.stepmodel.latency import BatchShape, StepTimeModel
+from hfx.engine.step_noise import StepNoise
+from hfx.stepmodel.step_time import BatchShape, StepTimeModel
 
 __all__ = ["PLACEHOLDER_TOKEN", "Executor", "SimExecutor", "StepNoise", "steps_are_waits"]
 
@@ -25,31 +24,6 @@ class Executor(Protocol):
         """Run one step; return {sequence: sampled token} for sequences that sample, or None
         when the executor produces no real tokens (the engine then emits placeholders)."""
         ...
-
-
-class StepNoise:
-    """Multiplicative step-time noise: each step takes the model's time × a log-normal factor of
-    mean 1 and coefficient of variation ``cv``, seeded. Without it the dispatcher, predicting
-    with the same model, would be an oracle; the cv is the real engine's measured
-    spread between repeats of one step (bench/engine/step_noise.py, docs/performance.md)."""
-
-    def __init__(self, cv: float, seed: int | tuple[int, ...]) -> None:
-        if not 0 <= cv < math.inf:
-            raise ValueError(f"step-time noise cv must be finite and >= 0, got {cv}")
-        self.cv = cv
-        self._sigma = math.sqrt(math.log1p(cv * cv))
-        self._mu = -self._sigma ** 2 / 2  # a factor of mean exactly 1
-        self._rng = random.Random(repr(seed))  # str seeds hash stably across processes
-        self._ahead: list[float] = []  # drawn and given back, the next on top
-
-    def factor(self) -> float:
-        if self._ahead:
-            return self._ahead.pop()
-        return self._rng.lognormvariate(self._mu, self._sigma) if self.cv else 1.0
-
-    def put_back(self, factors: list[float]) -> None:
-        """Factors drawn and not used (the cut end of a decode run): drawn again, in order."""
-        self._ahead.extend(reversed(factors))
 
 
 class SimExecutor:

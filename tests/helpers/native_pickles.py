@@ -15,6 +15,7 @@ from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.stats import InstanceStats
 from hfx.request import SLO, Outcome, Request, RequestRecord, TokenRun
 from hfx.sampling import SamplingParams
+from hfx.stepmodel.step_time import BatchShape, StepTimeModel
 
 
 def samples() -> list[object]:
@@ -30,7 +31,10 @@ def samples() -> list[object]:
                    num_computed_tokens=101, in_cohort=True, cohort_base=102)
     seq.num_tokens = 104  # a cohort member's: it trails the cohort's counter, not its output
     out = StepOutput(2.5, ["r1", "r2"], None, [("r2", RequestStatus.FINISHED_STOPPED)])
-    return [slo, request, record, stats, seq, out]
+    shape = BatchShape(prefill_tokens=7, prefill_sq=49.0, num_prefill=1, decode_ctx=900,
+                       num_decode=3)
+    model = StepTimeModel(0.010, 5e-5, 2e-9, 0.020, 4e-8, 1e-4)
+    return [slo, request, record, stats, seq, out, shape, model]
 
 
 def key(obj: object) -> object:

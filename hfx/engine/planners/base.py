@@ -17,7 +17,7 @@ from hfx.engine.cohort import DecodeCohort
 from hfx.engine.config import EngineConfig
 from hfx.engine.sequence import RequestStatus, Sequence
 from hfx.engine.waiting import WaitingQueue
-from hfx.stepmodel.latency import BatchShape, StepTimeModel
+from hfx.stepmodel.step_time import BatchShape, StepTimeModel
 
 
 @dataclass(slots=True)
