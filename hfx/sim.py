@@ -24,9 +24,9 @@ from hfx.cluster.control import ControlPlane, ScalerHooks
 from hfx.cluster.placement import EngineFactory
 from hfx.config import SimConfig
 from hfx.engine import Role
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.request import Outcome, Request
 from hfx.stepmodel.latency import Profile, load_profile
-from hfx.workloads.columns import RecordFold, count_outcome
+from hfx.workloads.columns import FoldFinished, RecordFold, count_outcome
 from hfx.workloads.load import (
     RequestStream,
     load_workload,
@@ -168,31 +168,6 @@ async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
     await done
 
 
-# Finished records folded into columns at once: the per-token deadline check is vectorised over
-# a batch's token times, and a batch's records are ~1 MB.
-FOLD_BATCH = 4096
-
-
-class _Folder:
-    """The ledger's ``on_done``: each finished record goes into ``fold``'s rows and out of the
-    ledger as it ends (while its objects are in cache), its rows are folded in batches. Only
-    finished ones: a rejected, shed or aborted record may still be looked up when its instance
-    reports the end (they are few, and kept)."""
-
-    def __init__(self, control: ControlPlane, fold: RecordFold | StreamingFold) -> None:
-        self.control, self.fold = control, fold
-
-    def __call__(self, record: RequestRecord) -> None:
-        if record.outcome is Outcome.FINISHED:
-            self.fold.rows.add(record)
-            self.control.forget(record.request.id)
-            if len(self.fold.rows) >= FOLD_BATCH:
-                self.flush()
-
-    def flush(self) -> None:
-        self.fold.fold_rows()
-
-
 async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: Profile,
                       progress: bool = False, make_engine: EngineFactory | None = None,
                       fold: RecordFold | StreamingFold | None = None
@@ -206,7 +181,7 @@ async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: P
         if config.mode != "colocated":
             raise ValueError("folding records needs colocated mode: P/D reads a record after "
                              "its end")
-        folder = control.ledger.on_done = _Folder(control, fold)
+        folder = control.ledger.on_done = FoldFinished(fold.rows, fold.fold_rows, control.forget)
     label = f"{config.policy}@{config.qps:g}qps" if progress else None
     drain = config.drain_seconds
     until = None

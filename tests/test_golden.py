@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from hfx import sim
 from hfx.config import SimConfig
 from hfx.sim import simulate
+from hfx.workloads.columns import FoldFinished
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -142,22 +142,19 @@ def test_engine_runs_change_nothing(name: str) -> None:
 def test_folding_records_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Finished records folded into columns and dropped as the run goes (in batches of 7 here:
     many folds, each mid-run) against keeping every record: the same result, every field."""
-    monkeypatch.setattr(sim, "FOLD_BATCH", 7)
-    folded = []
-    monkeypatch.setattr(sim._Folder, "flush", _counting(sim._Folder.flush, folded))
+    made: list[FoldFinished] = []
+
+    def in_sevens(*args: Any) -> FoldFinished:
+        made.append(FoldFinished(*args, batch=7))
+        return made[-1]
+
+    monkeypatch.setattr(sim, "FoldFinished", in_sevens)
     on, off = _result(name), _result(name, fold_records=False)
     assert off["config"].pop("fold_records") is False
     assert on["config"].pop("fold_records") is True
     assert on == off
     if on["config"]["mode"] == "colocated":
-        assert len(folded) > 1  # it did fold, more than once
-
-
-def _counting(method: Callable, calls: list) -> Callable:
-    def counted(self: Any) -> None:
-        calls.append(len(self.fold.rows))
-        method(self)
-    return counted
+        assert made[0].folds > 1  # it did fold, more than once
 
 
 def test_every_golden_file_has_a_case() -> None:

@@ -107,11 +107,13 @@ def test_under_hfx_native_the_hot_classes_construct_in_compiled_code():
         pytest.skip("runs as Python: every __init__ is a Python function")
     import types
 
+    from hfx.engine.core import PlannedStep, StepOutput
     from hfx.engine.decode_run import DecodeRun
     from hfx.engine.planners.base import SchedulerOutput
     from hfx.stepmodel.step_time import BatchShape
 
-    hot = (Request, RequestRecord, TokenRun, Sequence, SchedulerOutput, DecodeRun, BatchShape)
+    hot = (Request, RequestRecord, TokenRun, Sequence, SchedulerOutput, DecodeRun, BatchShape,
+           StepOutput, PlannedStep)
     generated = [c.__name__ for c in hot if isinstance(c.__init__, types.FunctionType)]
     assert generated == []
 

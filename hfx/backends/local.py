@@ -102,7 +102,7 @@ class LocalInstance:
             ticks = [t + d for t in [*(out.earlier_ticks or ()), out.time] if t + d <= now]
             if not ticks:
                 return  # still on their way
-            out = out._replace(time=ticks[-1], earlier_ticks=ticks[:-1] or None)
+            out = out.at(ticks[-1], ticks[:-1] or None)
         self._sink(self.id, out)
 
     def check(self, request: Request) -> None:
@@ -181,8 +181,8 @@ class LocalInstance:
             # Every output alike, failures too, so none overtakes the tokens before it.
             d = self.delivery
             earlier = out.earlier_ticks  # a decode run's ticks, delivered alike
-            asyncio.get_running_loop().call_later(d, self._sink, self.id, out._replace(
-                time=out.time + d, earlier_ticks=earlier and [t + d for t in earlier]))
+            asyncio.get_running_loop().call_later(d, self._sink, self.id, out.at(
+                out.time + d, earlier and [t + d for t in earlier]))
         else:
             self._sink(self.id, out)
 

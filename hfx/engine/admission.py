@@ -1,6 +1,6 @@
 """What a request must satisfy to ever run on an engine (its size against the model's context
 and the KV cache, its token ids). A module of its own: it travels to remote instances' proxies
-(pickled), and the engine core, which may be compiled (hfx/native.py), does not.
+(pickled), and the engine core does not. Compiled with it (hfx/native.py): every submit checks.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ class Admission:
     block_size: int
     needs_token_ids: bool  # a real model runs on token ids
     vocab_size: int | None
+
+    def __reduce__(self) -> tuple[type[Admission], tuple[int, int, int, bool, int | None]]:
+        # Through the constructor: compiled, a frozen class cannot be unpickled field by field.
+        return Admission, (self.max_model_len, self.num_kv_blocks, self.block_size,
+                           self.needs_token_ids, self.vocab_size)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -29,7 +29,8 @@ from hfx.engine.waiting import WaitingQueue
 from hfx.stepmodel.step_time import StepTimeModel
 
 
-class StepOutput(NamedTuple):
+@dataclass(slots=True, init=False)
+class StepOutput:
     """What one step (or a step boundary) produced on this engine.
 
     ``request_ids`` lists every request that sampled a token at ``time``; ``token_ids`` holds
@@ -44,33 +45,62 @@ class StepOutput(NamedTuple):
     token_ids: list[int] | None
     transitions: list[tuple[str, RequestStatus]]
     # Set when the engine broke: every request it held is in ``transitions`` as aborted.
-    error: str | None = None
+    error: str | None
     # With ``error``: the requests of the step that raised. One of them may have caused it,
     # so none of them is resumed elsewhere.
-    suspects: tuple[str, ...] = ()
+    suspects: tuple[str, ...]
     # Why the FINISHED_FAILED requests in ``transitions`` failed.
-    failure: str | None = None
+    failure: str | None
     # Each token's own time, where they differ (a relayed stream's batch); else
     # every token is at ``time``.
-    token_times: list[float] | None = None
+    token_times: list[float] | None
     # The decode cohort (cohort.py) took a step: each member sampled a token at ``time``,
     # which ``request_ids`` does not list. Members join and leave at a tick, in this order, as
     # (request id, tick, joined): a member's tokens are the times of the instance's ticks
     # (join, leave].
-    ticked: bool = False
-    moves: list[tuple[str, int, bool]] | None = None
+    ticked: bool
+    moves: list[tuple[str, int, bool]] | None
     # A decode run (decode_run.py) took several cohort steps: the times of those before the
     # one at ``time``, each a tick.
-    earlier_ticks: list[float] | None = None
+    earlier_ticks: list[float] | None
+
+    # Written out, not generated: one a step, compiled (as hfx.request.Request's).
+    def __init__(self, time: float, request_ids: list[str], token_ids: list[int] | None,
+                 transitions: list[tuple[str, RequestStatus]], error: str | None = None,
+                 suspects: tuple[str, ...] = (), failure: str | None = None,
+                 token_times: list[float] | None = None, ticked: bool = False,
+                 moves: list[tuple[str, int, bool]] | None = None,
+                 earlier_ticks: list[float] | None = None) -> None:
+        self.time, self.request_ids, self.token_ids = time, request_ids, token_ids
+        self.transitions, self.error, self.suspects = transitions, error, suspects
+        self.failure, self.token_times, self.ticked = failure, token_times, ticked
+        self.moves, self.earlier_ticks = moves, earlier_ticks
+
+    def __reduce__(self) -> tuple[type[StepOutput], tuple[object, ...]]:
+        # Through the constructor, one format compiled and as Python (hfx/native.py).
+        return StepOutput, (self.time, self.request_ids, self.token_ids, self.transitions,
+                            self.error, self.suspects, self.failure, self.token_times,
+                            self.ticked, self.moves, self.earlier_ticks)
+
+    def at(self, time: float, earlier_ticks: list[float] | None) -> StepOutput:
+        """The same output at other times (a delivery's latency, another clock)."""
+        return StepOutput(time, self.request_ids, self.token_ids, self.transitions, self.error,
+                          self.suspects, self.failure, self.token_times, self.ticked,
+                          self.moves, earlier_ticks)
 
 
-class PlannedStep(NamedTuple):
+@dataclass(slots=True, init=False)
+class PlannedStep:
     """A step ``begin_step`` planned, for the executor to run and ``end_step`` to advance."""
 
     out: SchedulerOutput
     cohort: DecodeCohort | None  # the decode cohort, when the plan has one
     transitions: list[tuple[str, RequestStatus]]  # aborts applied at its start
     start: float
+
+    def __init__(self, out: SchedulerOutput, cohort: DecodeCohort | None,
+                 transitions: list[tuple[str, RequestStatus]], start: float) -> None:
+        self.out, self.cohort, self.transitions, self.start = out, cohort, transitions, start
 
     def failed(self, error: Exception) -> StepFailed:
         """The step raised ``error`` running: its requests and the aborts at its start."""

@@ -10,6 +10,7 @@ import sys
 from array import array
 
 from hfx import native
+from hfx.engine.admission import Admission
 from hfx.engine.core import StepOutput
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.stats import InstanceStats
@@ -34,7 +35,8 @@ def samples() -> list[object]:
     shape = BatchShape(prefill_tokens=7, prefill_sq=49.0, num_prefill=1, decode_ctx=900,
                        num_decode=3)
     model = StepTimeModel(0.010, 5e-5, 2e-9, 0.020, 4e-8, 1e-4)
-    return [slo, request, record, stats, seq, out, shape, model]
+    admission = Admission(4096, 512, 16, True, 32000)  # what a remote instance's proxy holds
+    return [slo, request, record, stats, seq, out, shape, model, admission]
 
 
 def key(obj: object) -> object:

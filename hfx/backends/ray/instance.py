@@ -290,7 +290,7 @@ class RayInstance:
                 for rid, status in out.transitions:
                     if status is not RequestStatus.PREFILLED:
                         self._held.discard(rid)
-                sink(self.id, out._replace(time=out.time + self.offset))
+                sink(self.id, out.at(out.time + self.offset, out.earlier_ticks))
 
     def _died(self, error: str) -> None:
         assert self._sink is not None
