@@ -117,7 +117,7 @@ def test_preemption_under_kv_pressure_loses_no_request(vloop, planner):
     def check(e):
         used = e.kv.num_used_blocks
         assert used <= e.kv.num_blocks
-        owned = sum(len(s.block_table) for s in e.state.running)
+        owned = sum(s.num_blocks for s in e.state.running)
         assert owned == used  # no leaked or double-owned blocks
         peak.append(used)
         # The queue's running total of the blocks it will need (what stats report), through

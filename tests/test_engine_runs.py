@@ -158,7 +158,7 @@ def _view(seq: Sequence, tick: int) -> tuple[Any, ...]:
         tokens = (n, n - 1, n - seq.prompt_len)
     else:
         tokens = (seq.num_tokens, seq.num_computed_tokens, len(seq.output_token_ids))
-    return (seq.status.name, tokens, tuple(seq.block_table), seq.num_preemptions)
+    return (seq.status.name, tokens, seq.num_blocks, tuple(seq.block_table), seq.num_preemptions)
 
 
 _OUTCOME = {RequestStatus.FINISHED_LENGTH: Outcome.FINISHED,
@@ -305,7 +305,8 @@ def _final(seqs: dict[str, Sequence], ledger: RequestLedger) -> dict[str, Any]:
             "status": seq.status.name, "num_tokens": seq.num_tokens,
             "num_computed_tokens": seq.num_computed_tokens,
             "output_token_ids": list(seq.output_token_ids),
-            "num_preemptions": seq.num_preemptions, "block_table": list(seq.block_table),
+            "num_preemptions": seq.num_preemptions, "num_blocks": seq.num_blocks,
+            "block_table": list(seq.block_table),
             "in_cohort": seq.in_cohort, "outcome": record.outcome,
             "finish_time": record.finish_time, "token_times": list(record.token_times),
         }
@@ -510,7 +511,7 @@ async def _drive_runs(case: RunCase, engine_runs: bool) -> RunsRun:
         seq = engine.get(rid)
         if seq is not None:
             seen.append((seq.status.name, seq.num_tokens, seq.num_computed_tokens,
-                         len(seq.output_token_ids), tuple(seq.block_table)))
+                         len(seq.output_token_ids), seq.num_blocks, tuple(seq.block_table)))
         events.append(("probe", loop.time(), rid, seen))
 
     def act(action: Action) -> None:

@@ -102,7 +102,7 @@ def test_aborting_an_import_frees_its_kv(vloop):
     assert ("b", RequestStatus.FINISHED_ABORTED) in out.transitions
     assert ("c", RequestStatus.FINISHED_ABORTED) in out.transitions
     assert not decode.ready and not decode.incoming
-    assert decode.kv.num_used_blocks == len(decode.get("a").block_table)
+    assert decode.kv.num_used_blocks == decode.get("a").num_blocks
 
 
 def _sim_beside(cfg: SimConfig,
@@ -135,7 +135,7 @@ def test_migration_invariants_under_kv_pressure():
             for iid, e in engines.items():
                 if e.kv.num_used_blocks > e.kv.num_blocks:
                     violations.append(f"instance {iid} over capacity")
-                owned = sum(len(s.block_table) for s in e._seqs.values())
+                owned = sum(s.num_blocks for s in e._seqs.values())
                 if owned != e.kv.num_used_blocks:
                     violations.append(f"instance {iid}: blocks owned {owned} != used")
                 for s in e.state.running:
@@ -146,7 +146,7 @@ def test_migration_invariants_under_kv_pressure():
             for rid, rec in control.records.items():
                 if rec.migrated_at is not None and rec.outcome is Outcome.PENDING:
                     holders = [i for i, e in engines.items()
-                               if rid in e._seqs and e._seqs[rid].block_table]
+                               if rid in e._seqs and e._seqs[rid].num_blocks]
                     # On its decode instance only; none while preempted there (recompute).
                     if holders not in ([rec.decode_instance], []) or \
                             rid not in engines[rec.decode_instance]._seqs:

@@ -82,7 +82,7 @@ class DecodeCohort:
     def _push_crossing(self, seq: Sequence) -> None:
         # A decode at tick k writes the KV of token base + k: it needs a new block once that
         # passes the blocks it holds.
-        cap = len(seq.block_table) * self.block_size
+        cap = seq.num_blocks * self.block_size
         self._cross.put(seq, cap - seq.cohort_base + 1)
 
     def sync(self, seq: Sequence) -> None:

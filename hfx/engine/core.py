@@ -117,12 +117,12 @@ class EngineCore:
         # Planners that pace by time need the instance's step-time model; a SimExecutor has it
         # (a real executor's ``model`` is its network: it is given one, or has none).
         self.planner = make_planner(config, step_model or getattr(executor, "step_model", None))
-        self.kv = BlockManager(config.num_kv_blocks, config.block_size)
+        # A real executor runs sequences: it is given the cohort's members one by one, and
+        # reports their tokens one by one, and it reads their KV blocks' ids.
+        self._expand = not getattr(executor, "plans_by_shape", False)
+        self.kv = BlockManager(config.num_kv_blocks, config.block_size, block_ids=self._expand)
         self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
                                  kv=self.kv)
-        # A real executor runs sequences: it is given the cohort's members one by one, and
-        # reports their tokens one by one.
-        self._expand = not getattr(executor, "plans_by_shape", False)
         if config.engine_runs and self.planner.plans_cohort:
             self.state.cohort = DecodeCohort(config.block_size, events=not self._expand)
         # Several cohort steps as one timer (decode_run.py), on a virtual clock.
@@ -198,7 +198,7 @@ class EngineCore:
         if self._run is not None:
             self._cut_run()
         # Room for the transferred KV and the token the first decode step writes.
-        if self.kv.allocate(seq, seq.num_tokens, self.config.watermark_blocks) is None:
+        if not self.kv.allocate(seq, seq.num_tokens, self.config.watermark_blocks):
             return False
         self.incoming[seq.request_id] = seq
         self._seqs[seq.request_id] = seq
@@ -399,7 +399,7 @@ class EngineCore:
         running-list order (as ``BatchPlanner.decode_cohort``; the run counted them free)."""
         tick = cohort.tick
         for seq in cohort.crossing():
-            if self.kv.allocate(seq, seq.cohort_base + tick) is None:
+            if not self.kv.allocate(seq, seq.cohort_base + tick):
                 raise AssertionError("a decode run planned a block that is not free")
             cohort.crossed(seq)
 

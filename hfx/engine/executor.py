@@ -28,7 +28,7 @@ class Executor(Protocol):
 
 class SimExecutor:
     # It needs the step's shape only, not its sequences: the engine core leaves the decode
-    # cohort's members out of ``num_scheduled_tokens`` (cohort.py).
+    # cohort's members out of ``num_scheduled_tokens`` (cohort.py) and keeps no KV block ids.
     plans_by_shape = True
     # Its steps' times are known before they run: on a virtual clock the engine core may
     # advance several decode steps as one timer (EngineCore, decode runs).

@@ -76,7 +76,8 @@ class Sequence:
     sampling: SamplingParams
     output_token_ids: list[int]
     num_computed_tokens: int
-    block_table: list[int]
+    block_table: list[int]  # its blocks' ids, where the engine keeps them (block_manager.py)
+    num_blocks: int  # the KV blocks it holds
     status: RequestStatus
     num_preemptions: int
     # The request's TPOT target, for SLO-aware planners (SCORPIO's credits); None if unknown.
@@ -106,7 +107,7 @@ class Sequence:
                  stop_token_ids: frozenset[int] = frozenset(),
                  sampling: SamplingParams = GREEDY,
                  output_token_ids: list[int] | None = None, num_computed_tokens: int = 0,
-                 block_table: list[int] | None = None,
+                 block_table: list[int] | None = None, num_blocks: int | None = None,
                  status: RequestStatus = RequestStatus.WAITING, num_preemptions: int = 0,
                  tpot: float | None = None, credit: float = 0.0,
                  prefill_deadline: float | None = None, best_effort: bool = False,
@@ -121,6 +122,7 @@ class Sequence:
         self.output_token_ids = [] if output_token_ids is None else output_token_ids
         self.num_computed_tokens = num_computed_tokens
         self.block_table = [] if block_table is None else block_table
+        self.num_blocks = len(self.block_table) if num_blocks is None else num_blocks
         self.status = status
         self.num_preemptions = num_preemptions
         self.tpot = tpot

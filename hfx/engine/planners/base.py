@@ -118,7 +118,7 @@ class BatchPlanner(ABC):
         """Grow a running ``seq``'s KV to ``num_tokens``, preempting the most recently admitted
         running sequences (vLLM's victims) until it fits. False if ``seq`` itself was preempted:
         it was the newest, so nothing after it in ``state.running`` is left to plan."""
-        while state.kv.allocate(seq, num_tokens) is None:
+        while not state.kv.allocate(seq, num_tokens):
             victim = state.running.pop()
             self.preempt(state, victim, out)
             if victim is seq:

@@ -31,7 +31,7 @@ class ChunkedPlanner(BatchPlanner):
             n = min(seq.num_missing, budget)
             want = seq.num_computed_tokens + n
             # Most steps cross no block boundary: no KV call then.
-            if want > len(seq.block_table) * block_size and \
+            if want > seq.num_blocks * block_size and \
                     not self.make_room(state, seq, want, out):
                 break  # seq itself was preempted, the last of the running list
             out.schedule(seq, n)
@@ -45,7 +45,7 @@ class ChunkedPlanner(BatchPlanner):
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             seq = waiting[0]
             n = min(seq.num_missing, budget)
-            if kv.allocate(seq, seq.num_computed_tokens + n, reserve if running else 0) is None:
+            if not kv.allocate(seq, seq.num_computed_tokens + n, reserve if running else 0):
                 break
             self.admit(state, seq)
             out.schedule(seq, n)

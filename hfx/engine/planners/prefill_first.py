@@ -42,7 +42,7 @@ class PrefillFirstPlanner(BatchPlanner):
         while i < len(running):
             seq = running[i]
             n = seq.num_tokens
-            if n > len(seq.block_table) * block_size and \
+            if n > seq.num_blocks * block_size and \
                     not self.make_room(state, seq, n, out):
                 break  # seq itself was preempted, the last of the running list
             scheduled[seq] = 1
@@ -63,7 +63,7 @@ def prefill_whole(state: EngineState, out: SchedulerOutput, budget: int, max_num
         # A prompt longer than the budget still runs, alone, rather than never.
         if n > budget and out:
             break
-        if kv.allocate(seq, seq.num_tokens, reserve if running else 0) is None:
+        if not kv.allocate(seq, seq.num_tokens, reserve if running else 0):
             break  # FCFS: the head waits for KV, nobody overtakes it
         BatchPlanner.admit(state, seq)
         out.schedule(seq, n)

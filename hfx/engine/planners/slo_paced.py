@@ -114,7 +114,7 @@ class SLOPacedPlanner(BatchPlanner):
               best_effort: bool = False) -> bool:
         """Blocks for ``tokens`` of ``seq``, preempting best-effort requests (newest first)
         for an SLO request; a best-effort request never preempts."""
-        while state.kv.allocate(seq, tokens) is None:
+        while not state.kv.allocate(seq, tokens):
             victims = [s for s in state.running if s.best_effort and s is not seq
                        and s not in out.num_scheduled_tokens]
             if best_effort or not victims:

@@ -88,7 +88,7 @@ class TPOTChunkedPlanner(BatchPlanner):
             if out.preempted and seq.status is not RequestStatus.RUNNING:
                 continue  # preempted for an earlier decode: it waits, and holds no KV
             n = seq.num_tokens
-            if n > len(seq.block_table) * block_size and \
+            if n > seq.num_blocks * block_size and \
                     not self.make_room(state, seq, n, out):
                 continue  # seq itself was preempted (the newest): it waits
             scheduled[seq] = 1
@@ -110,7 +110,7 @@ class TPOTChunkedPlanner(BatchPlanner):
             if seq.status is RequestStatus.WAITING and len(running) >= \
                     self.config.max_num_seqs:
                 break
-            if kv.allocate(seq, seq.num_computed_tokens + n) is None:
+            if not kv.allocate(seq, seq.num_computed_tokens + n):
                 break
             self.admit(state, seq)
             out.schedule(seq, n)
