@@ -200,8 +200,10 @@ class RecordFold:
 
 
 # Finished records folded into columns at once: the per-token deadline check is vectorised over
-# a batch's token times, and a batch's records are ~1 MB.
-FOLD_BATCH = 4096
+# a batch's token times. 512 records of ~300 tokens keep each of its arrays (~1.2 MB) in a
+# core's L2; at 4,096 they spill, and a record's add and fold cost ~5 µs, not ~3 (scratch,
+# four-task records; docs/performance.md).
+FOLD_BATCH = 512
 
 
 class FoldFinished:
