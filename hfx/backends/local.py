@@ -11,19 +11,13 @@ from hfx.clock import cancel
 from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
-from hfx.engine import (
-    EngineConfig,
-    EngineCore,
-    InstanceStats,
-    RequestStatus,
-    Role,
-    Sequence,
-    StepFailed,
-    StepOutput,
-)
-from hfx.engine.core import PlannedStep
+from hfx.engine.config import EngineConfig
+from hfx.engine.core import EngineCore, PlannedStep, StepOutput
 from hfx.engine.decode_run import DecodeRun
+from hfx.engine.errors import StepFailed
 from hfx.engine.executor import steps_are_waits
+from hfx.engine.sequence import RequestStatus, Role, Sequence
+from hfx.engine.stats import InstanceStats
 from hfx.request import Request
 
 # A step that raises with one request in it fails that request alone, unless the steps before

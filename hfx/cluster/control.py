@@ -34,8 +34,11 @@ from hfx.cluster.recovery import Recovery
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.stage import Stage
 from hfx.cluster.tl_manager import TLManager
-from hfx.engine import FINISH_REASON, EngineError, InstanceStats, RequestStatus, Role, StepOutput
-from hfx.policies import ClusterView, Decision, Policy
+from hfx.engine.core import StepOutput
+from hfx.engine.errors import EngineError
+from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role
+from hfx.engine.stats import InstanceStats
+from hfx.policies.base import ClusterView, Decision, Policy
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, StepTimeModel
 

@@ -16,8 +16,9 @@ from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.stage import Stage
 from hfx.cluster.tl_manager import TLManager
-from hfx.engine import InstanceStats, Role
-from hfx.policies import InstanceView
+from hfx.engine.sequence import Role
+from hfx.engine.stats import InstanceStats
+from hfx.policies.base import InstanceView
 from hfx.request import Request
 
 

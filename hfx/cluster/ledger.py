@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from hfx.engine import StepOutput
+from hfx.engine.core import StepOutput
 from hfx.engine.executor import PLACEHOLDER_TOKEN
 from hfx.request import Outcome, Request, RequestRecord, TokenRun
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from hfx.policies import ClusterView, Decision, Policy
+from hfx.policies.base import ClusterView, Decision, Policy
 from hfx.request import Request
 
 Apply = Callable[[Decision, float], None]  # a decision and the time it was made

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hfx.registry import Registry, lazy_exports, load
 
-if TYPE_CHECKING:
-    from hfx.policies.base import Policy
+if TYPE_CHECKING:  # the lazy names' types: without them, mypy and mypyc see Any
+    from hfx.policies.base import ClusterView, Decision, Dispatch, InstanceView, Policy  # noqa: F401
 
 POLICIES: Registry[type[Policy]] = Registry("policy", {
     "hfx": "hfx.policies.hfx:HFXDispatcher",

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from hfx.registry import Registry, lazy_exports
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the lazy names' types: without them, mypy and mypyc see Any
     from hfx.engine.config import EngineConfig
-    from hfx.engine.planners.base import BatchPlanner
-    from hfx.stepmodel.latency import StepTimeModel
+    from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput  # noqa: F401
+    from hfx.stepmodel.step_time import StepTimeModel
 
 PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
     "prefill-first": "hfx.engine.planners.prefill_first:PrefillFirstPlanner",
