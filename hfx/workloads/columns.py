@@ -166,11 +166,6 @@ class RecordFold:
         self._parts: list[RecordColumns] = []
         self.num_folded = 0
 
-    def add(self, records: Iterable[RequestRecord]) -> None:
-        for r in records:
-            self.rows.add(r)
-        self.fold_rows()
-
     def fold_rows(self) -> None:
         """Fold in the records added to ``rows``."""
         n = len(self.rows)
