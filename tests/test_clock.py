@@ -134,3 +134,61 @@ def test_a_timer_set_in_the_past_fires_now_and_time_never_goes_back():
         return seen
 
     assert run(main(), virtual=True) == [10.0, 10.0, 11.0]
+
+
+def test_a_failing_callback_goes_to_the_exception_handler_and_the_loop_goes_on():
+    """As asyncio's ``Handle._run``: the loop's handler gets asyncio's message, the exception
+    and the handle; the timers after it still fire."""
+    loop = VirtualTimeLoop()
+    caught: list[dict] = []
+    loop.set_exception_handler(lambda _, context: caught.append(context))
+    fired: list[float] = []
+
+    def fail() -> None:
+        raise ValueError("bad step")
+
+    try:
+        bad = loop.call_at(1.0, fail)
+        loop.call_at(2.0, lambda: fired.append(loop.time()))
+        loop.run_until_complete(asyncio.sleep(3.0))
+    finally:
+        loop.close()
+    assert [type(c["exception"]) for c in caught] == [ValueError]
+    assert caught[0]["handle"] is bad
+    assert caught[0]["message"].startswith("Exception in callback ")
+    assert "fail" in caught[0]["message"]
+    assert fired == [2.0]
+
+
+def test_a_timer_handle_is_asyncios_own():
+    """``call_at`` returns a ``TimerHandle`` that answers as asyncio's do; a debug loop's
+    records where it was set; a closed loop refuses a timer."""
+    loop = VirtualTimeLoop(start=5.0)
+    try:
+        handle = loop.call_at(7.5, print, "x")
+        assert isinstance(handle, asyncio.TimerHandle)
+        assert handle.when() == 7.5 and not handle.cancelled()
+        handle.cancel()
+        assert handle.cancelled()
+        loop.set_debug(True)
+        assert loop.call_at(8.0, print)._source_traceback  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.call_at(9.0, print)
+
+
+def test_stop_ends_run_forever_after_the_iteration_and_the_loop_resumes():
+    loop = VirtualTimeLoop()
+    fired: list[float] = []
+    try:
+        loop.call_at(1.0, loop.stop)
+        loop.call_at(1.0, lambda: fired.append(loop.time()))  # same iteration: still runs
+        loop.call_at(2.0, lambda: fired.append(loop.time()))
+        loop.call_at(3.0, loop.stop)
+        loop.run_forever()
+        assert fired == [1.0]
+        loop.run_forever()
+        assert fired == [1.0, 2.0] and loop.time() == 3.0
+    finally:
+        loop.close()
