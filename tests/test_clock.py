@@ -160,16 +160,17 @@ def test_a_failing_callback_goes_to_the_exception_handler_and_the_loop_goes_on()
     assert fired == [2.0]
 
 
-def test_a_timer_handle_is_asyncios_own():
-    """``call_at`` returns a ``TimerHandle`` that answers as asyncio's do; a debug loop's
-    records where it was set; a closed loop refuses a timer."""
+def test_a_timer_answers_as_asyncios_handle():
+    """``call_at`` returns a handle that answers as asyncio's ``TimerHandle``: its time, its
+    cancel; ``call_later`` works on it; a debug loop's records where it was set; a closed loop
+    refuses a timer."""
     loop = VirtualTimeLoop(start=5.0)
     try:
         handle = loop.call_at(7.5, print, "x")
-        assert isinstance(handle, asyncio.TimerHandle)
         assert handle.when() == 7.5 and not handle.cancelled()
         handle.cancel()
         assert handle.cancelled()
+        assert loop.call_later(2.0, print).when() == 7.0
         loop.set_debug(True)
         assert loop.call_at(8.0, print)._source_traceback  # type: ignore[attr-defined]
     finally:
