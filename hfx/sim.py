@@ -26,6 +26,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.request import Outcome, Request
 from hfx.stepmodel.latency import Profile, load_profile
+from hfx.workloads.arrivals import Arrivals
 from hfx.workloads.columns import FoldFinished, RecordFold, count_outcome
 from hfx.workloads.load import (
     RequestStream,
@@ -136,35 +137,13 @@ async def drive(control: ControlPlane, requests: Sequence[Request], progress: st
 
 
 async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
-    """On the virtual clock from 0: each request submitted by a timer at its arrival time, each
-    arrival's callback setting the next one's timer (one timer per request, no task woken per
-    request); returns when all are in."""
+    """On the virtual clock from 0: each request submitted by a timer at its arrival time
+    (``Arrivals``, compiled); returns when all are in."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    n = len(requests)
-
-    def arrive(i: int, req: Request) -> None:
-        """Submit request ``i`` (``req``, read once: a stream builds it on each read) and
-        every later one already due; set the timer of the first one that is not."""
-        now = loop.time()
-        while True:
-            control.submit(req)
-            i += 1
-            if i == n:
-                done.set_result(None)
-                return
-            req = requests[i]
-            if req.arrival > now:
-                loop.call_at(req.arrival, arrive, i, req)
-                return
-
-    if not n:
-        return
-    first = requests[0]
-    if first.arrival <= loop.time():
-        arrive(0, first)
-    else:
-        loop.call_at(first.arrival, arrive, 0, first)
+    # A stream's own reader: no Python frame per request.
+    read = requests.rows.request if isinstance(requests, RequestStream) else requests.__getitem__
+    Arrivals(loop, control.submit, read, len(requests), done).start()
     await done
 
 

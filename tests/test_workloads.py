@@ -144,18 +144,16 @@ def _rows_sorted(tasks, key, arrivals_of):
     return [r[3] for r in sorted(rows, key=lambda r: r[:3])]
 
 
-def test_a_request_stream_builds_the_merge_in_order_ties_included(monkeypatch):
-    from hfx.workloads import load
+def test_a_request_stream_builds_the_merge_in_order_ties_included():
     from hfx.workloads.load import RequestStream
     from hfx.workloads.tasks import WORKLOADS
-
-    monkeypatch.setattr(load, "_BLOCK", 3)  # rows turned into Python numbers 3 at a time
 
     tasks = WORKLOADS["four-task"]
     # Equal arrival times across and within tasks: ties go by task order, then index.
     def arrivals(order, task, rng):
         return [2.0, 0.5, 2.0, float(order)]
     s = RequestStream(tasks, [7, 1], arrivals)
+    s.rows.block = 3  # rows turned into Python numbers 3 at a time
     want = _rows_sorted(tasks, [7, 1], arrivals)
     assert len(s) == len(want) == 16
     assert list(s) == want
@@ -183,3 +181,25 @@ def test_the_simulator_reads_a_task_set_as_a_stream():
     assert [(r.id, r.arrival, r.prompt_len, r.max_tokens) for r in got] == \
         [(r.id, r.arrival, r.prompt_len, r.max_tokens) for r in want]
     assert {r.priority for r in got} == {0, 1} and {r.slo for r in got} == {None}
+
+
+def test_arrivals_submit_each_request_at_its_own_time_in_order():
+    import asyncio
+
+    from hfx.clock import run
+    from hfx.request import Request
+    from hfx.workloads.arrivals import Arrivals
+
+    requests = [Request(f"r{i}", t, 8, 4) for i, t in enumerate([0.0, 0.0, 1.5, 1.5, 3.0])]
+
+    async def main(reqs: list[Request]) -> list[tuple[float, str]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[float, str]] = []
+        done = loop.create_future()
+        Arrivals(loop, lambda r: seen.append((loop.time(), r.id)), reqs.__getitem__,
+                 len(reqs), done).start()
+        await done
+        return seen
+
+    assert run(main(requests), virtual=True) == [(r.arrival, r.id) for r in requests]
+    assert run(main([]), virtual=True) == []  # nothing to submit: done at once

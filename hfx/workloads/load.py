@@ -26,6 +26,7 @@ import numpy as np
 
 from hfx.request import SLO, Request
 from hfx.workloads.kinds import Draw, kind_of
+from hfx.workloads.stream_rows import StreamRows
 from hfx.workloads.tasks import (
     BURSTY,
     DEFAULT_REQUESTS_PER_TASK,
@@ -92,7 +93,6 @@ def stream(workload: str, qps: float, seed: int,
         rng.exponential(1.0 / rate, requests_per_task)))
 
 
-_BLOCK = 4096  # rows a RequestStream turns into Python numbers at once
 ArrivalsOf = Callable[[int, TaskSpec, np.random.Generator], "np.ndarray | Sequence[float]"]
 
 
@@ -105,8 +105,6 @@ class RequestStream(Sequence[Request]):
     def __init__(self, tasks: Iterable[TaskSpec], key: list[int], arrivals_of: ArrivalsOf
                  ) -> None:
         self._tasks = tuple(tasks)
-        # A task's priority in place of its SLO (HFX-PM): set by ``with_priorities``.
-        self._priorities: dict[str, int] | None = None
         # Built a column at a time, each part freed as it is joined and each column sorted in
         # turn: the peak stays near the stream's own 22 B a request (a 27 M-request run).
         dtypes = (np.float64, np.int16, np.int32, np.int32, np.int32)
@@ -129,13 +127,12 @@ class RequestStream(Sequence[Request]):
         for c in range(len(columns)):
             columns[c] = columns[c][by]
         del by
-        self._times, self._orders, self._index, self._ins, self._outs = columns
-        # The rows of the block read last: (task order, index, arrival, prompt, output).
-        self._block = -1
-        self._rows: list[tuple[int, int, float, int, int]] = []
+        times, orders, index, ins, outs = columns
+        self.rows = StreamRows([t.name for t in self._tasks], [t.slo for t in self._tasks], None,
+                               (times, orders, index, ins, outs))
 
     def __len__(self) -> int:
-        return len(self._times)
+        return self.rows.size
 
     @overload
     def __getitem__(self, i: int) -> Request: ...
@@ -146,23 +143,12 @@ class RequestStream(Sequence[Request]):
     def __getitem__(self, i: int | slice) -> Request | list[Request]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self._times)
+        n = self.rows.size
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("request index out of range")
-        b, k = divmod(i, _BLOCK)
-        if b != self._block:  # a run reads in order: a block of rows as Python numbers
-            lo, hi = b * _BLOCK, (b + 1) * _BLOCK
-            self._rows = list(zip(self._orders[lo:hi].tolist(), self._index[lo:hi].tolist(),
-                                  self._times[lo:hi].tolist(), self._ins[lo:hi].tolist(),
-                                  self._outs[lo:hi].tolist(), strict=True))
-            self._block = b
-        order, index, arrival, prompt, output = self._rows[k]
-        task = self._tasks[order]
-        prio = self._priorities
-        return Request(f"{task.name}-{index}", arrival, prompt, output,
-                       None if prio else task.slo, task.name, prio[task.name] if prio else None)
+        return self.rows.request(i)
 
     def with_priorities(self, of_task: dict[str, int]) -> RequestStream:
         """The same requests carrying their task's priority instead of an SLO
@@ -171,8 +157,7 @@ class RequestStream(Sequence[Request]):
         if missing is not None:
             raise ValueError(f"task {missing.name!r} has no priority")
         out = copy.copy(self)
-        out._priorities = dict(of_task)
-        out._block, out._rows = -1, []
+        out.rows = self.rows.with_priorities([of_task[t.name] for t in self._tasks])
         return out
 
 
