@@ -11,14 +11,15 @@ node without the build): what travels between them pickles through its construct
 
 Compiled: the engine core and its planners, requests and records, the ledger, the control plane,
 the fleet and the local instance driver, the step-time model and its noise, the virtual loop's
-timers and iteration, a run's arrivals and its request stream's rows, the per-step and per-
-request path of a simulated run. Not compiled: the policies (a Python class derives from a
-compiled one only where that class allows it, as ``EngineCore`` does for tests, at some cost;
-every policy derives from ``Policy``), the executors (tests subclass them), the request stream's
-``Sequence`` (an ABC), the virtual loop's class (it derives from asyncio's Python classes). A
-compiled dataclass writes its ``__init__`` out where it is made per request or per step: the one
-dataclasses generates is Python (tests/test_native.py checks the hot ones). Results are bit-
-identical to plain Python (the golden runs, in CI); speed: docs/performance.md, "Compiled".
+timers and iteration, a run's arrivals and its request stream's rows, what a policy sees and
+decides, the per-step and per- request path of a simulated run. Not compiled: the policies (a
+Python class derives from a compiled one only where that class allows it, as ``EngineCore`` does
+for tests, at some cost; every policy derives from ``Policy``), the executors (tests subclass
+them), the request stream's ``Sequence`` (an ABC), the virtual loop's class (it derives from
+asyncio's Python classes). A compiled dataclass writes its ``__init__`` out where it is made per
+request or per step: the one dataclasses generates is Python (tests/test_native.py checks the
+hot ones). Results are bit- identical to plain Python (the golden runs, in CI); speed:
+docs/performance.md, "Compiled".
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ MODULES = (
     "hfx/cluster/fleet.py", "hfx/cluster/stage.py", "hfx/backends/local.py",
     "hfx/workloads/columns.py", "hfx/stepmodel/step_time.py", "hfx/engine/step_noise.py",
     "hfx/engine/admission.py", "hfx/timer_queue.py", "hfx/workloads/arrivals.py",
-    "hfx/workloads/stream_rows.py",
+    "hfx/workloads/stream_rows.py", "hfx/policies/views.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

@@ -12,77 +12,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hfx.engine import Role
-from hfx.engine.stats import InstanceStats
+from hfx.policies.views import ClusterView, Decision, Dispatch, InstanceView
 from hfx.request import Request, RequestRecord
-from hfx.stepmodel.latency import Profile, StepTimeModel
+from hfx.stepmodel.latency import StepTimeModel
 
-
-@dataclass(slots=True)
-class InstanceView:
-    """One instance as a policy sees it."""
-
-    id: int
-    role: Role
-    stats: InstanceStats  # the Monitor's latest snapshot
-    outstanding: int = 0  # dispatched here and not yet finished (live tally)
-    outstanding_tokens: int = 0  # prompt + max tokens of those requests
-    accepting: bool = True  # False while draining
-
-
-@dataclass(slots=True)
-class ClusterView:
-    now: float
-    instances: list[InstanceView]
-    step_model: StepTimeModel  # the dispatcher's predictions (may differ from the executor's)
-    profile: Profile
-    # The engines' steps that prefill also decode their running batch (BatchPlanner
-    # .mixes_decodes): a first token then comes a decode step later than the prefill alone.
-    mixed_steps: bool = False
-    # Moved on by whoever owns the views (the fleet) when a snapshot, an instance's acceptance
-    # or the membership changes — not the live tallies (outstanding). A policy may keep what it
-    # derives from the snapshots until it moves: at 1,000 instances an O(N) pass per call was
-    # the dispatcher's cost.
-    version: int = 0
-    _accepting: dict[Role | None, tuple[int, list[InstanceView]]] = field(
-        default_factory=dict, repr=False)
-
-    def accepting(self, role: Role | None = None) -> list[InstanceView]:
-        """The instances taking new work (of ``role``); one list per version — do not modify
-        it."""
-        hit = self._accepting.get(role)
-        if hit is not None and hit[0] == self.version:
-            return hit[1]
-        found = [i for i in self.instances if i.accepting and (role is None or i.role is role)]
-        self._accepting[role] = (self.version, found)
-        return found
-
-    def changed(self) -> None:
-        """A snapshot, an acceptance or the membership changed."""
-        self.version += 1
+__all__ = ["ArrivalOrderPolicy", "ClusterView", "Decision", "Dispatch", "InstanceView", "Policy",
+           "ttft_lost"]
 
 
 def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
     """Whether ``request`` misses its TTFT even if its prompt were prefilled alone, now."""
     assert request.slo is not None
     return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
-
-
-@dataclass(slots=True)
-class Dispatch:
-    request: Request
-    instance: int
-    best_effort: bool = False  # placed although its SLO is predicted lost
-
-
-@dataclass(slots=True)
-class Decision:
-    dispatch: list[Dispatch] = field(default_factory=list)
-    reject: list[Request] = field(default_factory=list)
-    wake_at: float | None = None  # call schedule() again at this time
 
 
 class Policy(ABC):
