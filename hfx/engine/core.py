@@ -425,6 +425,8 @@ class EngineCore:
         """The run's last step has ended (its ``ended`` was called): apply its steps."""
         transitions: list[tuple[str, RequestStatus]] = []  # none at its start (begin_step)
         self._run = None
+        # Its callback holds the run: let go, the pair is freed now, not by the cyclic collector.
+        run.ended = run.timer = None
         if run.length == run.applied:  # failed meanwhile (fail_all)
             return self._output(asyncio.get_running_loop().time(), [], None, transitions)
         while run.applied < run.length:
