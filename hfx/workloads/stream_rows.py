@@ -57,9 +57,11 @@ class StreamRows:
         k = i - b * size
         order = self._orders[k]
         name = self.names[order]
-        priorities = self.priorities
-        if priorities is None:
-            return Request(f"{name}-{self._index[k]}", self._times[k], self._ins[k],
-                           self._outs[k], self.slos[order], name, None)
+        slo: SLO | None = None
+        priority: int | None = None
+        if self.priorities is None:
+            slo = self.slos[order]
+        else:  # HFX-PM: the task's priority in place of its SLO
+            priority = self.priorities[order]
         return Request(f"{name}-{self._index[k]}", self._times[k], self._ins[k], self._outs[k],
-                       None, name, priorities[order])
+                       slo, name, priority)
