@@ -52,7 +52,7 @@ MODULES = (
     "hfx/cluster/fleet.py", "hfx/cluster/stage.py", "hfx/backends/local.py",
     "hfx/workloads/columns.py", "hfx/stepmodel/step_time.py", "hfx/engine/step_noise.py",
     "hfx/engine/admission.py", "hfx/timer_queue.py", "hfx/workloads/arrivals.py",
-    "hfx/workloads/stream_rows.py", "hfx/policies/views.py",
+    "hfx/workloads/stream_rows.py", "hfx/policies/views.py", "hfx/policies/deadline_queue.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

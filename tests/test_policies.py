@@ -3,6 +3,7 @@ SA's moves and objective, the shared output-length predictor, and every policy e
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,6 +13,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, make_policy
+from hfx.policies.deadline_queue import DeadlineQueue
 from hfx.policies.hfx import maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
@@ -295,6 +297,50 @@ def test_scorpio_predicted_tpot_on_a_hand_example():
     got = pol.predicted_tpot(sh, TPOTMix(0.1, 1 / 0.1 + 1 / 0.2), r, 100.0, alpha=1e-5,
                              beta=2e-3, delta=0.03)
     assert got == pytest.approx(1.5 * (1e-5 * 1.75 * 2650 / 3 + 2e-3 * 1.75 + 0.03))
+
+
+def test_scorpio_deadline_queue_guards_as_a_sorted_walk_does():
+    """The queue against the walk it replaced: sort by (deadline, arrival, seq), reject each
+    request whose prefill, after those kept before it, ends past its deadline; then the time of
+    the next rejection. Random pushes, guards, admissions and withdrawals; ties in deadline."""
+    rng = random.Random(7)
+    queue, ref, seq_no, num_rejected = DeadlineQueue(), [], 0, 0
+    for step in range(600):
+        now = step / 64  # binary fractions: deadlines tie exactly, arrivals then decide
+        for _ in range(rng.randrange(3)):
+            seq_no += 1
+            arrival = now - rng.choice((0.0, 0.5))
+            item = (arrival + rng.choice((0.5, 1.0, 2.0)), arrival, seq_no,
+                    rng.uniform(0.01, 0.2), req(f"r{seq_no}", arrival, 100, 1.0, 0.1))
+            queue.push(*item)
+            ref.append(item)
+        ref.sort()
+        kept, rejected, cum = [], [], 0.0
+        for item in ref:
+            if now + cum + item[3] > item[0]:
+                rejected.append(item[4].id)
+            else:
+                cum += item[3]
+                kept.append(item)
+        assert [r.id for r in queue.guard(now)] == rejected
+        num_rejected += len(rejected)
+        ref = kept
+        taken = sorted(rng.sample(range(len(ref)), min(len(ref), rng.randrange(3))))
+        if rng.random() < 0.5:
+            taken = list(range(min(len(ref), rng.randrange(3))))  # a prefix, as most are
+        queue.remove(taken)
+        ref = [item for k, item in enumerate(ref) if k not in taken]
+        if ref and rng.random() < 0.1:
+            gone = ref.pop(rng.randrange(len(ref)))[4].id
+            assert queue.withdraw(gone)
+        assert not queue.withdraw("nobody")
+        assert [r.id for r in queue.requests()] == [item[4].id for item in ref]
+        cum, at = 0.0, math.inf
+        for item in ref:
+            cum += item[3]
+            at = min(at, item[0] - cum)
+        assert queue.reject_at() == at and len(queue) == len(ref)
+    assert seq_no > 500 and num_rejected > 50 and DeadlineQueue().reject_at() == math.inf
 
 
 def test_virtual_batch_size_is_sum_of_trp():

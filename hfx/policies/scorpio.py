@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
+from hfx.policies.deadline_queue import DeadlineQueue
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
@@ -66,9 +67,10 @@ class Scorpio(Policy):
             raise ValueError(f"the safety factor epsilon must be >= 1, got {epsilon}")
         self.epsilon = epsilon
         self.predictor = OutputLengthPredictor(output_length)
-        # Per instance, a heap of (TTFT deadline, arrival, seq, predicted prefill, request): the
-        # prefill time is predicted once, at assignment, not on every walk of the queue.
-        self._queues: dict[int, list[tuple[float, float, int, float, Request]]] = {}
+        # Per instance, the waiting requests in deadline order, each with its predicted prefill
+        # (predicted once, at assignment, not on every walk of the queue).
+        self._queues: dict[int, DeadlineQueue] = {}
+        self._num_waiting = 0  # Σ len(queue): num_queued is asked on every call
         self._pending: list[Request] = []  # arrived, not yet assigned to an instance
         self._next = 0
         self._seq = 0
@@ -93,7 +95,7 @@ class Scorpio(Policy):
         self._pending.append(request)
 
     def num_queued(self) -> int:
-        return len(self._pending) + sum(len(q) for q in self._queues.values())
+        return len(self._pending) + self._num_waiting
 
     def withdraw(self, request_id: str) -> bool:
         for i, req in enumerate(self._pending):
@@ -101,12 +103,9 @@ class Scorpio(Policy):
                 del self._pending[i]
                 return True
         for queue in self._queues.values():
-            for i, item in enumerate(queue):
-                if item[4].id == request_id:
-                    queue[i] = queue[-1]
-                    queue.pop()
-                    heapq.heapify(queue)
-                    return True
+            if queue.withdraw(request_id):
+                self._num_waiting -= 1
+                return True
         return False
 
     def predicted_tpot(self, sh: ShadowInstance, mix: TPOTMix, req: Request,
@@ -129,7 +128,7 @@ class Scorpio(Policy):
         if self.shadow.follow(view, targets):  # snapshots or membership moved: O(N) only then
             self._place = {inst.id: k for k, inst in enumerate(targets)}
             for inst in targets:
-                self._queues.setdefault(inst.id, [])
+                self._queues.setdefault(inst.id, DeadlineQueue())
                 if self._snapshot_at.get(inst.id) != inst.stats.time:
                     self._snapshot_at[inst.id] = inst.stats.time
                     self._dirty.add(inst.id)
@@ -143,8 +142,9 @@ class Scorpio(Policy):
             self._dirty.add(iid)
             self._next += 1
             self._seq += 1
-            heapq.heappush(self._queues[iid], (req.arrival + req.slo.ttft, req.arrival,
-                                                self._seq, model.prefill_one(req.prompt_len), req))
+            self._queues[iid].push(req.arrival + req.slo.ttft, req.arrival, self._seq,
+                                   model.prefill_one(req.prompt_len), req)
+        self._num_waiting += len(self._pending)
         self._pending.clear()
 
         alpha, beta, delta = model.decode_b, model.decode_c, model.decode_a
@@ -161,22 +161,14 @@ class Scorpio(Policy):
             self._dirty.discard(inst.id)
             mix = TPOTMix.of(sh)
             # TTFT guard: cumulative predicted prefill in deadline order.
-            kept, cum = [], 0.0
-            for item in sorted(queue):
-                deadline, _, _, prefill, req = item
-                if now + cum + prefill > deadline:
-                    decision.reject.append(req)
-                else:
-                    cum += prefill
-                    kept.append(item)
-            # Admission by predicted TPOT.
-            waiting = []
-            for k, item in enumerate(kept):
+            rejected = queue.guard(now)
+            decision.reject.extend(rejected)
+            # Admission by predicted TPOT, in deadline order.
+            admitted: list[int] = []
+            for k in range(len(queue)):
                 if sh.free_slots() <= 0:
-                    # No slot, and the instance is not idle: nothing more is admitted here.
-                    waiting.extend(kept[k:])
-                    break
-                req = item[4]
+                    break  # no slot, and the instance is not idle: nothing more is admitted
+                req = queue.request(k)
                 assert req.slo is not None
                 out_len = self._predict(req)
                 fits = req.prompt_len + out_len <= sh.free_kv_tokens()
@@ -186,19 +178,14 @@ class Scorpio(Policy):
                     decision.dispatch.append(Dispatch(req, inst.id))
                     sh.add(req, out_len)
                     mix.add(req.slo.tpot)
-                else:
-                    waiting.append(item)
+                    admitted.append(k)
+            queue.remove(admitted)
+            self._num_waiting -= len(rejected) + len(admitted)
             # The guard rejects a waiting request once now + Σ prefill up to it > its deadline.
-            cum, reject_at = 0.0, math.inf
-            for deadline, _, _, prefill, _ in waiting:
-                cum += prefill
-                if deadline - cum < reject_at:
-                    reject_at = deadline - cum
+            reject_at = queue.reject_at()
             self._reject_at[inst.id] = reject_at
             if reject_at < math.inf:
                 heapq.heappush(heap, (reject_at, inst.id))
-            heapq.heapify(waiting)
-            self._queues[inst.id] = waiting
         while heap and not self._live(*heap[0]):
             heapq.heappop(heap)
         next_reject = heap[0][0] if heap else math.inf
@@ -221,8 +208,9 @@ class Scorpio(Policy):
     def on_instance_removed(self, instance_id: int) -> None:
         self._dirty.discard(instance_id)
         self._reject_at.pop(instance_id, None)
-        queue = self._queues.pop(instance_id, [])
-        self._pending.extend(item[4] for item in sorted(queue))
+        queue = self._queues.pop(instance_id, DeadlineQueue())
+        self._num_waiting -= len(queue)
+        self._pending.extend(queue.requests())
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self.shadow.finished(record, record.instance, self.predictor)
