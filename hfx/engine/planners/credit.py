@@ -19,8 +19,10 @@ class CreditPlanner(PrefillFirstPlanner):
 
     def _plan_decode(self, state: EngineState, out: SchedulerOutput) -> None:
         running = state.running
-        tpots = [s.tpot for s in running if s.tpot]
-        tightest = min(tpots) if tpots else None
+        tightest = 0.0
+        for seq in running:
+            if seq.tpot and (not tightest or seq.tpot < tightest):
+                tightest = seq.tpot
         chosen = []
         for seq in running:
             seq.credit += tightest / seq.tpot if (tightest and seq.tpot) else 1.0
@@ -29,12 +31,17 @@ class CreditPlanner(PrefillFirstPlanner):
         if not chosen:
             return
         # Plan the chosen ones as prefill-first does (preempting if KV runs out), charge them,
-        # and keep the running list in admission order, which decides preemption victims.
-        order = list(running)
-        chosen_set = set(chosen)
-        state.running[:] = chosen
+        # and keep the running list in admission order, which decides preemption victims. One
+        # pass each: this runs every step over the whole batch (issue 31).
+        order = None if len(chosen) == len(running) else list(running)
+        if order is not None:
+            running[:] = chosen
         super()._plan_decode(state, out)
         for seq in out.num_scheduled_tokens:
             seq.credit -= 1.0
-        still = set(state.running).union(s for s in order if s not in chosen_set)
-        state.running[:] = [s for s in order if s in still]
+        if len(running) < len(chosen):  # some were preempted: they leave the admission order
+            left = set(running)
+            gone = {s for s in chosen if s not in left}
+            running[:] = [s for s in (order if order is not None else chosen) if s not in gone]
+        elif order is not None:
+            running[:] = order
