@@ -370,6 +370,29 @@ def test_credit_rule_decodes_in_proportion_to_tpot(vloop):
     assert ex.plans[1:] == [{"c": 1}, {"a": 1, "c": 1}, {"c": 1}, {"a": 1, "b": 1, "c": 1}]
 
 
+def test_credit_preempts_the_newest_due_sequence_and_keeps_the_others_in_order(vloop):
+    """Out of KV, a credit step preempts the most recently admitted of the sequences due in
+    it (vLLM's victim), and a sequence that skips the step keeps its place in the running
+    list: the admission order decides the next victims."""
+    engine, ex = make_engine(num_blocks=5, planner="credit")  # 4 prompts of a block each
+    for rid, tpot in (("a", 0.25), ("b", 0.5), ("c", 0.25), ("d", 0.25)):
+        engine.add_request(seq(rid, 4, 12, tpot=tpot))
+    running = []
+
+    async def steps(n):
+        for _ in range(n):
+            await engine.step()
+            running.append([s.request_id for s in engine.state.running])
+
+    vloop.run_until_complete(steps(3))
+    # Step 1: a, c and d are due (b every other step); a takes the last free block, c needs
+    # one, so d, the newest due, goes; b stays between a and c.
+    assert ex.plans[1] == {"a": 1, "c": 1} and running[1] == ["a", "b", "c"]
+    # Step 2: b is due too and needs a block: c, now the newest due, goes.
+    assert ex.plans[2] == {"a": 1, "b": 1} and running[2] == ["a", "b"]
+    assert [s.request_id for s in engine.state.waiting] == ["c", "d"]
+
+
 # ---- SA --------------------------------------------------------------------------------------
 def test_sa_moves_on_a_hand_example():
     order, sizes = [0, 1, 2, 3, 4], [2, 2, 1]
