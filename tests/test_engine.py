@@ -161,6 +161,25 @@ def test_stop_token_finishes_early(vloop):
     assert transitions == [("a", RequestStatus.FINISHED_STOPPED)]
 
 
+def test_finished_sequences_leave_the_running_list_which_keeps_admission_order(vloop):
+    """Finishes in the middle and at either end of the running list (the engine finds them by
+    their admission order): the others stay, in order, and a late admission goes last."""
+    engine, _ = make_engine(num_blocks=64)
+    for rid, out in (("a", 6), ("b", 2), ("c", 9), ("d", 3), ("e", 2)):
+        engine.add_request(seq(rid, 4, out))
+    seen = []
+
+    def check(engine):
+        seen.append([s.request_id for s in engine.state.running])
+        if len(seen) == 2:
+            engine.add_request(seq("f", 4, 3))
+
+    vloop.run_until_complete(drain(engine, check))
+    lists = [ids for k, ids in enumerate(seen) if k == 0 or ids != seen[k - 1]]
+    assert lists == [["a", "b", "c", "d", "e"], ["a", "c", "d"], ["a", "c", "d", "f"],
+                     ["a", "c", "f"], ["a", "c"], ["c"], []]
+
+
 def test_abort_frees_kv_and_reports_once(vloop):
     engine, _ = make_engine()
     engine.add_request(seq("a", 8, 50))
