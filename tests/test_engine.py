@@ -162,8 +162,8 @@ def test_stop_token_finishes_early(vloop):
 
 
 def test_finished_sequences_leave_the_running_list_which_keeps_admission_order(vloop):
-    """Finishes in the middle and at either end of the running list (the engine finds them by
-    their admission order): the others stay, in order, and a late admission goes last."""
+    """Finishes in the middle and at either end of the running list: the others stay, in
+    admission order (which decides preemption victims), and a late admission goes last."""
     engine, _ = make_engine(num_blocks=64)
     for rid, out in (("a", 6), ("b", 2), ("c", 9), ("d", 3), ("e", 2)):
         engine.add_request(seq(rid, 4, out))

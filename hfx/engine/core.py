@@ -553,9 +553,9 @@ class EngineCore:
 
     def _retire(self, seqs: list[Sequence]) -> None:
         running = self.state.running
-        if len(seqs) < 8:  # the usual few
+        if len(seqs) < 8:  # the usual few: list.remove compares identities at C speed
             for seq in seqs:
-                _remove_identical(running, seq)
+                running.remove(seq)
         else:
             done = set(seqs)
             running[:] = [s for s in running if s not in done]
@@ -597,26 +597,3 @@ class EngineCore:
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
-
-
-def _remove_identical(items: list[Sequence], seq: Sequence) -> None:
-    """``items.remove(seq)`` for a running list, found by bisection on ``Sequence.order``: the
-    running list is in admission order and only ``EngineState.run`` appends to it.
-    ``list.remove`` walks the list and touches every sequence it passes over (a reference
-    count and a rich comparison each): at 1,000 instances ~8% of a run went there, mostly
-    cache misses (issue 31). A list out of that order is still searched, by identity."""
-    lo, hi, order = 0, len(items), seq.order
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if items[mid].order < order:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < len(items) and items[lo] is seq:
-        del items[lo]
-        return
-    for i in range(len(items)):
-        if items[i] is seq:
-            del items[i]
-            return
-    raise ValueError(f"{seq.request_id} is not in the list")
