@@ -39,9 +39,10 @@ class CreditPlanner(PrefillFirstPlanner):
         super()._plan_decode(state, out)
         for seq in out.num_scheduled_tokens:
             seq.credit -= 1.0
+        if order is None:
+            return  # all were due: the list is in order already, less any preempted
         if len(running) < len(chosen):  # some were preempted: they leave the admission order
-            left = set(running)
-            gone = {s for s in chosen if s not in left}
-            running[:] = [s for s in (order if order is not None else chosen) if s not in gone]
-        elif order is not None:
+            gone = set(chosen).difference(running)
+            running[:] = [s for s in order if s not in gone]
+        else:
             running[:] = order
