@@ -57,6 +57,7 @@ from hfx.engine import (
     SimExecutor,
     StepOutput,
 )
+from hfx.engine.cohort import DecodeCohort
 from hfx.engine.decode_run import DecodeRun
 from hfx.engine.executor import StepNoise
 from hfx.request import Outcome, Request
@@ -151,14 +152,17 @@ class EngineRun:
     members_preempted: int = 0  # cohort members preempted in a step
 
 
-def _view(seq: Sequence, tick: int) -> tuple[Any, ...]:
-    """A sequence's state, its token fields as a sync would make them, without syncing."""
-    if seq.in_cohort:
-        n = seq.cohort_base + tick
+def _view(seq: Sequence, cohort: DecodeCohort | None) -> tuple[Any, ...]:
+    """A sequence's state, its token fields and blocks as a sync would make them, without
+    syncing."""
+    if cohort is not None and seq.in_cohort:
+        n = seq.cohort_base + cohort.tick
         tokens = (n, n - 1, n - seq.prompt_len)
+        blocks = cohort.blocks(seq)
     else:
         tokens = (seq.num_tokens, seq.num_computed_tokens, len(seq.output_token_ids))
-    return (seq.status.name, tokens, seq.num_blocks, tuple(seq.block_table), seq.num_preemptions)
+        blocks = seq.num_blocks
+    return (seq.status.name, tokens, blocks, tuple(seq.block_table), seq.num_preemptions)
 
 
 _OUTCOME = {RequestStatus.FINISHED_LENGTH: Outcome.FINISHED,
@@ -277,14 +281,13 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
         for rid, status in out.transitions:
             ledger.settle(ledger.records[rid], _OUTCOME[status], out.time)
         result.members_preempted += sum(s.num_preemptions > n for s, n in members.items())
-        tick = 0 if cohort is None else cohort.tick
         trace.append({
             "time": out.time, "transitions": out.transitions,
             "tokens": {rid: r.num_tokens for rid, r in ledger.records.items()},
             "kv_used": engine.kv.num_used_blocks, "running": engine.num_running,
             "waiting": engine.num_waiting, "decode_ctx": engine.decode_ctx,
             "incoming": list(engine.incoming), "ready": list(engine.ready),
-            "seqs": {rid: _view(s, tick) for rid, s in seqs.items()},
+            "seqs": {rid: _view(s, cohort) for rid, s in seqs.items()},
         })
 
     assert engine.kv.num_free_blocks == engine.kv.num_blocks

@@ -118,6 +118,13 @@ def _sim_beside(cfg: SimConfig,
     return run(main(), virtual=True)
 
 
+def _blocks(engine, seq) -> int:
+    """The KV blocks ``seq`` holds, read without syncing it: a decode cohort member's count
+    trails its crossings until synced (hfx/engine/cohort.py)."""
+    cohort = engine.state.cohort
+    return cohort.blocks(seq) if cohort is not None and seq.in_cohort else seq.num_blocks
+
+
 def test_migration_invariants_under_kv_pressure():
     """Every 5 ms: no request decodes on two instances; a migrated request is on its decode
     instance and its KV nowhere else; no instance holds more KV than it has. Decode KV is
@@ -135,7 +142,7 @@ def test_migration_invariants_under_kv_pressure():
             for iid, e in engines.items():
                 if e.kv.num_used_blocks > e.kv.num_blocks:
                     violations.append(f"instance {iid} over capacity")
-                owned = sum(s.num_blocks for s in e._seqs.values())
+                owned = sum(_blocks(e, s) for s in e._seqs.values())
                 if owned != e.kv.num_used_blocks:
                     violations.append(f"instance {iid}: blocks owned {owned} != used")
                 for s in e.state.running:
@@ -146,7 +153,7 @@ def test_migration_invariants_under_kv_pressure():
             for rid, rec in control.records.items():
                 if rec.migrated_at is not None and rec.outcome is Outcome.PENDING:
                     holders = [i for i, e in engines.items()
-                               if rid in e._seqs and e._seqs[rid].num_blocks]
+                               if rid in e._seqs and _blocks(e, e._seqs[rid])]
                     # On its decode instance only; none while preempted there (recompute).
                     if holders not in ([rec.decode_instance], []) or \
                             rid not in engines[rec.decode_instance]._seqs:

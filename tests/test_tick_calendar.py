@@ -86,3 +86,52 @@ def test_calendars_keep_what_a_dict_of_due_ticks_keeps(ops, ordered):
         elif op == "due_by":
             last = tick + abs(delta)
             assert cal.due_by(last) == sorted(d for d in model.values() if d <= last)
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 5), prompts=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+       spare=st.integers(0, 6), ticks=st.integers(1, 14), late=st.integers(0, 6))
+def test_crossings_by_phase_take_the_blocks_a_per_member_count_takes(size, prompts, spare,
+                                                                     ticks, late):
+    """The cohort's crossings after the first are one count per tick (by phase): the free
+    blocks fall by exactly what each member lacks, nothing is listed while they fit, and once
+    they do not, the members crossing at that tick are listed (in running-list order) with the
+    blocks they hold."""
+    from hfx.engine.block_manager import BlockManager
+    from hfx.engine.cohort import DecodeCohort
+
+    seqs = []
+    for i, p in enumerate(prompts):
+        s = Sequence(f"r{i}", prompt_len=p, max_tokens=100, output_token_ids=[7], order=i)
+        seqs.append(s)
+    held = sum(-(-s.num_tokens // size) for s in seqs)
+    kv = BlockManager(held + spare, size, block_ids=False)
+    cohort = DecodeCohort(size, events=False, kv=kv)
+    for s in seqs[:len(seqs) - 1 if late else len(seqs)]:
+        assert kv.allocate(s, s.num_tokens - 1)  # the prompt's KV: the first token's to come
+        cohort.join(s)
+    for t in range(ticks):
+        if late and t == late:
+            s = seqs[-1]  # admitted later: its phase differs from the others'
+            if kv.allocate(s, s.num_tokens - 1):
+                cohort.join(s)
+        members = list(cohort)
+        # What each member needs for the KV this tick's decode writes (base + tick tokens).
+        lacks = {s: -(-(s.cohort_base + cohort.tick) // size) - cohort.blocks(s)
+                 for s in members}
+        free = kv.num_free_blocks
+        crossing = cohort.crossing()
+        if sum(lacks.values()) <= free:
+            assert crossing == []
+            assert kv.num_free_blocks == free - sum(lacks.values())
+            assert all(cohort.blocks(s) == -(-(s.cohort_base + cohort.tick) // size)
+                       for s in members)
+        else:
+            assert crossing == sorted((s for s in members if lacks[s]), key=lambda s: s.order)
+            assert all(s.num_blocks == cohort.blocks(s) and lacks[s] == 1 for s in crossing)
+            break  # the planner's part from here (allocate or preempt, then ``crossed``)
+        cohort.step()
+    for s in list(cohort):
+        cohort.leave(s)
+        kv.free(s)
+    assert kv.num_free_blocks == kv.num_blocks  # every block counted came back

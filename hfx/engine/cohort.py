@@ -2,15 +2,23 @@
 by one counter instead of an update per sequence.
 
 A member's token count is ``cohort_base + tick``: a decode step of the cohort increments
-``tick`` once, whatever the number of members, and the step's shape is two running sums. The
-events of one member — it crosses into a new KV block, or reaches ``max_tokens`` — are listed in
-two calendars of ticks (tick_calendar.py), so a step costs the same for 1 or 256 members, and a
-sequence costs work only at its own events (join, block crossing, finish, preemption, abort).
+``tick`` once, whatever the number of members, and the step's shape is two running sums. Its
+finish (``max_tokens``) and its first crossing into a new KV block are listed in calendars of
+ticks (tick_calendar.py). After its first crossing a member crosses every ``block_size`` ticks,
+at the ticks ``t`` with ``cohort_base + t ≡ 1 (mod block_size)``: the cohort counts members by
+that phase, so a tick's crossings are one count. While the free blocks hold them all, they are
+taken from the block manager in that one count and each member's ``num_blocks`` catches up when
+it is synced; a tick whose crossings do not all fit lists its crossing members for the planner
+to allocate one by one, preempting as a per-sequence pass would. A step thus costs the same for
+1 or 256 members, and a sequence costs work only at its own events (join, first crossing,
+finish, preemption, abort).
 
-While a sequence is a member, its ``num_tokens``, ``num_computed_tokens`` and
-``output_token_ids`` are brought up to date only when read outside the hot path: ``sync`` (on
-leaving, and for whoever asks). A real executor samples a token per sequence, so the core keeps
-those fields current itself on its steps and the counter only plans (``EngineCore._advance``).
+While a sequence is a member, its ``num_tokens``, ``num_computed_tokens``,
+``output_token_ids`` and ``num_blocks`` are brought up to date only when read outside the hot
+path: ``sync`` (on leaving, and for whoever asks). A real executor samples a token per
+sequence, so the core keeps the token fields current itself on its steps and the counter only
+plans (``EngineCore._advance``); it reads each block's id, so its members get their blocks one
+by one.
 
 Planners whose decode step takes every decoding sequence (prefill-first, TPOT-chunked,
 deadline-chunked) plan with the cohort; those that pick which sequences decode (SLOs-Serve's
@@ -21,16 +29,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hfx.engine.sequence import PLACEHOLDER_TOKEN, Sequence
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.sequence import IN_PHASE, NO_EVENT, PLACEHOLDER_TOKEN, Sequence
 from hfx.engine.tick_calendar import Crossings, Finishes
 
 
 class DecodeCohort:
-    __slots__ = ("_cross", "_finish", "_sum_base", "_tpots", "block_size", "ids", "members",
-                 "moves", "tick")
+    __slots__ = ("_charged", "_cross", "_finish", "_kv", "_phase", "_sum_base", "_tpots",
+                 "block_size", "ids", "members", "moves", "tick")
 
-    def __init__(self, block_size: int, events: bool = True) -> None:
+    def __init__(self, block_size: int, events: bool = True,
+                 kv: BlockManager | None = None) -> None:
         self.block_size = block_size
+        # The engine's blocks, taken in one count per tick (``charge``). None: each crossing
+        # member gets its block on its own, for an executor that reads the blocks' ids.
+        self._kv = kv
+        # Members past their first crossing, by the phase of their crossings: _phase[t % bs]
+        # members cross at tick t. Every tick up to _charged has had them allocated.
+        self._phase = [0] * block_size
+        self._charged = -1
         # (request id, tick, joined) as members join and leave, in order, for the records: a
         # member's tokens are the times of ticks (join, leave] (RequestLedger). None: not kept
         # (a real executor's tokens are reported one by one).
@@ -40,7 +57,7 @@ class DecodeCohort:
         self.ids: dict[str, None] = {}  # the members' request ids, for a step's token list
         self._sum_base = 0
         self._tpots: dict[float, int] = {}  # the members' TPOT targets, counted
-        # Each member's finish, and its next block crossing, by tick.
+        # Each member's finish, and its first block crossing, by tick.
         self._finish = Finishes()
         self._cross = Crossings()
 
@@ -77,22 +94,27 @@ class DecodeCohort:
             self._tpots[tpot] = self._tpots.get(tpot, 0) + 1
         # After tick T it holds base + T tokens: done at prompt + max_tokens.
         self._finish.put(seq, seq.prompt_len + seq.max_tokens - base)
-        self._push_crossing(seq)
-
-    def _push_crossing(self, seq: Sequence) -> None:
         # A decode at tick k writes the KV of token base + k: it needs a new block once that
         # passes the blocks it holds.
-        cap = seq.num_blocks * self.block_size
-        self._cross.put(seq, cap - seq.cohort_base + 1)
+        self._cross.put(seq, seq.num_blocks * self.block_size - base + 1)
+
+    def blocks(self, seq: Sequence) -> int:
+        """A member's KV blocks, as a sync would make its ``num_blocks``."""
+        if seq.cross_due != IN_PHASE:
+            return seq.num_blocks  # it has not crossed, or got each block on its own
+        held = -(-(seq.cohort_base + self._charged) // self.block_size)
+        return held if held > seq.num_blocks else seq.num_blocks
 
     def sync(self, seq: Sequence) -> None:
-        """Bring a member's token fields up to the tick."""
+        """Bring a member's token fields and block count up to the tick."""
         n = seq.cohort_base + self.tick
         behind = n - seq.num_tokens
         if behind:
             seq.num_tokens = n
             seq.num_computed_tokens = n - 1
             seq.output_token_ids.extend([PLACEHOLDER_TOKEN] * behind)
+        if seq.cross_due == IN_PHASE:
+            seq.num_blocks = self.blocks(seq)
 
     def sync_all(self) -> None:
         for seq in self.members:
@@ -104,7 +126,11 @@ class DecodeCohort:
         del self.members[seq]
         del self.ids[seq.request_id]
         self._finish.drop(seq)
-        self._cross.drop(seq)
+        if seq.cross_due == IN_PHASE:
+            self._phase[(1 - seq.cohort_base) % self.block_size] -= 1
+            seq.cross_due = NO_EVENT
+        else:
+            self._cross.drop(seq)
         self._sum_base -= seq.cohort_base
         if self.moves is not None:
             self.moves.append((seq.request_id, self.tick, False))
@@ -123,22 +149,65 @@ class DecodeCohort:
             self.leave(seq)
 
     def crossing(self) -> list[Sequence]:
-        """Members whose decode at this tick needs a new KV block, in running-list order (the
-        order a per-sequence planner visits them in). The caller allocates, then ``crossed``."""
-        return _in_running_order(self._cross.take(self.tick))
+        """Plan this tick's block crossings. When the free blocks hold them all (and the
+        cohort was given the block manager), they are taken in one count and nothing is
+        returned. Otherwise the members whose decode at this tick needs a new KV block, in
+        running-list order (the order a per-sequence planner visits them in), each with its
+        ``num_blocks`` current: the caller allocates each, then ``crossed``."""
+        tick, size = self.tick, self.block_size
+        firsts = self._cross.take(tick)
+        kv = self._kv
+        if kv is not None:
+            need = self._phase[tick % size] if tick > self._charged else 0
+            for seq in firsts:  # the blocks it lacks at this tick: one, as it is due now
+                need += -(-(seq.cohort_base + tick) // size) - seq.num_blocks
+            if need <= kv.num_free_blocks:
+                kv.num_free_blocks -= need
+                for seq in firsts:
+                    seq.num_blocks = -(-(seq.cohort_base + tick) // size)
+                    self.crossed(seq)
+                if tick > self._charged:
+                    self._charged = tick
+                return []
+        if tick > self._charged:
+            if self._phase[tick % size]:
+                # The phase's members leave it until they get their block (``crossed``): a
+                # sync meanwhile (one preempted first) counts only the blocks they hold.
+                for seq in self.members:
+                    if seq.cross_due == IN_PHASE and (seq.cohort_base + tick) % size == 1 % size:
+                        seq.num_blocks = self.blocks(seq)
+                        seq.cross_due = NO_EVENT
+                        firsts.append(seq)
+                self._phase[tick % size] = 0
+            self._charged = tick
+        return _in_running_order(firsts)
+
+    def crossed(self, seq: Sequence) -> None:
+        """``seq`` got the block it crossed into: it crosses by phase from now on."""
+        seq.cross_due = IN_PHASE
+        self._phase[(1 - seq.cohort_base) % self.block_size] += 1
 
     def next_finish(self) -> int | None:
         """The tick at which the first member reaches ``max_tokens`` (None: no member)."""
         return self._finish.first()
 
-    def crossing_ticks(self, last: int) -> list[int]:
-        """The ticks, up to ``last``, at which members need their next KV block, sorted; each
-        member's next one only (what a window of at most ``block_size`` ticks holds)."""
-        return self._cross.due_by(last)
-
-    def crossed(self, seq: Sequence) -> None:
-        """``seq`` got its block: watch for the next crossing."""
-        self._push_crossing(seq)
+    def ticks_with_blocks(self, length: int, free: int) -> int:
+        """How many of the next ``length`` ticks (at most ``block_size``: a member crosses at
+        most once in them) ``free`` blocks carry the crossings of: the first tick whose
+        crossings would find no block left, counted from this one."""
+        tick, size, phase = self.tick, self.block_size, self._phase
+        firsts = self._cross.due_by(tick + length - 1)
+        j, used = 0, 0
+        for i in range(length):
+            t = tick + i
+            if t > self._charged:
+                used += phase[t % size]
+            while j < len(firsts) and firsts[j] <= t:
+                used += 1
+                j += 1
+            if used > free:
+                return i
+        return length
 
     def step(self) -> list[Sequence]:
         """One decode step of every member. Returns those it brought to ``max_tokens``, in

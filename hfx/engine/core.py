@@ -124,7 +124,9 @@ class EngineCore:
         self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
                                  kv=self.kv)
         if config.engine_runs and self.planner.plans_cohort:
-            self.state.cohort = DecodeCohort(config.block_size, events=not self._expand)
+            # A real executor reads each block's id: its members get their blocks one by one.
+            self.state.cohort = DecodeCohort(config.block_size, events=not self._expand,
+                                             kv=None if self._expand else self.kv)
         # Several cohort steps as one timer (decode_run.py), on a virtual clock.
         self._runs = self.state.cohort is not None and not self._expand and \
             getattr(executor, "advances_runs", False)
@@ -395,13 +397,10 @@ class EngineCore:
         run.timer = asyncio.get_running_loop().call_at(run.times[-1], ended)
 
     def _plan_run_step(self, cohort: DecodeCohort) -> None:
-        """A run's step planned: the blocks of the members crossing into one now, in
-        running-list order (as ``BatchPlanner.decode_cohort``; the run counted them free)."""
-        tick = cohort.tick
-        for seq in cohort.crossing():
-            if not self.kv.allocate(seq, seq.cohort_base + tick):
-                raise AssertionError("a decode run planned a block that is not free")
-            cohort.crossed(seq)
+        """A run's step planned: the blocks of the members crossing into one now, in one
+        count (as ``BatchPlanner.decode_cohort``; the run counted them free)."""
+        if cohort.crossing():
+            raise AssertionError("a decode run planned a block that is not free")
 
     def _apply_run_step(self, run: DecodeRun,
                         transitions: list[tuple[str, RequestStatus]] | None) -> None:

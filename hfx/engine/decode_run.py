@@ -60,13 +60,10 @@ def plan_run(cohort: DecodeCohort, kv: BlockManager, executor: object, now: floa
     length = min(kv.block_size, finish - tick)
     if length < 2:
         return None
-    crossings = cohort.crossing_ticks(tick + length - 1)
-    free = kv.num_free_blocks
-    if len(crossings) > free:
-        # Plan ticks before the first crossing with no block left; it would preempt.
-        length = min(length, crossings[free] - tick)
-        if length < 2:
-            return None
+    # Plan ticks before the first crossing with no block left; it would preempt.
+    length = cohort.ticks_with_blocks(length, kv.num_free_blocks)
+    if length < 2:
+        return None
     duration = executor.duration  # type: ignore[attr-defined]  # a SimExecutor's
     times: list[float] = []
     factors: list[float | None] = []

@@ -18,6 +18,9 @@ from hfx.sampling import GREEDY, SamplingParams
 PLACEHOLDER_TOKEN = 0
 # A cohort event's tick when none is due (tick_calendar.py): later than any tick.
 NO_EVENT = sys.maxsize
+# ``Sequence.cross_due`` of a cohort member past its first block crossing: it crosses every
+# ``block_size`` ticks from then on, counted by phase (cohort.py), with no calendar event.
+IN_PHASE = NO_EVENT - 1
 
 
 class Role(str, enum.Enum):
@@ -95,7 +98,8 @@ class Sequence:
     # counter (num_tokens is cohort_base + the cohort's tick) until synced.
     in_cohort: bool
     cohort_base: int
-    # The cohort ticks of its next block crossing and of its finish (tick_calendar.py).
+    # The cohort ticks of its first block crossing (or IN_PHASE) and of its finish
+    # (tick_calendar.py).
     cross_due: int = field(init=False, repr=False)
     finish_due: int = field(init=False, repr=False)
     num_tokens: int = field(init=False)

@@ -105,7 +105,7 @@ class TickCalendar:
 
 
 class Crossings(TickCalendar):
-    """Each member's next block crossing."""
+    """Each member's first block crossing (from then on it crosses by phase: cohort.py)."""
 
     __slots__ = ()
 

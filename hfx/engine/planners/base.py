@@ -128,9 +128,9 @@ class BatchPlanner(ABC):
     def decode_cohort(self, state: EngineState, cohort: DecodeCohort,
                       out: SchedulerOutput) -> None:
         """Plan a decode step of every cohort member: the KV blocks of the members that cross
-        into a new one at this step, in running-list order (preempting the newest running
-        sequences when none is free, as a per-sequence pass would), then the step's shape.
-        Nothing per member that crosses nothing."""
+        into a new one at this step (one count while they fit; else in running-list order,
+        preempting the newest running sequences when none is free, as a per-sequence pass
+        would), then the step's shape. Nothing per member that crosses nothing."""
         tick = cohort.tick
         for seq in cohort.crossing():
             if not seq.in_cohort:
