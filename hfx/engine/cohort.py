@@ -36,7 +36,7 @@ from hfx.engine.tick_calendar import Crossings, Finishes
 
 class DecodeCohort:
     __slots__ = ("_charged", "_cross", "_finish", "_kv", "_phase", "_sum_base", "_tpots",
-                 "block_size", "ids", "members", "moves", "tick")
+                 "block_size", "members", "moves", "tick")
 
     def __init__(self, block_size: int, events: bool = True,
                  kv: BlockManager | None = None) -> None:
@@ -54,7 +54,6 @@ class DecodeCohort:
         self.moves: list[tuple[str, int, bool]] | None = [] if events else None
         self.tick = 0  # decode steps the cohort has taken
         self.members: dict[Sequence, None] = {}
-        self.ids: dict[str, None] = {}  # the members' request ids, for a step's token list
         self._sum_base = 0
         self._tpots: dict[float, int] = {}  # the members' TPOT targets, counted
         # Each member's finish, and its first block crossing, by tick.
@@ -85,7 +84,6 @@ class DecodeCohort:
         seq.cohort_base = base
         seq.in_cohort = True
         self.members[seq] = None
-        self.ids[seq.request_id] = None
         self._sum_base += base
         if self.moves is not None:
             self.moves.append((seq.request_id, self.tick, True))
@@ -124,7 +122,6 @@ class DecodeCohort:
         """``seq`` stops decoding here (finished, preempted, aborted): synced, then removed."""
         self.sync(seq)
         del self.members[seq]
-        del self.ids[seq.request_id]
         self._finish.drop(seq)
         if seq.cross_due == IN_PHASE:
             self._phase[(1 - seq.cohort_base) % self.block_size] -= 1

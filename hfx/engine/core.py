@@ -552,9 +552,9 @@ class EngineCore:
 
     def _retire(self, seqs: list[Sequence]) -> None:
         running = self.state.running
-        if len(seqs) < 8:  # the usual few: list.remove compares identities at C speed
+        if len(seqs) < 8:  # the usual few
             for seq in seqs:
-                running.remove(seq)
+                del running[_position(running, seq)]
         else:
             done = set(seqs)
             running[:] = [s for s in running if s not in done]
@@ -591,6 +591,16 @@ class EngineCore:
             seq.status = RequestStatus.FINISHED_ABORTED
             transitions.append((rid, seq.status))
         self._aborts.clear()
+
+
+def _position(seqs: list[Sequence], seq: Sequence) -> int:
+    """Where ``seq`` is in ``seqs``, by identity. ``list.remove`` compares with ``==``: for
+    each other element a rich comparison that reads its type, a cache miss per running sequence
+    in a large fleet; this compares pointers only."""
+    for i in range(len(seqs)):
+        if seqs[i] is seq:
+            return i
+    raise ValueError(f"{seq.request_id} is not in the list")
 
 
 def _resolve(done: asyncio.Future[None]) -> None:
