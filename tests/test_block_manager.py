@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,3 +72,12 @@ def test_freed_blocks_are_reused_first_then_the_lowest_never_used():
     assert kv.allocate(c, 4) and c.block_table == [1, 2, 5, 0]  # a never-used one, then a freed
     assert kv.num_free_blocks == 4 and kv.num_used_blocks == 6
     assert not kv.allocate(a, 5) and a.block_table == [] and a.num_blocks == 0
+
+
+def test_take_counts_blocks_out_only_when_all_are_free_and_never_with_ids():
+    kv = BlockManager(5, 4, block_ids=False)
+    assert kv.take(3) and kv.num_free_blocks == 2
+    assert not kv.take(3) and kv.num_free_blocks == 2  # all or nothing
+    assert kv.take(2) and kv.num_free_blocks == 0 and kv.num_used_blocks == 5
+    with pytest.raises(AssertionError):  # ids go to a sequence, not a count
+        BlockManager(5, 4).take(1)

@@ -56,6 +56,16 @@ class BlockManager:
             seq.block_table.extend(self._take_ids(need))
         return True
 
+    def take(self, n: int) -> bool:
+        """Take ``n`` blocks for holders that keep their own counts (a decode cohort's members,
+        counted by phase and synced later: cohort.py): whether they were free. Nothing is
+        taken when they are not. No ids: only where the executor reads none."""
+        assert not self.block_ids, "blocks with ids go to a sequence (allocate)"
+        if n > self.num_free_blocks:
+            return False
+        self.num_free_blocks -= n
+        return True
+
     def _take_ids(self, need: int) -> list[int]:
         returned = self._returned
         if need <= len(returned):

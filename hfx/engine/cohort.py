@@ -41,7 +41,7 @@ class DecodeCohort:
     def __init__(self, block_size: int, events: bool = True,
                  kv: BlockManager | None = None) -> None:
         self.block_size = block_size
-        # The engine's blocks, taken in one count per tick (``charge``). None: each crossing
+        # The engine's blocks, taken in one count per tick (``crossing``). None: each crossing
         # member gets its block on its own, for an executor that reads the blocks' ids.
         self._kv = kv
         # Members past their first crossing, by the phase of their crossings: _phase[t % bs]
@@ -158,8 +158,7 @@ class DecodeCohort:
             need = self._phase[tick % size] if tick > self._charged else 0
             for seq in firsts:  # the blocks it lacks at this tick: one, as it is due now
                 need += -(-(seq.cohort_base + tick) // size) - seq.num_blocks
-            if need <= kv.num_free_blocks:
-                kv.num_free_blocks -= need
+            if kv.take(need):
                 for seq in firsts:
                     seq.num_blocks = -(-(seq.cohort_base + tick) // size)
                     self.crossed(seq)
