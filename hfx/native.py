@@ -12,13 +12,13 @@ node without the build): what travels between them pickles through its construct
 Compiled: the engine core and its planners, requests and records, the ledger, the control plane,
 the fleet and the local instance driver, the step-time model and its noise, the virtual loop's
 timers and iteration, a run's arrivals and its request stream's rows, what a policy sees and
-decides, SCORPIO's deadline queue, the per-step and per- request path of a simulated run. Not
+decides, SCORPIO's deadline queue, the per-step and per-request path of a simulated run. Not
 compiled: the policies (a Python class derives from a compiled one only where that class allows
 it, as ``EngineCore`` does for tests, at some cost; every policy derives from ``Policy``), the
 executors (tests subclass them), the request stream's ``Sequence`` (an ABC), the virtual loop's
 class (it derives from asyncio's Python classes). A compiled dataclass writes its ``__init__``
 out where it is made per request or per step: the one dataclasses generates is Python
-(tests/test_native.py checks the hot ones). Results are bit- identical to plain Python (the
+(tests/test_native.py checks the hot ones). Results are bit-identical to plain Python (the
 golden runs, in CI); speed: docs/performance.md, "Compiled".
 """
 

@@ -1,11 +1,14 @@
 """The decode cohort's calendars of ticks (hfx/engine/tick_calendar.py) against a plain model of
-what they keep: each sequence's one due tick."""
+what they keep, each sequence's one due tick; and its crossings counted by phase
+(hfx/engine/cohort.py) against a per-member count."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hfx.engine.block_manager import BlockManager
+from hfx.engine.cohort import DecodeCohort
 from hfx.engine.sequence import Sequence
 from hfx.engine.tick_calendar import Crossings, Finishes
 
@@ -97,9 +100,6 @@ def test_crossings_by_phase_take_the_blocks_a_per_member_count_takes(size, promp
     blocks fall by exactly what each member lacks, nothing is listed while they fit, and once
     they do not, the members crossing at that tick are listed (in running-list order) with the
     blocks they hold."""
-    from hfx.engine.block_manager import BlockManager
-    from hfx.engine.cohort import DecodeCohort
-
     seqs = []
     for i, p in enumerate(prompts):
         s = Sequence(f"r{i}", prompt_len=p, max_tokens=100, output_token_ids=[7], order=i)
