@@ -119,7 +119,7 @@ async def drive(control: ControlPlane, requests: Sequence[Request], progress: st
             control.submit(req)
     try:
         # A stalled engine would otherwise keep the Monitor ticking forever on a virtual clock.
-        limit = STALL_SECONDS + (requests[-1].arrival if requests else 0.0)
+        limit = STALL_SECONDS + last_arrival(requests)
         if until is not None:
             limit = max(0.0, until - (loop.time() - t0))
         await asyncio.wait_for(control.wait_idle(), timeout=limit)
@@ -134,6 +134,13 @@ async def drive(control: ControlPlane, requests: Sequence[Request], progress: st
     bar.close()
     await control.stop()
     return end
+
+
+def last_arrival(requests: Sequence[Request]) -> float:
+    """The latest arrival (0 if none); a stream's without drawing it to its end."""
+    if isinstance(requests, RequestStream):
+        return requests.last_arrival
+    return requests[-1].arrival if requests else 0.0
 
 
 async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
@@ -165,7 +172,7 @@ async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: P
     drain = config.drain_seconds
     until = None
     if drain is not None:
-        until = (config.duration or (requests[-1].arrival if requests else 0.0)) + drain
+        until = (config.duration or last_arrival(requests)) + drain
     end = await drive(control, requests, label, until)
     if folder is not None:
         folder.flush()

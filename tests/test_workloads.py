@@ -203,3 +203,52 @@ def test_arrivals_submit_each_request_at_its_own_time_in_order():
 
     assert run(main(requests), virtual=True) == [(r.arrival, r.id) for r in requests]
     assert run(main([]), virtual=True) == []  # nothing to submit: done at once
+
+
+@pytest.mark.parametrize("draw", [7, 100])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stream_drawn_in_chunks_is_the_stream_drawn_whole(seed, draw):
+    from hfx.workloads.load import RequestStream, poisson_until
+    from hfx.workloads.task_draws import counted_chunks, poisson_chunks
+    from hfx.workloads.tasks import WORKLOADS
+
+    tasks = WORKLOADS["four-task"]
+    # poisson_until draws blocks of rate·duration gaps, a second one when the first falls
+    # short: chunks of 7 cut every block, and some seeds need the second block.
+    for key, chunks, whole in [
+        ([seed, 3], poisson_chunks(2.5, 40.0, draw),
+         lambda o, t, rng: poisson_until(rng, 2.5, 40.0)),
+        ([seed], counted_chunks(2.5, 90, draw),
+         lambda o, t, rng: np.cumsum(rng.exponential(1 / 2.5, 90)))]:
+        s = RequestStream(tasks, key, chunks)
+        s.rows.block = 13
+        want = _rows_sorted(tasks, key, whole)
+        assert len(s) == len(want) and s.last_arrival == want[-1].arrival
+        assert list(s) == want
+        assert [s[i] for i in (len(want) - 1, 0, 50, 49)] == \
+            [want[i] for i in (len(want) - 1, 0, 50, 49)]  # reading back draws again
+
+
+def test_chunks_merge_with_ties_across_their_edges():
+    from hfx.workloads.load import RequestStream
+    from hfx.workloads.tasks import WORKLOADS
+
+    tasks = WORKLOADS["four-task"][:3]
+    given = {0: [[0.0, 1.0, 1.0], [1.0], [1.0, 2.0]], 1: [[1.0], [1.0, 3.0]], 2: [[]]}
+
+    def chunks(order, task, rng):
+        yield from (np.asarray(c) for c in given[order])
+
+    s = RequestStream(tasks, [5], chunks)
+    s.rows.block = 2
+    got = [(r.arrival, r.task, int(r.id.rsplit("-", 1)[1])) for r in s]
+    assert got == sorted(got, key=lambda r: (r[0], [t.name for t in tasks].index(r[1]), r[2]))
+    assert len(got) == 9 and s.last_arrival == 3.0
+    want = _rows_sorted(tasks, [5], lambda o, t, rng: [x for c in given[o] for x in c])
+    assert list(s) == want
+
+    def backwards(order, task, rng):
+        yield from (np.asarray(c) for c in ([2.0], [1.0]))
+
+    with pytest.raises(ValueError, match="out of order"):
+        list(RequestStream(tasks, [5], backwards))

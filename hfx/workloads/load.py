@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import overload
@@ -27,6 +27,13 @@ import numpy as np
 from hfx.request import SLO, Request
 from hfx.workloads.kinds import Draw, kind_of
 from hfx.workloads.stream_rows import StreamRows
+from hfx.workloads.task_draws import (
+    ArrivalChunks,
+    MergedRows,
+    TaskDraws,
+    counted_chunks,
+    poisson_chunks,
+)
 from hfx.workloads.tasks import (
     BURSTY,
     DEFAULT_REQUESTS_PER_TASK,
@@ -86,50 +93,45 @@ def stream(workload: str, qps: float, seed: int,
     if requests_per_task < 1:
         raise ValueError(f"requests_per_task must be >= 1, got {requests_per_task}")
     rate = qps / len(tasks)
-    if duration is not None:
-        return RequestStream(tasks, [seed, 3], lambda order, task, rng: poisson_until(
-            rng, rate, duration))
-    return RequestStream(tasks, [seed], lambda order, task, rng: np.cumsum(
-        rng.exponential(1.0 / rate, requests_per_task)))
+    if duration is not None:  # poisson_until's times, a chunk at a time
+        return RequestStream(tasks, [seed, 3], poisson_chunks(rate, duration))
+    return RequestStream(tasks, [seed], counted_chunks(rate, requests_per_task))
 
 
 ArrivalsOf = Callable[[int, TaskSpec, np.random.Generator], "np.ndarray | Sequence[float]"]
 
 
+def _chunked(arrivals_of: ArrivalsOf | ArrivalChunks) -> ArrivalChunks:
+    """``arrivals_of`` as chunks: its iterator, or its whole result as one chunk."""
+    def chunks(order: int, task: TaskSpec, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        times = arrivals_of(order, task, rng)
+        if isinstance(times, Iterator):
+            yield from times
+        else:
+            yield np.asarray(times, dtype=np.float64)
+    return chunks
+
+
 class RequestStream(Sequence[Request]):
     """Each task's requests — arrival times from ``arrivals_of``, then Table 1 lengths, drawn
     from the task's own generator (``key`` + the task's name) — merged in arrival order (ties:
-    task order, then index), each ``Request`` built when it is read. It keeps five numbers a
-    request (22 B) instead of the request (~300 B): a 27 M-request run reads each once."""
+    task order, then index), each ``Request`` built when it is read. ``arrivals_of`` returns a
+    task's times whole, or as an iterator of chunks; the rows are drawn a chunk at a time as
+    the run reads them (hfx/workloads/task_draws.py): a 27 M-request run holds a few chunks,
+    not five numbers a request (~600 MB) nor a ``Request`` each (~300 B)."""
 
-    def __init__(self, tasks: Iterable[TaskSpec], key: list[int], arrivals_of: ArrivalsOf
-                 ) -> None:
+    def __init__(self, tasks: Iterable[TaskSpec], key: list[int],
+                 arrivals_of: ArrivalsOf | ArrivalChunks) -> None:
         self._tasks = tuple(tasks)
-        # Built a column at a time, each part freed as it is joined and each column sorted in
-        # turn: the peak stays near the stream's own 22 B a request (a 27 M-request run).
-        dtypes = (np.float64, np.int16, np.int32, np.int32, np.int32)
-        parts: list[list[np.ndarray | None]] = []
+        draws = []
         for order, task in enumerate(self._tasks):
             rng = np.random.default_rng([key[0], zlib.crc32(task.name.encode()), *key[1:]])
-            times = np.asarray(arrivals_of(order, task, rng), dtype=np.float64)
-            k = len(times)
-            ins = lognormal_lengths(rng, task.input_mean, task.input_std, k).astype(np.int32)
-            outs = lognormal_lengths(rng, task.output_mean, task.output_std, k).astype(np.int32)
-            parts.append([times, np.full(k, order, dtype=np.int16),
-                          np.arange(k, dtype=np.int32), ins, outs])
-        columns: list[np.ndarray] = []
-        for c, dtype in enumerate(dtypes):
-            columns.append(np.concatenate([p[c] for p in parts]).astype(dtype, copy=False)
-                           if parts else np.zeros(0, dtype=dtype))
-            for p in parts:
-                p[c] = None
-        by = np.lexsort((columns[2], columns[1], columns[0]))  # time, task order, index
-        for c in range(len(columns)):
-            columns[c] = columns[c][by]
-        del by
-        times, orders, index, ins, outs = columns
+            draws.append(TaskDraws(order, task, rng, _chunked(arrivals_of), lognormal_lengths))
+        self._source = MergedRows(draws)
+        # The last arrival (a run's end is reckoned from it), without reading to the end.
+        self.last_arrival = max((d.last for d in draws if d.count), default=0.0)
         self.rows = StreamRows([t.name for t in self._tasks], [t.slo for t in self._tasks], None,
-                               (times, orders, index, ins, outs))
+                               self._source, self._source.size)
 
     def __len__(self) -> int:
         return self.rows.size
@@ -157,7 +159,8 @@ class RequestStream(Sequence[Request]):
         if missing is not None:
             raise ValueError(f"task {missing.name!r} has no priority")
         out = copy.copy(self)
-        out.rows = self.rows.with_priorities([of_task[t.name] for t in self._tasks])
+        out._source = self._source.fresh()
+        out.rows = self.rows.with_priorities([of_task[t.name] for t in self._tasks], out._source)
         return out
 
 

@@ -8,11 +8,17 @@ a fifth of an arrival's cost on two instances (issue 31). ``RequestStream`` stay
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hfx.request import SLO, Request
 
 BLOCK = 4096  # rows turned into Python numbers at once
+
+# Rows [lo, hi) as five columns: arrival time, task, index in the task, prompt and output length.
+RowSource = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                       np.ndarray]]
 
 
 class StreamRows:
@@ -21,13 +27,12 @@ class StreamRows:
     and, in place of the SLO, its priority (HFX-PM)."""
 
     def __init__(self, names: list[str], slos: list[SLO], priorities: list[int] | None,
-                 columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-                 block: int = BLOCK) -> None:
+                 source: RowSource, size: int, block: int = BLOCK) -> None:
         self.names = names
         self.slos = slos
         self.priorities = priorities
-        self.columns = columns
-        self.size = len(columns[0])
+        self.source = source  # read a block at a time, in order (hfx/workloads/task_draws.py)
+        self.size = size
         self.block = block
         # The rows of the block read last, as Python numbers.
         self._block = -1
@@ -37,22 +42,22 @@ class StreamRows:
         self._ins: list[int] = []
         self._outs: list[int] = []
 
-    def with_priorities(self, priorities: list[int]) -> StreamRows:
-        """The same rows, each request carrying its task's priority instead of an SLO."""
-        return StreamRows(self.names, self.slos, priorities, self.columns, self.block)
+    def with_priorities(self, priorities: list[int], source: RowSource) -> StreamRows:
+        """The same rows, read from ``source``, each request carrying its task's priority
+        instead of an SLO."""
+        return StreamRows(self.names, self.slos, priorities, source, self.size, self.block)
 
     def request(self, i: int) -> Request:
         """Request ``i`` (0 <= i < size)."""
         size = self.block
         b = i // size
         if b != self._block:  # a run reads in order: a block of rows as Python numbers
-            lo, hi = b * size, (b + 1) * size
-            times, orders, index, ins, outs = self.columns
-            self._times = times[lo:hi].tolist()
-            self._orders = orders[lo:hi].tolist()
-            self._index = index[lo:hi].tolist()
-            self._ins = ins[lo:hi].tolist()
-            self._outs = outs[lo:hi].tolist()
+            times, orders, index, ins, outs = self.source(b * size, (b + 1) * size)
+            self._times = times.tolist()
+            self._orders = orders.tolist()
+            self._index = index.tolist()
+            self._ins = ins.tolist()
+            self._outs = outs.tolist()
             self._block = b
         k = i - b * size
         order = self._orders[k]
