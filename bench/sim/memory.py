@@ -83,8 +83,8 @@ def main() -> None:
             "qps": PER_INSTANCE_QPS * args.instances, "warmup": args.warmup}
     here = str(Path(__file__).resolve().parents[2])
     plan = [(here, mode) for mode in args.modes.split(",")]
-    if args.tree:  # the other checkout as it is (it may not fold at all)
-        plan.append((args.tree, "keep"))
+    if args.tree:  # the same modes there (one it does not know runs as its default)
+        plan += [(args.tree, mode) for mode in args.modes.split(",")]
     runs = []
     for (tree, mode), duration in itertools.product(plan, map(float, args.duration.split(","))):
         row = run_child({**base, "duration": duration, "mode": mode}, tree)

@@ -23,7 +23,7 @@ import numpy as np
 
 from hfx.workloads.tasks import TaskSpec
 
-DRAW = 1 << 16  # rows a task draws at once
+DRAW = 1 << 13  # rows a task draws at once: a batch of the merge stays a few MB
 
 Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 # A task's arrival times as chunks, drawn from the generator given (in order, each drawn only
