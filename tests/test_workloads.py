@@ -220,7 +220,7 @@ def test_a_stream_drawn_in_chunks_is_the_stream_drawn_whole(seed, draw):
          lambda o, t, rng: poisson_until(rng, 2.5, 40.0)),
         ([seed], counted_chunks(2.5, 90, draw),
          lambda o, t, rng: np.cumsum(rng.exponential(1 / 2.5, 90)))]:
-        s = RequestStream(tasks, key, chunks)
+        s = RequestStream(tasks, key, chunks, draw)
         s.rows.block = 13
         want = _rows_sorted(tasks, key, whole)
         assert len(s) == len(want) and s.last_arrival == want[-1].arrival
@@ -239,7 +239,7 @@ def test_chunks_merge_with_ties_across_their_edges():
     def chunks(order, task, rng):
         yield from (np.asarray(c) for c in given[order])
 
-    s = RequestStream(tasks, [5], chunks)
+    s = RequestStream(tasks, [5], chunks, draw=2)
     s.rows.block = 2
     got = [(r.arrival, r.task, int(r.id.rsplit("-", 1)[1])) for r in s]
     assert got == sorted(got, key=lambda r: (r[0], [t.name for t in tasks].index(r[1]), r[2]))
@@ -251,4 +251,4 @@ def test_chunks_merge_with_ties_across_their_edges():
         yield from (np.asarray(c) for c in ([2.0], [1.0]))
 
     with pytest.raises(ValueError, match="out of order"):
-        list(RequestStream(tasks, [5], backwards))
+        RequestStream(tasks, [5], backwards)

@@ -28,6 +28,7 @@ from hfx.request import SLO, Request
 from hfx.workloads.kinds import Draw, kind_of
 from hfx.workloads.stream_rows import StreamRows
 from hfx.workloads.task_draws import (
+    DRAW,
     ArrivalChunks,
     MergedRows,
     TaskDraws,
@@ -121,12 +122,13 @@ class RequestStream(Sequence[Request]):
     not five numbers a request (~600 MB) nor a ``Request`` each (~300 B)."""
 
     def __init__(self, tasks: Iterable[TaskSpec], key: list[int],
-                 arrivals_of: ArrivalsOf | ArrivalChunks) -> None:
+                 arrivals_of: ArrivalsOf | ArrivalChunks, draw: int = DRAW) -> None:
         self._tasks = tuple(tasks)
         draws = []
         for order, task in enumerate(self._tasks):
             rng = np.random.default_rng([key[0], zlib.crc32(task.name.encode()), *key[1:]])
-            draws.append(TaskDraws(order, task, rng, _chunked(arrivals_of), lognormal_lengths))
+            draws.append(TaskDraws(order, task, rng, _chunked(arrivals_of), lognormal_lengths,
+                                   draw))
         self._source = MergedRows(draws)
         # The last arrival (a run's end is reckoned from it), without reading to the end.
         self.last_arrival = max((d.last for d in draws if d.count), default=0.0)

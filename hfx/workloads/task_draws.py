@@ -47,47 +47,63 @@ def cumsum_from(total: float | None, steps: np.ndarray) -> np.ndarray:
 
 
 class TaskDraws:
-    """One task's rows: (arrival, task order, index, prompt length, output length) chunks."""
+    """One task's rows: (arrival, task order, index, prompt length, output length) chunks.
+    A task of at most ``draw`` rows keeps them from the first pass (a short run's tasks)."""
 
     def __init__(self, order: int, task: TaskSpec, rng: np.random.Generator,
                  arrivals: ArrivalChunks, lengths: Lengths, draw: int = DRAW) -> None:
         if not isinstance(rng.bit_generator, np.random.PCG64):
             raise TypeError("a task's generator must be numpy's default (PCG64)")
-        self.order, self.task, self.draw = order, task, draw
+        self.order, self.task = order, task
         self._arrivals, self._lengths = arrivals, lengths
         self._start = rng.bit_generator.state
         self.count, self.last = 0, -np.inf  # rows, and the latest arrival
+        kept: list[np.ndarray] = []
         for times in arrivals(order, task, rng):
+            if not len(times):
+                continue
+            times = np.asarray(times, dtype=np.float64)
+            if float(np.min(times)) < self.last:  # within a chunk, the order is free
+                raise ValueError(f"task {task.name!r}: arrival chunks out of order")
             self.count += len(times)
-            if len(times):
-                self.last = max(self.last, float(np.max(times)))
+            self.last = float(np.max(times))
+            if self.count <= draw:
+                kept.append(times)
         self._ins_start = rng.bit_generator.state
         for lo in range(0, self.count, draw):
-            lengths(rng, task.input_mean, task.input_std, min(draw, self.count - lo))
+            ins = lengths(rng, task.input_mean, task.input_std, min(draw, self.count - lo))
         self._outs_start = rng.bit_generator.state
+        self._kept: Columns | None = None
+        if self.count and self.count <= draw:  # one chunk of lengths: drawn already
+            outs = lengths(rng, task.output_mean, task.output_std, self.count)
+            self._kept = self._rows(np.concatenate(kept), 0, ins, outs)
+
+    def _rows(self, times: np.ndarray, index: int, ins: np.ndarray, outs: np.ndarray
+              ) -> Columns:
+        n = len(times)
+        rows = (times, np.full(n, self.order, dtype=np.int16),
+                np.arange(index, index + n, dtype=np.int32), ins.astype(np.int32),
+                outs.astype(np.int32))
+        if n > 1 and not bool(np.all(times[1:] >= times[:-1])):  # times given whole, unsorted
+            by = np.argsort(times, kind="stable")  # ties by index
+            rows = tuple(c[by] for c in rows)  # type: ignore[assignment]
+        return rows
 
     def chunks(self) -> Iterator[Columns]:
         """The task's rows from its first, a chunk at a time."""
+        if self._kept is not None:
+            yield self._kept
+            return
         task, lengths = self.task, self._lengths
         ins, outs = _generator(self._ins_start), _generator(self._outs_start)
-        left, index, last = self.count, 0, 0.0
+        left, index = self.count, 0
         for times in self._arrivals(self.order, task, _generator(self._start)):
             n = min(len(times), left)
             if n == 0:
                 continue
-            rows = (np.asarray(times[:n], dtype=np.float64),
-                    np.full(n, self.order, dtype=np.int16),
-                    np.arange(index, index + n, dtype=np.int32),
-                    lengths(ins, task.input_mean, task.input_std, n).astype(np.int32),
-                    lengths(outs, task.output_mean, task.output_std, n).astype(np.int32))
-            at = rows[0]
-            if n > 1 and not bool(np.all(at[1:] >= at[:-1])):  # times given whole, unsorted
-                by = np.argsort(at, kind="stable")  # ties by index
-                rows = tuple(c[by] for c in rows)  # type: ignore[assignment]
-            if index and rows[0][0] < last:
-                raise ValueError(f"task {task.name!r}: arrival chunks out of order")
-            last = float(rows[0][-1])
-            yield rows
+            yield self._rows(np.asarray(times[:n], dtype=np.float64), index,
+                             lengths(ins, task.input_mean, task.input_std, n),
+                             lengths(outs, task.output_mean, task.output_std, n))
             left -= n
             index += n
             if not left:
