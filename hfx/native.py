@@ -12,14 +12,16 @@ node without the build): what travels between them pickles through its construct
 Compiled: the engine core and its planners, requests and records, the ledger, the control plane,
 the fleet and the local instance driver, the step-time model and its noise, the virtual loop's
 timers and iteration, a run's arrivals and its request stream's rows, what a policy sees and
-decides, SCORPIO's deadline queue, the per-step and per-request path of a simulated run. Not
-compiled: the policies (a Python class derives from a compiled one only where that class allows
-it, as ``EngineCore`` does for tests, at some cost; every policy derives from ``Policy``), the
-executors (tests subclass them), the request stream's ``Sequence`` (an ABC), the virtual loop's
-class (it derives from asyncio's Python classes). A compiled dataclass writes its ``__init__``
-out where it is made per request or per step: the one dataclasses generates is Python
-(tests/test_native.py checks the hot ones). Results are bit-identical to plain Python (the
-golden runs, in CI); speed: docs/performance.md, "Compiled".
+decides, SCORPIO's deadline queue, the per-step and per-request path of a simulated run, and
+every colocated policy with its queues and shadows. ``Policy``, ``ArrivalOrderPolicy`` and
+``HFXDispatcher`` let Python classes derive from them (tests' policies; the P/D stages:
+compiled, their ``super().__init__(**params)`` handed the dict itself to ``theta``), at the cost
+of a lookup per method call. Not compiled: the P/D stages (hfx_pd.py), SA's annealing kernel
+(numba compiles it), the executors (tests subclass them), the request stream's ``Sequence`` (an
+ABC), the virtual loop's class (it derives from asyncio's Python classes). A compiled dataclass
+writes its ``__init__`` out where it is made per request or per step: the one dataclasses
+generates is Python (tests/test_native.py checks the hot ones). Results are bit-identical to
+plain Python (the golden runs, in CI); speed: docs/performance.md, "Compiled".
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ MODULES = (
     "hfx/workloads/columns.py", "hfx/stepmodel/step_time.py", "hfx/engine/step_noise.py",
     "hfx/engine/admission.py", "hfx/timer_queue.py", "hfx/workloads/arrivals.py",
     "hfx/workloads/stream_rows.py", "hfx/policies/views.py", "hfx/policies/deadline_queue.py",
+    "hfx/policies/base.py", "hfx/policies/hfx.py", "hfx/policies/shadow.py",
+    "hfx/policies/slo_queue.py", "hfx/policies/maturity.py", "hfx/policies/output_length.py",
+    "hfx/policies/round_robin.py", "hfx/policies/least_loaded.py",
+    "hfx/policies/aladdin.py", "hfx/policies/slos_serve.py", "hfx/policies/scorpio.py",
+    "hfx/policies/polyserve.py", "hfx/policies/sa.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

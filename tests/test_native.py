@@ -110,11 +110,12 @@ def test_under_hfx_native_the_hot_classes_construct_in_compiled_code():
     from hfx.engine.core import PlannedStep, StepOutput
     from hfx.engine.decode_run import DecodeRun
     from hfx.engine.planners.base import SchedulerOutput
+    from hfx.policies.shadow import _Inflight
     from hfx.policies.views import Decision, Dispatch, InstanceView
     from hfx.stepmodel.step_time import BatchShape
 
     hot = (Request, RequestRecord, TokenRun, Sequence, SchedulerOutput, DecodeRun, BatchShape,
-           StepOutput, PlannedStep, Decision, Dispatch, InstanceView)
+           StepOutput, PlannedStep, Decision, Dispatch, InstanceView, _Inflight)
     generated = [c.__name__ for c in hot if isinstance(c.__init__, types.FunctionType)]
     assert generated == []
 

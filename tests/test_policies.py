@@ -287,10 +287,12 @@ def test_hfx_prefill_budget_is_the_tokens_whose_prefill_fits_the_strictest_ttft(
 
 # ---- SCORPIO ---------------------------------------------------------------------------------
 def test_scorpio_predicted_tpot_on_a_hand_example():
-    from types import SimpleNamespace
+    from hfx.policies.shadow import ShadowInstance
 
     pol = make_policy("scorpio", epsilon=1.5)
-    sh = SimpleNamespace(batch_size=2, decode_ctx=2000)
+    sh = ShadowInstance(0, 10**6, 256)  # a real one: compiled, predicted_tpot takes no other
+    for rid in ("x", "y"):  # a batch of 2 holding 2,000 tokens of context
+        sh.add(req(rid, 0.0, 1000, 1.0, 0.1), 10.0)
     r = req("r", 0.0, 500, 1.0, 0.05)
     # n_real = 3; context 2000 + 500 + 3·100/2 = 2650, L_avg = 2650/3; the virtual batch size
     # with TPOTs 0.1, 0.2 and 0.05 is 0.5 + 0.25 + 1 = 1.75; ε·(α·n·L_avg + β·n + δ).

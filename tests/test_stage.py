@@ -7,13 +7,17 @@ import asyncio
 from hfx.clock import run
 from hfx.cluster.stage import Stage
 from hfx.policies import ClusterView, Decision
+from hfx.policies.base import ArrivalOrderPolicy
 from hfx.stepmodel.latency import StepTimeModel, load_profile
 
 
-class Scripted:
+class Scripted(ArrivalOrderPolicy):
     """A policy that answers each call with the next wake time of its script."""
 
+    name = "scripted"
+
     def __init__(self, wakes: list[float | None]) -> None:
+        super().__init__()
         self.wakes = iter(wakes)
         self.calls: list[float] = []
 
@@ -27,7 +31,7 @@ def calls(wakes: list[float | None], external: list[float]) -> list[float]:
     and whenever its wake-ups fire."""
     policy = Scripted(wakes)
     view = ClusterView(0.0, [], StepTimeModel(0, 0, 0, 0, 0, 0), load_profile("tiny@cpu"))
-    stage = Stage("test", policy, view, lambda decision, now: None)  # type: ignore[arg-type]
+    stage = Stage("test", policy, view, lambda decision, now: None)
 
     async def go() -> None:
         loop = asyncio.get_running_loop()

@@ -34,6 +34,14 @@ PD_POLICIES: dict[str, tuple[str, str]] = {
 }
 
 
+def _integral(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with integral floats as ints. Flags and configs give every number as a float
+    (``window=40`` is 40.0); a compiled policy (hfx/native.py) takes no float for an ``int``
+    parameter, and an int is a float parameter's value as well."""
+    return {k: int(v) if isinstance(v, float) and v.is_integer() else v
+            for k, v in params.items()}
+
+
 def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
     """The two stages of a P/D policy; ``params`` go to the P-stage dispatcher."""
     if name == "rr":
@@ -44,7 +52,7 @@ def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
         raise ValueError(f"unknown P/D policy {name!r}; choose one of "
                          f"{', '.join(PD_POLICIES)}") from None
     try:
-        return dispatcher(**params), migrator()
+        return dispatcher(**_integral(params)), migrator()
     except TypeError as e:
         raise ValueError(f"bad parameters for policy {name!r}: {e}") from None
 
@@ -52,7 +60,7 @@ def make_pd_policies(name: str, **params: Any) -> tuple[Policy, Policy]:
 def make_policy(name: str, **params: Any) -> Policy:
     cls = POLICIES.get_or_raise(name)
     try:
-        return cls(**params)
+        return cls(**_integral(params))
     except TypeError as e:
         raise ValueError(f"bad parameters for policy {name!r}: {e}") from None
 

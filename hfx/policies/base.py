@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from hfx.policies.views import ClusterView, Decision, Dispatch, InstanceView
 from hfx.request import Request, RequestRecord
 from hfx.stepmodel.latency import StepTimeModel
@@ -28,6 +30,8 @@ def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
     return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
 
 
+# Compiled (hfx/native.py), open to the policies that stay Python.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """A dispatch policy. Subclasses set ``name`` and register in hfx/policies/__init__.py."""
 
@@ -64,6 +68,7 @@ class Policy(ABC):
         offered to the policy again."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ArrivalOrderPolicy(Policy):
     """A policy that takes requests in arrival order from one queue (``_queue``)."""
 

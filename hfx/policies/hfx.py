@@ -87,6 +87,8 @@ import itertools
 import math
 from collections import deque
 
+from mypy_extensions import mypyc_attr
+
 from hfx.policies.base import (
     ClusterView,
     Decision,
@@ -124,6 +126,7 @@ def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
     return now + e_p + (e_p / relax) * e_d
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # hfx_pd.py's P stage derives from it
 class HFXDispatcher(Policy):
     name = "hfx"
     # PolyServe's TPOT-aware chunked prefill (PolyServe §4.5) that runs a prompt whole when

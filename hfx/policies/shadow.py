@@ -21,10 +21,14 @@ from hfx.request import Outcome, Request, RequestRecord
 STEP_WINDOW = 4
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Inflight:
     request: Request
     predicted_output: float
+
+    def __init__(self, request: Request, predicted_output: float) -> None:
+        # Written out, as request.py's: compiled, one made per dispatch runs no Python.
+        self.request, self.predicted_output = request, predicted_output
 
 
 @dataclass(slots=True)
