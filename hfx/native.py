@@ -59,7 +59,7 @@ MODULES = (
     "hfx/policies/slo_queue.py", "hfx/policies/maturity.py", "hfx/policies/output_length.py",
     "hfx/policies/round_robin.py", "hfx/policies/least_loaded.py",
     "hfx/policies/aladdin.py", "hfx/policies/slos_serve.py", "hfx/policies/scorpio.py",
-    "hfx/policies/polyserve.py", "hfx/policies/sa.py",
+    "hfx/policies/polyserve.py", "hfx/policies/sa.py", "hfx/tally.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

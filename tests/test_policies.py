@@ -493,6 +493,28 @@ def test_record_is_finished_once_per_request():
     assert rec.outcome is Outcome.PENDING
 
 
+def test_tally_counts_targets_and_a_target_that_leaves_comes_back_last():
+    """Σ n/target sums in the order the targets came (a float sum's order is its result), as
+    the Counter it replaced did: a target whose count falls to 0 leaves and returns last."""
+    from hfx.tally import Tally
+
+    t = Tally()
+    assert t.tightest() is None and t.inverse_sum() == 0.0 and len(t) == 0
+    for target in (0.01, 0.02, 0.01, 0.7):
+        t.add(target)
+    assert t.tightest() == 0.01 and len(t) == 3
+    assert t.inverse_sum() == 2 / 0.01 + 1 / 0.02 + 1 / 0.7
+    t.discard(0.01)
+    assert t.tightest() == 0.01  # one request of 0.01 is left
+    t.discard(0.01)
+    assert t.tightest() == 0.02 and len(t) == 2
+    t.add(0.01)  # back, now after 0.02 and 0.7: the sum differs in its last bit
+    assert 1 / 0.02 + 1 / 0.7 + 1 / 0.01 != 1 / 0.01 + 1 / 0.02 + 1 / 0.7
+    assert t.inverse_sum() == 1 / 0.02 + 1 / 0.7 + 1 / 0.01
+    with pytest.raises(KeyError):
+        t.discard(0.5)  # never added
+
+
 def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first():
     from hfx.policies.maturity import MaturityQueue
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.sequence import IN_PHASE, NO_EVENT, PLACEHOLDER_TOKEN, Sequence
 from hfx.engine.tick_calendar import Crossings, Finishes
+from hfx.tally import Tally
 
 
 class DecodeCohort:
@@ -55,7 +56,7 @@ class DecodeCohort:
         self.tick = 0  # decode steps the cohort has taken
         self.members: dict[Sequence, None] = {}
         self._sum_base = 0
-        self._tpots: dict[float, int] = {}  # the members' TPOT targets, counted
+        self._tpots = Tally()  # the members' TPOT targets
         # Each member's finish, and its first block crossing, by tick.
         self._finish = Finishes()
         self._cross = Crossings()
@@ -76,7 +77,7 @@ class DecodeCohort:
 
     def min_tpot(self) -> float | None:
         """The tightest TPOT target among the members (None if none has one)."""
-        return min(self._tpots) if self._tpots else None
+        return self._tpots.tightest()
 
     def join(self, seq: Sequence) -> None:
         """``seq`` sampled a token and decodes from the next step on."""
@@ -89,7 +90,7 @@ class DecodeCohort:
             self.moves.append((seq.request_id, self.tick, True))
         tpot = seq.tpot
         if tpot:
-            self._tpots[tpot] = self._tpots.get(tpot, 0) + 1
+            self._tpots.add(tpot)
         # After tick T it holds base + T tokens: done at prompt + max_tokens.
         self._finish.put(seq, seq.prompt_len + seq.max_tokens - base)
         # A decode at tick k writes the KV of token base + k: it needs a new block once that
@@ -133,11 +134,7 @@ class DecodeCohort:
             self.moves.append((seq.request_id, self.tick, False))
         tpot = seq.tpot
         if tpot:
-            left = self._tpots[tpot] - 1
-            if left:
-                self._tpots[tpot] = left
-            else:
-                del self._tpots[tpot]
+            self._tpots.discard(tpot)
         seq.in_cohort = False
 
     def discard(self, seq: Sequence) -> None:

@@ -8,13 +8,13 @@ observations").
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from hfx.engine.stats import InstanceStats
 from hfx.policies.base import ClusterView, InstanceView
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.request import Outcome, Request, RequestRecord
+from hfx.tally import Tally
 
 # Steps a measured step length spans: snapshots come more often than steps, and one step alone
 # may be a long prefill or a short decode.
@@ -48,8 +48,8 @@ class ShadowInstance:
     # time over steps); 0 until measured. On a chunked-prefill engine a step carries prompts
     # beside the decodes, so it is longer than Eq. 2's decode step.
     step: float = 0.0
-    _tpots: Counter = field(default_factory=Counter)
-    _ttfts: Counter = field(default_factory=Counter)
+    _tpots: Tally = field(default_factory=Tally)
+    _ttfts: Tally = field(default_factory=Tally)
     _step_anchor: tuple[float, int] | None = None  # (busy time, steps) the step is measured from
 
     @property
@@ -62,13 +62,13 @@ class ShadowInstance:
 
     def tpot_demand(self) -> float:
         """Σ 1/TPOT over the in-flight requests: tokens per second their targets ask for."""
-        return sum(n / t for t, n in self._tpots.items())
+        return self._tpots.inverse_sum()
 
     def min_tpot(self) -> float | None:
-        return min(self._tpots) if self._tpots else None
+        return self._tpots.tightest()
 
     def min_ttft(self) -> float | None:
-        return min(self._ttfts) if self._ttfts else None
+        return self._ttfts.tightest()
 
     def free_slots(self) -> int:
         """Sequences the engine could still run at once (its ``max_num_seqs``)."""
@@ -84,8 +84,8 @@ class ShadowInstance:
         self.decode_ctx += request.prompt_len
         self.reserved_tokens += request.prompt_len + predicted_output
         self.kv_used_tokens += request.prompt_len
-        self._tpots[request.slo.tpot] += 1
-        self._ttfts[request.slo.ttft] += 1
+        self._tpots.add(request.slo.tpot)
+        self._ttfts.add(request.slo.ttft)
 
     def remove(self, request_id: str, tokens_at_finish: int) -> bool:
         """A request left; ``tokens_at_finish`` is its prompt + generated length. False if it
@@ -99,10 +99,8 @@ class ShadowInstance:
         self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
                                    - item.predicted_output)
         self.kv_used_tokens = max(0.0, self.kv_used_tokens - tokens_at_finish)
-        for counter, key in ((self._tpots, req.slo.tpot), (self._ttfts, req.slo.ttft)):
-            counter[key] -= 1
-            if counter[key] == 0:
-                del counter[key]
+        self._tpots.discard(req.slo.tpot)
+        self._ttfts.discard(req.slo.ttft)
         return True
 
     def correct(self, stats: InstanceStats) -> None:

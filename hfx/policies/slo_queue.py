@@ -8,10 +8,11 @@ deep queue.
 from __future__ import annotations
 
 import bisect
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 
 from hfx.request import Request
+from hfx.tally import Tally
 
 
 class SLOQueue:
@@ -20,7 +21,7 @@ class SLOQueue:
         self._tpots: list[float] = []  # sorted keys of _classes
         self._taken: set[str] = set()
         self._queued: dict[str, Request] = {}  # by id: what ``remove`` looks up
-        self._ttfts: Counter = Counter()
+        self._ttfts = Tally()
         self._size = 0
 
     def __len__(self) -> int:
@@ -38,7 +39,7 @@ class SLOQueue:
             bisect.insort(self._tpots, tpot)
         fifo.append(request)
         self._queued[request.id] = request
-        self._ttfts[request.slo.ttft] += 1
+        self._ttfts.add(request.slo.ttft)
         self._size += 1
 
     def take(self, request: Request) -> None:
@@ -47,10 +48,7 @@ class SLOQueue:
         del self._queued[request.id]
         self._size -= 1
         assert request.slo is not None
-        ttft = request.slo.ttft
-        self._ttfts[ttft] -= 1
-        if self._ttfts[ttft] == 0:
-            del self._ttfts[ttft]
+        self._ttfts.discard(request.slo.ttft)
 
     def remove(self, request_id: str) -> bool:
         """Remove a queued request by id; False if it is not queued."""
@@ -61,7 +59,7 @@ class SLOQueue:
         return True
 
     def min_ttft(self) -> float | None:
-        return min(self._ttfts) if self._ttfts else None
+        return self._ttfts.tightest()
 
     def min_tpot(self) -> float | None:
         return self._tpots[0] if self._tpots else None
