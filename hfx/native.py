@@ -13,15 +13,16 @@ Compiled: the engine core and its planners, requests and records, the ledger, th
 the fleet and the local instance driver, the step-time model and its noise, the virtual loop's
 timers and iteration, a run's arrivals and its request stream's rows, what a policy sees and
 decides, SCORPIO's deadline queue, the per-step and per-request path of a simulated run, and
-every colocated policy with its queues and shadows. ``Policy``, ``ArrivalOrderPolicy`` and
-``HFXDispatcher`` let Python classes derive from them (tests' policies; the P/D stages:
-compiled, their ``super().__init__(**params)`` handed the dict itself to ``theta``), at the cost
-of a lookup per method call. Not compiled: the P/D stages (hfx_pd.py), SA's annealing kernel
-(numba compiles it), the executors (tests subclass them), the request stream's ``Sequence`` (an
-ABC), the virtual loop's class (it derives from asyncio's Python classes). A compiled dataclass
-writes its ``__init__`` out where it is made per request or per step: the one dataclasses
-generates is Python (tests/test_native.py checks the hot ones). Results are bit-identical to
-plain Python (the golden runs, in CI); speed: docs/performance.md, "Compiled".
+every policy with its queues and shadows. ``Policy`` and ``ArrivalOrderPolicy`` let Python
+classes derive from them (tests' policies), at the cost of a lookup per method call. A compiled
+policy's parameters pass by keyword, never forwarded as ``**params`` through
+``super().__init__`` (compiled, that handed the dict itself to the first parameter). Not
+compiled: SA's annealing kernel (numba compiles it), the executors (tests subclass them), the
+request stream's ``Sequence`` (an ABC), the virtual loop's class (it derives from asyncio's
+Python classes). A compiled dataclass writes its ``__init__`` out where it is made per request
+or per step: the one dataclasses generates is Python (tests/test_native.py checks the hot ones).
+Results are bit-identical to plain Python (the golden runs, in CI); speed: docs/performance.md,
+"Compiled".
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ MODULES = (
     "hfx/policies/slo_queue.py", "hfx/policies/maturity.py", "hfx/policies/output_length.py",
     "hfx/policies/round_robin.py", "hfx/policies/least_loaded.py",
     "hfx/policies/aladdin.py", "hfx/policies/slos_serve.py", "hfx/policies/scorpio.py",
-    "hfx/policies/polyserve.py", "hfx/policies/sa.py", "hfx/tally.py",
+    "hfx/policies/polyserve.py", "hfx/policies/sa.py", "hfx/tally.py", "hfx/policies/hfx_pd.py",
 )
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so

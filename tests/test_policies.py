@@ -278,11 +278,21 @@ def test_hfx_migrator_never_admits_past_the_free_kv():
 
 
 def test_hfx_prefill_budget_is_the_tokens_whose_prefill_fits_the_strictest_ttft():
+    from hfx.policies.shadow import ShadowInstance
+
     dispatcher, _ = make_pd_policies("hfx")
-    assert dispatcher.budget(None, PD_MODEL, 0.0) == float("inf")  # nothing queued
+    sh = ShadowInstance(0, 10**6, 256)  # what is in flight does not enter the P stage's budget
+    assert dispatcher.budget(sh, PD_MODEL, 0.0) == float("inf")  # nothing queued
     dispatcher.enqueue(req("a", 0.0, 100, 2.0, 0.1), 0.0)
     dispatcher.enqueue(req("b", 0.0, 100, 0.5, 0.1), 0.0)
-    assert dispatcher.budget(None, PD_MODEL, 0.0) == pytest.approx((0.5 - 0.02) / 1e-4)
+    assert dispatcher.budget(sh, PD_MODEL, 0.0) == pytest.approx((0.5 - 0.02) / 1e-4)
+
+
+def test_hfx_stages_override_by_default_colocated_and_not_on_a_prefill_stage():
+    dispatcher, _ = make_pd_policies("hfx")
+    assert make_policy("hfx").override and not dispatcher.override
+    assert make_pd_policies("hfx", override="on")[0].override
+    assert not make_policy("hfx", override="off").override
 
 
 # ---- SCORPIO ---------------------------------------------------------------------------------

@@ -74,15 +74,20 @@ def one(tree: str, case: dict, compiled: bool) -> dict:
 
 
 def parse_case(text: str) -> dict:
-    """``POLICY@INSTANCES:REQUESTS`` as a case of ``CASES``."""
+    """``POLICY@INSTANCES:REQUESTS`` as a case of ``CASES``; ``POLICY@P+D:REQUESTS``, a P/D
+    run on P prefill and D decode instances (45 QPS for each of them)."""
     try:
         policy, rest = text.split("@")
         instances, requests = rest.split(":")
-        return {"policy": policy, "instances": int(instances),
-                "requests_per_task": int(requests) // 4}
+        case = {"policy": policy, "requests_per_task": int(requests) // 4}
+        if "+" in instances:
+            prefill, decode = map(int, instances.split("+"))
+            return {**case, "mode": "pd", "prefill": prefill, "decode": decode,
+                    "instances": prefill + decode}
+        return {**case, "instances": int(instances)}
     except ValueError:
-        raise SystemExit(f"--case {text!r}: expected POLICY@INSTANCES:REQUESTS, "
-                         "e.g. rr@128:48000") from None
+        raise SystemExit(f"--case {text!r}: expected POLICY@INSTANCES:REQUESTS or "
+                         "POLICY@P+D:REQUESTS, e.g. rr@128:48000, hfx@16+16:40000") from None
 
 
 def main() -> int:
@@ -93,7 +98,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--case", action="append", default=None, metavar="POLICY@INSTANCES:REQUESTS",
                     help="run this case instead of the default set (repeatable), e.g. "
-                         "rr@128:48000 (four-task at 45 QPS per instance, as the others)")
+                         "rr@128:48000 (four-task at 45 QPS per instance, as the others); "
+                         "hfx@16+16:40000 is P/D on 16 prefill and 16 decode instances")
     ap.add_argument("--native", action="store_true",
                     help="run both trees compiled (hfx native), building each where needed")
     args = ap.parse_args()
@@ -125,7 +131,9 @@ def main() -> int:
         row["speedup"] = row["median_before"] / row["median_after"]
         row["cpu_speedup"] = row["median_cpu_before"] / row["median_cpu_after"]
         out["cases"].append(row)
-        print(f"{case['policy']:10s} {case['instances']:3d} instances "
+        where = (f"P/D {case['prefill']}+{case['decode']}" if case.get("mode") == "pd"
+                 else f"{case['instances']:3d} instances")
+        print(f"{case['policy']:10s} {where} "
               f"{4 * case['requests_per_task']:6d} requests: {row['median_before']:.2f} s -> "
               f"{row['median_after']:.2f} s ({row['speedup']:.2f}x); CPU "
               f"{row['median_cpu_before']:.2f} s -> {row['median_cpu_after']:.2f} s "

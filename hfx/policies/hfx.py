@@ -86,8 +86,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-
-from mypy_extensions import mypyc_attr
+from typing import ClassVar
 
 from hfx.policies.base import (
     ClusterView,
@@ -126,7 +125,6 @@ def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
     return now + e_p + (e_p / relax) * e_d
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # hfx_pd.py's P stage derives from it
 class HFXDispatcher(Policy):
     name = "hfx"
     # PolyServe's TPOT-aware chunked prefill (PolyServe §4.5) that runs a prompt whole when
@@ -134,11 +132,15 @@ class HFXDispatcher(Policy):
     # vLLM-Ascend (HyperFlexis §7.1): steady-state capacities in docs/results.md. The
     # seed's engine: --planner prefill-first (the paper-mode presets pin it).
     planner = "deadline-chunked"
+    # ``override`` when none is given. A prefill stage (hfx_pd.py) has no decode to guard: off.
+    default_override: ClassVar[str] = "on"
 
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
                  output_length: str = "history", tpot_guard: str = "eq5",
-                 override: str = "on", lead_prefills: float = 5.0,
+                 override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0) -> None:
+        if override is None:
+            override = self.default_override
         if not 0.0 <= theta <= 1.0:
             raise ValueError(f"theta must be in [0, 1], got {theta}")
         if max_scan < 1:

@@ -16,8 +16,6 @@ iteration (step 4).
 
 from __future__ import annotations
 
-from typing import Any
-
 from hfx.policies.base import ClusterView, Decision, Dispatch, Policy
 from hfx.policies.hfx import HFXDispatcher
 from hfx.policies.maturity import MaturityQueue
@@ -31,11 +29,8 @@ from hfx.stepmodel.latency import StepTimeModel
 class HFXPrefillDispatcher(HFXDispatcher):
     name = "hfx"
     planner = "prefill-first"  # P/D (HyperFlexis §5.1): prefill instances run whole prompts
-
-    def __init__(self, **params: Any) -> None:
-        # No decode to guard on a prefill instance, so nothing to override: the seed's P stage.
-        params.setdefault("override", "off")
-        super().__init__(**params)
+    # No decode to guard on a prefill instance, so nothing to override: the seed's P stage.
+    default_override = "off"
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         return 0.0  # a prefill instance never decodes
