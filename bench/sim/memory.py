@@ -32,6 +32,7 @@ MODES = {"fold": {"fold_records": True}, "keep": {"fold_records": False},
 
 def one(config: dict) -> dict:
     """One run in this process: its result's size and this process's peak RSS."""
+    from hfx import native
     from hfx.config import SimConfig
     from hfx.sim import simulate
 
@@ -47,6 +48,7 @@ def one(config: dict) -> dict:
             "finished": r["finished"], "attainment": r["attainment"],
             "attainment_dslo": r["attainment_dslo"], "sim_seconds": r["sim_seconds"],
             "wall_seconds": wall, "sim_per_wall": r["sim_seconds"] / wall,
+            "compiled": native.active(),  # HFX_NATIVE=1 and a build of this tree (hfx native)
             # Linux reports KiB.
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
