@@ -30,7 +30,7 @@ def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
     return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
 
 
-# Compiled (hfx/native.py), open to the policies that stay Python.
+# Compiled (hfx/native.py), open to policies written in Python (tests', a user's own).
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """A dispatch policy. Subclasses set ``name`` and register in hfx/policies/__init__.py."""
