@@ -53,13 +53,23 @@ class Request:
     # For a real executor: how to sample, and token ids that end the output (EOS, stop words).
     sampling: SamplingParams
     stop_token_ids: frozenset[int]
+    # Its content, block by block (issue 46): one hash per ``hash_block`` tokens, in order, as
+    # Mooncake's ``hash_ids`` (512-token blocks). Equal hashes at equal positions mean equal
+    # content; the engine chains them (hfx/engine/prefix_cache.py), so an entry need not name
+    # its prefix. They cover the prompt (the last entry may cover a partial block) and may go on
+    # over the output, so that a finished turn's answer is cached for the next. None: nothing
+    # known, nothing matched (Azure and BurstGPT traces, task sets); a real engine hashes the
+    # token ids itself.
+    block_hashes: tuple[int, ...] | None
+    hash_block: int
 
     # The hot dataclasses write their ``__init__`` out: mypyc compiles it, while the one
     # dataclasses generates runs as Python, ~6x the cost of a construction (docs/performance.md).
     def __init__(self, id: str, arrival: float, prompt_len: int, max_tokens: int,
                  slo: SLO | None = None, task: str = "default", priority: int | None = None,
                  prompt_token_ids: list[int] | None = None, sampling: SamplingParams = GREEDY,
-                 stop_token_ids: frozenset[int] = frozenset()) -> None:
+                 stop_token_ids: frozenset[int] = frozenset(),
+                 block_hashes: tuple[int, ...] | None = None, hash_block: int = 16) -> None:
         if prompt_len < 1:
             raise ValueError(f"request {id}: prompt_len must be >= 1, got {prompt_len}")
         if max_tokens < 1:
@@ -74,11 +84,28 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.sampling = sampling
         self.stop_token_ids = stop_token_ids
+        if block_hashes is not None:
+            check_block_hashes(id, prompt_len, max_tokens, len(block_hashes), hash_block)
+        self.block_hashes = block_hashes
+        self.hash_block = hash_block
 
     def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
         # Through the constructor, in one format as Python and compiled (hfx/native.py): it
         # travels to front processes and Ray actors, which may run the other way.
         return Request, tuple(getattr(self, f) for f in _REQUEST_FIELDS)
+
+
+def check_block_hashes(id: str, prompt_len: int, max_tokens: int, count: int,
+                       hash_block: int) -> None:
+    """Raise ValueError unless ``count`` hashes of ``hash_block`` tokens cover the prompt and
+    no more than prompt and output."""
+    if hash_block < 1:
+        raise ValueError(f"request {id}: hash_block must be >= 1, got {hash_block}")
+    low, high = -(-prompt_len // hash_block), -(-(prompt_len + max_tokens) // hash_block)
+    if not low <= count <= high:
+        raise ValueError(f"request {id}: {count} block hashes of {hash_block} tokens do not "
+                         f"cover its {prompt_len} prompt tokens (need {low}"
+                         + (f" to {high}" if high > low else "") + ")")
 
 
 class Outcome(enum.Enum):
@@ -140,6 +167,8 @@ class RequestRecord:
     # request ends (``close_runs``). Read the times through ``times()`` before then.
     runs: list[TokenRun] | None
     seq: int  # the order the ledger opened it in: the metrics' order (RecordFold)
+    # Prompt tokens its engine found in its prefix cache when it was first admitted there.
+    cached_tokens: int
 
     def __init__(self, request: Request, dispatch_time: float | None = None,
                  instance: int | None = None, decode_instance: int | None = None,
@@ -147,7 +176,8 @@ class RequestRecord:
                  finish_time: float | None = None, outcome: Outcome = Outcome.PENDING,
                  slo: SLO | None = None, target: SLO | None = None, best_effort: bool = False,
                  error: str | None = None, output_ids: list[int] | None = None,
-                 retries: int = 0, runs: list[TokenRun] | None = None, seq: int = 0) -> None:
+                 retries: int = 0, runs: list[TokenRun] | None = None, seq: int = 0,
+                 cached_tokens: int = 0) -> None:
         self.request = request  # compiled (see Request)
         self.dispatch_time = dispatch_time
         self.instance = instance
@@ -164,6 +194,7 @@ class RequestRecord:
         self.retries = retries
         self.runs = runs
         self.seq = seq
+        self.cached_tokens = cached_tokens
 
     def __reduce__(self) -> tuple[type[RequestRecord], tuple[object, ...]]:
         return RequestRecord, tuple(getattr(self, f) for f in _RECORD_FIELDS)  # as Request's

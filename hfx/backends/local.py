@@ -114,6 +114,8 @@ class LocalInstance:
             tpot=slo.tpot if slo else None,
             prefill_deadline=request.arrival + slo.ttft if slo else None,
             best_effort=best_effort,
+            block_hashes=request.block_hashes,
+            hash_block=request.hash_block,
         ))
         self._kick()
 

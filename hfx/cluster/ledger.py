@@ -89,6 +89,11 @@ class RequestLedger:
         """One step's tokens: their times, the ids a real executor sampled (what a retry resumes
         from), the listeners, first tokens."""
         records = self.records
+        if out.cached:
+            for rid, n in out.cached:
+                record = records.get(rid)
+                if record is not None:
+                    record.cached_tokens = n
         moves = out.moves
         if out.ticked:
             moves = self._on_ticks(out, instance_id, moves)

@@ -1,7 +1,14 @@
-"""Paged KV-cache accounting: fixed-size blocks, a free list, and a block table per sequence.
+"""Paged KV-cache accounting: fixed-size blocks, a free list, a block table per sequence, and
+the prefix cache (prefix_cache.py).
 
-No prefix caching: a block belongs to exactly one sequence. ``allocate`` grows a sequence's KV
-to cover a number of tokens, or allocates nothing when the blocks are not free.
+``allocate`` grows a sequence's KV to cover a number of tokens, or allocates nothing when the
+blocks are not free. With prefix caching (on by default, as in vLLM v1), a sequence's full
+units of known content are offered to the cache as they are planned (its prompt's) or when it
+lets its KV go (its output's: finished, preempted, aborted), and a waiting sequence's first
+allocation may start from the cached units of its prefix (``cached_prefix``). A cached unit no
+sequence references counts as free: allocation evicts the least recently freed ones when the
+never-cached blocks run out, so ``num_free_blocks`` means what the planners have always read.
+Blocks a sequence references are never evicted.
 
 A sequence's block count (``Sequence.num_blocks``) is what the planners read. Its block ids
 (``Sequence.block_table``) matter only to an executor that reads its sequences' KV (a real
@@ -12,11 +19,15 @@ list per sequence at each block a decode crosses (~9% of a 128-instance run, doc
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+from hfx.engine.prefix_cache import CachedUnit, unit_keys
 from hfx.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, block_ids: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, block_ids: bool = True,
+                 prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, "
                              f"{block_size}")
@@ -30,6 +41,19 @@ class BlockManager:
         # which keeps runs easy to read in tests.
         self._fresh = 0
         self._returned: list[int] = []
+        self.prefix_caching = prefix_caching
+        self._cached: dict[int, CachedUnit] = {}  # every cached unit, by key
+        # Units no sequence holds, least recently freed first: counted in num_free_blocks.
+        self._evictable: OrderedDict[int, CachedUnit] = OrderedDict()
+        self.evictable_blocks = 0
+        # vLLM's prefix-cache counters: prompt tokens of first admissions, and those of them
+        # found cached; units evicted.
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+        self.evicted_units = 0
+        # (request id, cached tokens) of the first admissions with a hit since the engine last
+        # took them (StepOutput.cached).
+        self.hits: list[tuple[str, int]] = []
 
     @property
     def num_used_blocks(self) -> int:
@@ -42,18 +66,26 @@ class BlockManager:
         """Blocks ``seq`` lacks to hold ``num_tokens`` tokens."""
         return max(0, -(-num_tokens // self.block_size) - seq.num_blocks)
 
-    def allocate(self, seq: Sequence, num_tokens: int, reserve: int = 0) -> bool:
+    def allocate(self, seq: Sequence, num_tokens: int, reserve: int = 0,
+                 cached: int = 0) -> bool:
         """Grow ``seq``'s KV to hold ``num_tokens``: whether it holds them now. False, with
-        nothing allocated, when fewer than ``reserve`` blocks would stay free."""
+        nothing allocated, when fewer than ``reserve`` blocks would stay free.
+
+        ``cached``: a waiting sequence's first allocation starts from that many tokens of its
+        prefix found cached (``cached_prefix``, just before): it holds their units, and they
+        count as computed."""
+        if cached:
+            return self._allocate_cached(seq, num_tokens, reserve, cached)
         need = -(-num_tokens // self.block_size) - seq.num_blocks
-        if need <= 0:
-            return True
-        if need + reserve > self.num_free_blocks:
-            return False
-        self.num_free_blocks -= need
-        seq.num_blocks += need
-        if self.block_ids:
-            seq.block_table.extend(self._take_ids(need))
+        if need > 0:
+            if need + reserve > self.num_free_blocks:
+                return False
+            self._claim(need)
+            seq.num_blocks += need
+            if self.block_ids:
+                seq.block_table.extend(self._take_ids(need))
+        if seq.unit_keys is not None and seq.units_seen * seq.unit_size < seq.prompt_len:
+            self._offer(seq, min(num_tokens, seq.prompt_len))
         return True
 
     def take(self, n: int) -> bool:
@@ -63,8 +95,97 @@ class BlockManager:
         assert not self.block_ids, "blocks with ids go to a sequence (allocate)"
         if n > self.num_free_blocks:
             return False
-        self.num_free_blocks -= n
+        self._claim(n)
         return True
+
+    def _claim(self, n: int) -> None:
+        """``n`` blocks leave the free count: cached ones no one holds are evicted, least
+        recently freed first, while the never-cached ones fall short."""
+        self.num_free_blocks -= n
+        while self.evictable_blocks > self.num_free_blocks:
+            _, unit = self._evictable.popitem(last=False)
+            del self._cached[unit.key]
+            self.evictable_blocks -= unit.blocks
+            self.evicted_units += 1
+            if unit.ids is not None:
+                self._returned.extend(unit.ids)
+
+    # ---- the prefix cache ---------------------------------------------------------------------
+    def _keys(self, seq: Sequence) -> list[int]:
+        keys = seq.unit_keys
+        if keys is None:
+            keys, seq.unit_size = unit_keys(seq, self.block_size)
+            seq.unit_keys = keys
+        return keys
+
+    def cached_prefix(self, seq: Sequence) -> int:
+        """Tokens of a waiting sequence's prefix cached here, in whole units, leaving at least
+        one token to compute (vLLM: the last token's logits are needed); 0 for one that holds
+        KV already or whose content is unknown."""
+        if not self.prefix_caching or seq.num_blocks or \
+                (seq.block_hashes is None and seq.prompt_token_ids is None):
+            return 0
+        keys, cached = self._keys(seq), self._cached
+        limit = min(len(keys), (seq.num_tokens - 1) // seq.unit_size)
+        u = 0
+        while u < limit and keys[u] in cached:
+            u += 1
+        return u * seq.unit_size
+
+    def _allocate_cached(self, seq: Sequence, num_tokens: int, reserve: int,
+                         cached: int) -> bool:
+        assert not seq.num_blocks and seq.unit_keys is not None
+        units = [self._cached[k] for k in seq.unit_keys[:cached // seq.unit_size]]
+        held = revived = 0
+        for unit in units:
+            held += unit.blocks
+            if not unit.refs:
+                revived += unit.blocks
+        need = -(-num_tokens // self.block_size) - held
+        if need + revived + reserve > self.num_free_blocks:
+            return False
+        for unit in units:
+            if not unit.refs:
+                del self._evictable[unit.key]
+            unit.refs += 1
+        self.evictable_blocks -= revived
+        self.num_free_blocks -= revived
+        seq.units = units
+        seq.units_seen = len(units)
+        seq.num_blocks = held
+        seq.num_computed_tokens = cached
+        if self.block_ids:
+            seq.block_table = [i for unit in units for i in unit.ids or ()]
+        return self.allocate(seq, num_tokens)
+
+    def note_admission(self, seq: Sequence) -> None:
+        """Count a sequence's first admission in the hit rate (what vLLM's prefix-cache
+        queries and hits count), and report its hit."""
+        if seq.num_preemptions:
+            return
+        self.queried_tokens += seq.prompt_len
+        if seq.num_computed_tokens:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.hit_tokens += seq.num_computed_tokens
+            self.hits.append((seq.request_id, seq.num_computed_tokens))
+
+    def _offer(self, seq: Sequence, tokens: int) -> None:
+        """Cache ``seq``'s full units within its first ``tokens`` tokens that it has not offered
+        yet. A unit cached already (another sequence computed the same content meanwhile)
+        stays the sequence's own, as vLLM keeps such a duplicate block uncached."""
+        keys, size, cached = self._keys(seq), seq.unit_size, self._cached
+        end = min(len(keys), tokens // size)
+        per_unit = size // self.block_size
+        for u in range(seq.units_seen, end):
+            key = keys[u]
+            if key in cached:
+                continue
+            ids = seq.block_table[u * per_unit:(u + 1) * per_unit] if self.block_ids else None
+            unit = cached[key] = CachedUnit(key, per_unit, ids)
+            unit.refs = 1
+            seq.units.append(unit)
+        if end > seq.units_seen:
+            seq.units_seen = end
 
     def _take_ids(self, need: int) -> list[int]:
         returned = self._returned
@@ -80,9 +201,48 @@ class BlockManager:
         self._fresh += fresh
         return new
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, computed: bool = True) -> None:
+        """``seq`` lets its KV go (finished, preempted, aborted, migrated): the full units it
+        computed stay cached, free to evict. ``computed`` False: its last step failed, so what
+        it offered the cache may never have been written; the units only it held are dropped."""
+        if seq.unit_keys is not None:
+            if computed:
+                if seq.block_hashes is None and seq.output_token_ids:
+                    seq.unit_keys = None  # its token ids grew: hash its output too
+                    self._keys(seq)
+                self._offer(seq, seq.num_computed_tokens)
+            seq.units_seen = 0
+            if seq.units:
+                self._release_units(seq, computed)
+                return
         self.num_free_blocks += seq.num_blocks
         seq.num_blocks = 0
         if self.block_ids:
             self._returned.extend(reversed(seq.block_table))
             seq.block_table = []
+
+    def _release_units(self, seq: Sequence, keep: bool) -> None:
+        units = seq.units
+        shared = 0
+        kept: set[int] = set()  # ids of the units that stay cached
+        # Tail first: a sequence's last units are evicted before its first (vLLM frees a
+        # request's blocks in reverse order for the same reason).
+        for unit in reversed(units):
+            shared += unit.blocks
+            unit.refs -= 1
+            if unit.refs:
+                kept.update(unit.ids or ())
+            elif keep:
+                self._evictable[unit.key] = unit
+                self.evictable_blocks += unit.blocks
+                self.num_free_blocks += unit.blocks
+                kept.update(unit.ids or ())
+            else:
+                del self._cached[unit.key]
+                shared -= unit.blocks  # freed with the sequence's own
+        self.num_free_blocks += seq.num_blocks - shared
+        if self.block_ids:
+            self._returned.extend(i for i in reversed(seq.block_table) if i not in kept)
+            seq.block_table = []
+        seq.num_blocks = 0
+        seq.units = []

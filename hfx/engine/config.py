@@ -27,6 +27,9 @@ class EngineConfig:
     # every decoding sequence; False steps each sequence on its own. Results are identical
     # either way: False is the check of that (``--engine-runs off``).
     engine_runs: bool = True
+    # Full KV blocks of known content shared between requests and kept after them until
+    # evicted (prefix_cache.py); on by default, as in vLLM v1 (``--enable-prefix-caching``).
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.num_kv_blocks < 1:

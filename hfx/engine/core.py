@@ -63,6 +63,9 @@ class StepOutput:
     # A decode run (decode_run.py) took several cohort steps: the times of those before the
     # one at ``time``, each a tick.
     earlier_ticks: list[float] | None
+    # (request id, prompt tokens found in the prefix cache) for the requests first admitted
+    # since the last output with a hit: the records' cached tokens (RequestRecord).
+    cached: list[tuple[str, int]] | None
 
     # Written out, not generated: one a step, compiled (as hfx.request.Request's).
     def __init__(self, time: float, request_ids: list[str], token_ids: list[int] | None,
@@ -70,23 +73,24 @@ class StepOutput:
                  suspects: tuple[str, ...] = (), failure: str | None = None,
                  token_times: list[float] | None = None, ticked: bool = False,
                  moves: list[tuple[str, int, bool]] | None = None,
-                 earlier_ticks: list[float] | None = None) -> None:
+                 earlier_ticks: list[float] | None = None,
+                 cached: list[tuple[str, int]] | None = None) -> None:
         self.time, self.request_ids, self.token_ids = time, request_ids, token_ids
         self.transitions, self.error, self.suspects = transitions, error, suspects
         self.failure, self.token_times, self.ticked = failure, token_times, ticked
-        self.moves, self.earlier_ticks = moves, earlier_ticks
+        self.moves, self.earlier_ticks, self.cached = moves, earlier_ticks, cached
 
     def __reduce__(self) -> tuple[type[StepOutput], tuple[object, ...]]:
         # Through the constructor, one format compiled and as Python (hfx/native.py).
         return StepOutput, (self.time, self.request_ids, self.token_ids, self.transitions,
                             self.error, self.suspects, self.failure, self.token_times,
-                            self.ticked, self.moves, self.earlier_ticks)
+                            self.ticked, self.moves, self.earlier_ticks, self.cached)
 
     def at(self, time: float, earlier_ticks: list[float] | None) -> StepOutput:
         """The same output at other times (a delivery's latency, another clock)."""
         return StepOutput(time, self.request_ids, self.token_ids, self.transitions, self.error,
                           self.suspects, self.failure, self.token_times, self.ticked,
-                          self.moves, earlier_ticks)
+                          self.moves, earlier_ticks, self.cached)
 
 
 @dataclass(slots=True, init=False)
@@ -120,7 +124,8 @@ class EngineCore:
         # A real executor runs sequences: it is given the cohort's members one by one, and
         # reports their tokens one by one, and it reads their KV blocks' ids.
         self._expand = not getattr(executor, "plans_by_shape", False)
-        self.kv = BlockManager(config.num_kv_blocks, config.block_size, block_ids=self._expand)
+        self.kv = BlockManager(config.num_kv_blocks, config.block_size, block_ids=self._expand,
+                               prefix_caching=config.prefix_caching)
         self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
                                  kv=self.kv)
         if config.engine_runs and self.planner.plans_cohort:
@@ -265,7 +270,7 @@ class EngineCore:
             self.state.running.remove(seq)
         elif seq in self.state.waiting:
             self.state.waiting.remove(seq)
-        self.kv.free(seq)
+        self.kv.free(seq, computed=False)
         seq.status = RequestStatus.FINISHED_FAILED
 
     def fail_all(self) -> list[str]:
@@ -284,7 +289,7 @@ class EngineCore:
         if self.state.cohort is not None:
             self.state.cohort.clear()
         for seq in self._seqs.values():
-            self.kv.free(seq)
+            self.kv.free(seq, computed=False)
             seq.status = RequestStatus.FINISHED_ABORTED
         self._seqs.clear()
         self.state.waiting.clear()
@@ -482,7 +487,14 @@ class EngineCore:
                 transitions: list[tuple[str, RequestStatus]], ticked: bool = False
                 ) -> StepOutput:
         return StepOutput(now, request_ids, token_ids, transitions, ticked=ticked,
-                          moves=self.cohort_moves())
+                          moves=self.cohort_moves(), cached=self._take_hits())
+
+    def _take_hits(self) -> list[tuple[str, int]] | None:
+        hits = self.kv.hits
+        if not hits:
+            return None
+        self.kv.hits = []
+        return hits
 
     def cohort_moves(self) -> list[tuple[str, int, bool]] | None:
         """The cohort's joins and leaves not yet reported (StepOutput.moves)."""

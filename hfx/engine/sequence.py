@@ -12,6 +12,7 @@ import enum
 import sys
 from dataclasses import dataclass, field, fields
 
+from hfx.engine.prefix_cache import CachedUnit
 from hfx.sampling import GREEDY, SamplingParams
 
 # The token a simulated executor "samples": it produces timing, not text.
@@ -98,6 +99,19 @@ class Sequence:
     # counter (num_tokens is cohort_base + the cohort's tick) until synced.
     in_cohort: bool
     cohort_base: int
+    # Its content's hashes, per ``hash_block`` tokens (Request.block_hashes), for the prefix
+    # cache; None: its token ids, if any, are hashed instead (prefix_cache.py).
+    block_hashes: tuple[int, ...] | None
+    hash_block: int
+    # The block manager's, with prefix caching: its full units' keys (None until looked up) and
+    # their size in tokens; the cached units it holds (at the head of its blocks, or in place
+    # of a duplicate's); how many of its units were looked up or offered to the cache.
+    unit_keys: list[int] | None = field(init=False, repr=False)
+    unit_size: int = field(init=False, repr=False)
+    units: list[CachedUnit] = field(init=False, repr=False)
+    units_seen: int = field(init=False, repr=False)
+    # Prompt tokens its first admission found cached here (vLLM's num_cached_tokens).
+    num_cached_tokens: int = field(init=False)
     # The cohort ticks of its first block crossing (or IN_PHASE) and of its finish
     # (tick_calendar.py).
     cross_due: int = field(init=False, repr=False)
@@ -116,7 +130,8 @@ class Sequence:
                  tpot: float | None = None, credit: float = 0.0,
                  prefill_deadline: float | None = None, best_effort: bool = False,
                  next_due: float = 0.0, first_decode_at: float | None = None, order: int = 0,
-                 in_cohort: bool = False, cohort_base: int = 0) -> None:
+                 in_cohort: bool = False, cohort_base: int = 0,
+                 block_hashes: tuple[int, ...] | None = None, hash_block: int = 16) -> None:
         self.request_id = request_id
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
@@ -138,6 +153,13 @@ class Sequence:
         self.order = order
         self.in_cohort = in_cohort
         self.cohort_base = cohort_base
+        self.block_hashes = block_hashes
+        self.hash_block = hash_block
+        self.unit_keys = None
+        self.unit_size = 0
+        self.units = []
+        self.units_seen = 0
+        self.num_cached_tokens = 0
         self.cross_due = NO_EVENT
         self.finish_due = NO_EVENT
         self.num_tokens = prompt_len + len(self.output_token_ids)
@@ -165,6 +187,7 @@ class Sequence:
             output_token_ids=list(self.output_token_ids),
             num_computed_tokens=self.num_computed_tokens, tpot=self.tpot,
             prefill_deadline=self.prefill_deadline, best_effort=self.best_effort,
+            block_hashes=self.block_hashes, hash_block=self.hash_block,
         )
 
     @property

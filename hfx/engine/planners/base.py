@@ -112,6 +112,7 @@ class BatchPlanner(ABC):
         if seq.status is RequestStatus.WAITING:
             state.waiting.remove(seq)
             state.run(seq)
+            state.kv.note_admission(seq)
 
     def make_room(self, state: EngineState, seq: Sequence, num_tokens: int,
                   out: SchedulerOutput) -> bool:

@@ -44,8 +44,10 @@ class ChunkedPlanner(BatchPlanner):
         reserve = self.config.watermark_blocks
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             seq = waiting[0]
-            n = min(seq.num_missing, budget)
-            if not kv.allocate(seq, seq.num_computed_tokens + n, reserve if running else 0):
+            cached = kv.cached_prefix(seq)
+            n = min(seq.num_missing - cached, budget)
+            if not kv.allocate(seq, seq.num_computed_tokens + cached + n,
+                               reserve if running else 0, cached):
                 break
             self.admit(state, seq)
             out.schedule(seq, n)

@@ -87,8 +87,8 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
         prefill_whole(state, out, PREFILL_ALONE_TOKENS, self.config.max_num_seqs,
                       self.config.watermark_blocks)
 
-    def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
-        remaining = seq.num_missing
+    def runs_whole(self, seq: Sequence, remaining: int, budget: int,
+                   state: EngineState) -> bool:
         if remaining < 2 * budget or seq.prefill_deadline is None:
             return remaining < 2 * budget
         assert self.model is not None

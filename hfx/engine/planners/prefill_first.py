@@ -59,11 +59,12 @@ def prefill_whole(state: EngineState, out: SchedulerOutput, budget: int, max_num
     waiting, running, kv = state.waiting, state.running, state.kv
     while waiting and len(running) < max_num_seqs:
         seq = waiting[0]
-        n = seq.num_missing
+        cached = kv.cached_prefix(seq)
+        n = seq.num_missing - cached
         # A prompt longer than the budget still runs, alone, rather than never.
         if n > budget and out:
             break
-        if not kv.allocate(seq, seq.num_tokens, reserve if running else 0):
+        if not kv.allocate(seq, seq.num_tokens, reserve if running else 0, cached):
             break  # FCFS: the head waits for KV, nobody overtakes it
         BatchPlanner.admit(state, seq)
         out.schedule(seq, n)

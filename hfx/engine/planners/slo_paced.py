@@ -102,8 +102,10 @@ class SLOPacedPlanner(BatchPlanner):
             if budget <= 0 or (len(state.running) >= self.config.max_num_seqs and \
                     seq.status is RequestStatus.WAITING):
                 break
-            n = min(seq.num_missing, budget)
-            if not self._room(state, seq, seq.num_computed_tokens + n, out, seq.best_effort):
+            cached = state.kv.cached_prefix(seq)
+            n = min(seq.num_missing - cached, budget)
+            if not self._room(state, seq, seq.num_computed_tokens + cached + n, out,
+                              seq.best_effort, cached):
                 continue
             self.admit(state, seq)
             out.schedule(seq, n)
@@ -111,10 +113,11 @@ class SLOPacedPlanner(BatchPlanner):
         return budget
 
     def _room(self, state: EngineState, seq: Sequence, tokens: int, out: SchedulerOutput,
-              best_effort: bool = False) -> bool:
-        """Blocks for ``tokens`` of ``seq``, preempting best-effort requests (newest first)
-        for an SLO request; a best-effort request never preempts."""
-        while not state.kv.allocate(seq, tokens):
+              best_effort: bool = False, cached: int = 0) -> bool:
+        """Blocks for ``tokens`` of ``seq`` (``cached`` of them found in the prefix cache),
+        preempting best-effort requests (newest first) for an SLO request; a best-effort
+        request never preempts."""
+        while not state.kv.allocate(seq, tokens, 0, cached):
             victims = [s for s in state.running if s.best_effort and s is not seq
                        and s not in out.num_scheduled_tokens]
             if best_effort or not victims:

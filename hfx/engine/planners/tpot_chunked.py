@@ -104,13 +104,14 @@ class TPOTChunkedPlanner(BatchPlanner):
         for seq in _prompts(started, state):
             if budget <= 0:
                 break
-            remaining = seq.num_missing
-            whole = self.runs_whole(seq, budget, state)
+            cached = kv.cached_prefix(seq)  # 0 for one under way
+            remaining = seq.num_missing - cached
+            whole = self.runs_whole(seq, remaining, budget, state)
             n = remaining if whole else budget
             if seq.status is RequestStatus.WAITING and len(running) >= \
                     self.config.max_num_seqs:
                 break
-            if not kv.allocate(seq, seq.num_computed_tokens + n):
+            if not kv.allocate(seq, seq.num_computed_tokens + cached + n, 0, cached):
                 break
             self.admit(state, seq)
             out.schedule(seq, n)
@@ -118,10 +119,11 @@ class TPOTChunkedPlanner(BatchPlanner):
                 break  # the step is full: no other prompt beside an oversized final chunk
             budget -= n
 
-    def runs_whole(self, seq: Sequence, budget: int, state: EngineState) -> bool:
-        """Whether the rest of ``seq``'s prompt runs in this step: dynamic chunking (PolyServe
-        §4.7), the rest is fewer than two budgets."""
-        return seq.num_missing < 2 * budget
+    def runs_whole(self, seq: Sequence, remaining: int, budget: int,
+                   state: EngineState) -> bool:
+        """Whether the ``remaining`` tokens of ``seq``'s prompt (past what is cached) run in
+        this step: dynamic chunking (PolyServe §4.7), the rest is fewer than two budgets."""
+        return remaining < 2 * budget
 
 
 def _prompts(started: list[Sequence], state: EngineState) -> Iterator[Sequence]:

@@ -1,0 +1,93 @@
+"""Prefix caching's names for KV: blocks named by a chained hash of their content.
+
+As vLLM v1 keeps them (``vllm/v1/core/kv_cache_utils.py`` ``hash_block_tokens``,
+``block_pool.py``): a full block's hash is the hash of its parent block's hash and its own
+tokens, so equal hashes mean equal prefixes; a sequence's full blocks are shared by reference
+count; a block no sequence references stays cached, counted free, until it is evicted, least
+recently freed first, a freed sequence's tail before its head.
+
+A request may name its content by hashes of ``hash_block`` tokens (``Request.block_hashes``:
+Mooncake's 512-token ``hash_ids``, our session workloads' 16) instead of token ids. The engine
+caches *units* of ``lcm(hash_block, block_size)`` tokens, each named by the chain of its
+content hashes: with 16-token KV blocks a 512-token hash names a unit of 32 blocks; with token
+ids the unit is one block, as in vLLM. A unit is cached or evicted whole, and only when full:
+a prompt's tail past its last full unit is never cached, since nothing says it repeats.
+
+This module names units; ``BlockManager`` (block_manager.py) owns them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # sequence.py imports this module for CachedUnit
+    from hfx.engine.sequence import Sequence
+
+# The root of every chain, as vLLM's NONE_HASH: a unit's key depends on the granularity it
+# was hashed at, so 512-token and 16-token names never meet.
+_ROOT = 0x48465850  # "HFXP"
+
+
+class CachedUnit:
+    """A full unit of KV blocks whose content is known: cached while any sequence references
+    it, and after, until evicted."""
+
+    __slots__ = ("blocks", "ids", "key", "refs")
+
+    def __init__(self, key: int, blocks: int, ids: list[int] | None) -> None:
+        self.key = key
+        self.blocks = blocks  # KV blocks it holds
+        self.ids = ids  # their ids, where the engine keeps ids (a real executor reads them)
+        self.refs = 0  # sequences holding it
+
+
+def token_block_hashes(tokens: Seq[int], block_size: int) -> tuple[int, ...]:
+    """A content hash per full ``block_size`` tokens: stable across processes and versions (a
+    record stores them; blake2b, as vLLM offers sha256 for the same reason)."""
+    out = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = tokens[start:start + block_size]
+        digest = hashlib.blake2b(b"".join(t.to_bytes(4, "little", signed=True) for t in block),
+                                 digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little") >> 1)  # non-negative, as trace ids are
+    return tuple(out)
+
+
+def unit_tokens(hash_block: int, block_size: int) -> int:
+    """Tokens per cached unit: the smallest span both granularities divide."""
+    return hash_block * block_size // math.gcd(hash_block, block_size)
+
+
+def chain(content: Seq[int], per_unit: int, root: int) -> list[int]:
+    """The key of each full unit of ``per_unit`` content hashes: its parent's key and its own
+    hashes, hashed (a tuple of ints hashes the same in every process)."""
+    keys = []
+    parent = root
+    for u in range(len(content) // per_unit):
+        parent = hash((parent, *content[u * per_unit:(u + 1) * per_unit]))
+        keys.append(parent)
+    return keys
+
+
+def content_of(seq: Sequence, block_size: int) -> tuple[tuple[int, ...], int] | None:
+    """A sequence's content hashes and their granularity: the request's own, or the hashes of
+    its token ids at the engine's block size; None if it has neither."""
+    if seq.block_hashes is not None:
+        return seq.block_hashes, seq.hash_block
+    if seq.prompt_token_ids is not None:
+        return token_block_hashes([*seq.prompt_token_ids, *seq.output_token_ids],
+                                  block_size), block_size
+    return None
+
+
+def unit_keys(seq: Sequence, block_size: int) -> tuple[list[int], int]:
+    """The keys of a sequence's full units of known content, and the unit's tokens."""
+    content = content_of(seq, block_size)
+    if content is None:
+        return [], block_size
+    hashes, hash_block = content
+    unit = unit_tokens(hash_block, block_size)
+    return chain(hashes, unit // hash_block, _ROOT + hash_block), unit
