@@ -42,6 +42,7 @@ def engine_config(config: ClusterConfig, profile: Profile, planner: str) -> Engi
         planner=planner,
         planner_params=dict(config.planner_params),
         engine_runs=config.engine_runs,
+        prefix_caching=config.prefix_caching,
     )
 
 

@@ -216,6 +216,18 @@ def pd_summary(control: ControlPlane) -> dict:
             "kv_bytes_moved": sum(link.bytes_moved for link in control.tl.links.values())}
 
 
+def prefix_cache_summary(control: ControlPlane, enabled: bool) -> dict:
+    """Each instance's prefix cache over the whole run, warm-up included, as vLLM counts it:
+    prompt tokens its first admissions asked for, those found cached, units evicted."""
+    per = {}
+    for iid, inst in sorted({**control.retired, **control.instances}.items()):
+        kv = cast(LocalInstance, inst).engine.kv
+        per[str(iid)] = {"queried_tokens": kv.queried_tokens, "hit_tokens": kv.hit_tokens,
+                         "hit_rate": kv.hit_tokens / kv.queried_tokens if kv.queried_tokens
+                         else 0.0, "evicted_units": kv.evicted_units}
+    return {"prefix_caching": enabled, "per_instance_cache": per}
+
+
 def steady_state_summary(config: SimConfig, backlog: int, max_wait: float) -> dict:
     """What a run that stops on time leaves behind: ``backlog_at_end`` (requests still pending
     when it stopped), ``max_wait`` (``longest_wait``), and the window scored."""
@@ -266,6 +278,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
                             [*control.instances.values(), *control.retired.values()]),
         **(scaling_summary(control.scaler) if control.scaler is not None else {}),
         **(pd_summary(control) if config.mode == "pd" else {}),
+        **prefix_cache_summary(control, config.prefix_caching),
         "config": config.model_dump(),
         "wall_seconds": time.perf_counter() - wall0,
     }

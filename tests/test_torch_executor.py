@@ -240,3 +240,53 @@ def test_planners_that_pace_by_time_run_on_the_real_engine_with_its_profile(mode
     seqs = [Sequence(f"r{i}", len(p), 8, prompt_token_ids=p) for i, p in enumerate(ps)]
     assert run_engine(engine, seqs) == {f"r{i}": reference_greedy(ref, p, 8)
                                         for i, p in enumerate(ps)}
+
+
+def test_logits_over_a_cached_prefix_match_transformers(model, ref):
+    """A prompt whose first 40 tokens another computed attends over that KV, computing its
+    own 17: its logits are transformers' over the whole prompt."""
+    shared = prompts(1, seed=11, low=40, high=41)[0]
+    tail_a, tail_b = prompts(2, seed=13, low=17, high=18)
+    executor = TorchExecutor(model, 32, 8, threaded=False)
+    kv = BlockManager(32, 8)
+    a = Sequence("a", 57, 1, prompt_token_ids=[*shared, *tail_a])
+    kv.allocate(a, 57)
+    out = SchedulerOutput()
+    out.schedule(a, 57)
+    executor.logits(out)
+    a.num_computed_tokens = 57
+    kv.free(a)
+    b = Sequence("b", 57, 1, prompt_token_ids=[*shared, *tail_b])
+    cached = kv.cached_prefix(b)
+    assert cached == 40 and kv.allocate(b, 57, 0, cached) and b.num_computed_tokens == 40
+    out = SchedulerOutput()
+    out.schedule(b, 17)
+    with torch.no_grad():
+        want = ref(torch.tensor([b.prompt_token_ids])).logits[0, 40:]
+    assert torch.allclose(executor.logits(out), want, atol=LOGIT_ATOL)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_prompts_over_a_cached_prefix_match_transformers(model, ref, prefix_caching):
+    """Prefix caching (hfx/engine/prefix_cache.py): later prompts that share a 40-token prefix
+    with an earlier one attend over its cached KV, computing only their own tails (and the
+    next turn, over the first one's answer too); the tokens are transformers' either way."""
+    shared = prompts(1, seed=11, low=40, high=41)[0]
+    tails = prompts(3, seed=12, low=5, high=20)
+    engine = make_engine(model, num_blocks=64, block_size=8, planner="chunked",
+                         prefix_caching=prefix_caching)
+    first = Sequence("first", len(shared), 12, prompt_token_ids=shared)
+    got = run_engine(engine, [first])
+    # The next turn resends the first prompt and its answer.
+    turn = [*shared, *got["first"], *tails[0]]
+    later = [Sequence(f"r{i}", len(shared) + len(t), 6, prompt_token_ids=[*shared, *t])
+             for i, t in enumerate(tails[1:])]
+    nxt = Sequence("next", len(turn), 6, prompt_token_ids=turn)
+    got.update(run_engine(engine, [*later, nxt]))
+    assert got == {"first": reference_greedy(ref, shared, 12),
+                   **{s.request_id: reference_greedy(ref, s.prompt_token_ids, 6)
+                      for s in [*later, nxt]}}
+    cached = [s.num_cached_tokens for s in [*later, nxt]]
+    # 40 shared tokens are 5 blocks of 8; the next turn also finds the block its answer
+    # filled (the first turn's 52 tokens had KV for 51: 6 full blocks).
+    assert cached == ([40, 40, 48] if prefix_caching else [0, 0, 0])

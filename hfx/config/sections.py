@@ -80,6 +80,11 @@ class EngineSection(Section):
         "advance the decodes of an engine by one counter per step where its planner decodes "
         "every running sequence (hfx/engine/cohort.py); --no-engine-runs steps each sequence, "
         "with identical results (the check of that)"))
+    prefix_caching: bool = Field(True, description=(
+        "share full KV blocks of equal content between requests and keep them after, evicting "
+        "the least recently used (hfx/engine/prefix_cache.py; vLLM v1's default, on); "
+        "requests carry their content's block hashes (Mooncake's hash_ids, the session "
+        "workloads) or token ids"))
 
     @field_validator("planner")
     @classmethod

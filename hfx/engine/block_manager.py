@@ -84,7 +84,12 @@ class BlockManager:
             seq.num_blocks += need
             if self.block_ids:
                 seq.block_table.extend(self._take_ids(need))
-        if seq.unit_keys is not None and seq.units_seen * seq.unit_size < seq.prompt_len:
+        if seq.unit_keys is None:
+            if not self.prefix_caching or \
+                    (seq.block_hashes is None and seq.prompt_token_ids is None):
+                return True
+            self._keys(seq)
+        if seq.units_seen * seq.unit_size < seq.prompt_len:
             self._offer(seq, min(num_tokens, seq.prompt_len))
         return True
 

@@ -45,6 +45,8 @@ class RecordColumns:
     finish: np.ndarray  # NaN while pending
     task: np.ndarray  # index into the task names of the fold (or of ``of``'s ``tasks``)
     priority: np.ndarray  # NO_PRIORITY if none
+    prompt: np.ndarray  # prompt tokens
+    cached: np.ndarray  # of them, found in the prefix cache (RequestRecord.cached_tokens)
 
     @classmethod
     def of(cls, records: Iterable[RequestRecord], tasks: dict[str, int]) -> RecordColumns:
@@ -69,7 +71,7 @@ class RecordColumns:
 _ROW = (("seq", np.int64), ("outcome", np.int8), ("finished", bool), ("ttft", float),
         ("tpot", float), ("e2e", float), ("tokens", np.int64), ("met", bool),
         ("best_effort", bool), ("arrival", float), ("first", float), ("finish", float),
-        ("task", np.int32), ("priority", np.int32))
+        ("task", np.int32), ("priority", np.int32), ("prompt", np.int64), ("cached", np.int64))
 
 
 class RecordRows:
@@ -126,7 +128,8 @@ class RecordRows:
                            met, r.best_effort, req.arrival, t[0] if k else math.nan,
                            math.nan if r.finish_time is None else r.finish_time,
                            self.tasks.setdefault(req.task, len(self.tasks)),
-                           NO_PRIORITY if req.priority is None else req.priority))
+                           NO_PRIORITY if req.priority is None else req.priority,
+                           req.prompt_len, r.cached_tokens))
 
     def take(self) -> RecordColumns:
         """The columns of the rows added since the last ``take``, in the order added."""

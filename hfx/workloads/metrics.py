@@ -7,7 +7,9 @@
 - goodput_rps: requests that met their SLO per second of the run; throughput_rps: finished
   requests per second; both over the span from the first arrival to the last finish;
 - cost_units: seed Eq. 3 with the unit of §7.5, one instance active for 50 ms; an instance is
-  active from the moment it is provisioned until it is released, rounded up to whole units.
+  active from the moment it is provisioned until it is released, rounded up to whole units;
+- hit_rate: prompt tokens found in an engine's prefix cache / prompt tokens, over finished
+  requests (vLLM's prefix-cache hit rate, counted at each request's first admission).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def group_counts(cols: RecordColumns, idx: np.ndarray | None = None) -> dict[str
         return column if idx is None else column[idx]
 
     outcome = of(cols.outcome)
+    finished = of(cols.finished)
     return {
         "requests": len(outcome),
         "finished": int(of(cols.finished).sum()),
@@ -58,6 +61,8 @@ def group_counts(cols: RecordColumns, idx: np.ndarray | None = None) -> dict[str
         "best_effort": int(of(cols.best_effort).sum()),
         "met": int(of(cols.met).sum()),
         "met_dslo": int(of(cols.met_dslo).sum()),
+        "prompt_tokens": int(of(cols.prompt)[finished].sum()),
+        "cached_tokens": int(of(cols.cached)[finished].sum()),
     }
 
 
@@ -73,6 +78,9 @@ def group_keys(counts: dict[str, int], ttft: dict[str, float | None],
         "ttft": ttft,
         "tpot": tpot,
         "e2e": e2e,
+        "cached_tokens": counts["cached_tokens"],
+        "hit_rate": counts["cached_tokens"] / counts["prompt_tokens"]
+        if counts["prompt_tokens"] else 0.0,
     }
 
 

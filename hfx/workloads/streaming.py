@@ -32,7 +32,8 @@ class _Group:
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(("requests", "finished", "rejected", "failed", "shed",
-                                     "best_effort", "met", "met_dslo"), 0)
+                                     "best_effort", "met", "met_dslo", "prompt_tokens",
+                                     "cached_tokens"), 0)
         self.ttft, self.tpot, self.e2e = LatencySketch(), LatencySketch(), LatencySketch()
 
     def add(self, cols: RecordColumns, idx: np.ndarray | None = None) -> None:
