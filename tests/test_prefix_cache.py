@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from conftest import make_engine, seq
+from conftest import make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine import STEP_MODEL, drain
@@ -239,7 +239,7 @@ def test_a_cached_prefix_is_not_computed_again(vloop, planner):
     # Shares 4 blocks (16 tokens), then 2 of its own: 8 tokens to compute.
     b = hashed("b", [1, 2, 3, 4, 8, 9], out=2)
     engine.add_request(b)
-    tokens, transitions = vloop.run_until_complete(drain(engine))
+    _, transitions = vloop.run_until_complete(drain(engine))
     assert ex.plans[-2:] == [{"b": 8}, {"b": 1}]
     assert b.num_cached_tokens == 16 and transitions == [("b", RequestStatus.FINISHED_LENGTH)]
     assert engine.kv.num_free_blocks == engine.kv.num_blocks  # all free, some cached
@@ -288,7 +288,7 @@ def test_preemption_under_pressure_with_shared_prefixes_loses_nothing(vloop):
     engine, _ = make_engine(num_blocks=24, planner="chunked", max_num_batched_tokens=16)
     for i in range(6):
         engine.add_request(hashed(f"r{i}", [1, 2, i + 10, i + 20], out=12))
-    tokens, transitions = vloop.run_until_complete(drain(engine))
+    tokens, _ = vloop.run_until_complete(drain(engine))
     assert {k: len(v) for k, v in tokens.items()} == {f"r{i}": 12 for i in range(6)}
     assert engine.num_preemptions > 0
     assert engine.kv.num_free_blocks == engine.kv.num_blocks

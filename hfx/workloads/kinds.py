@@ -125,6 +125,32 @@ class Bursty:
         return bursty(workload, draw.qps, draw.seed, duration)
 
 
+# Workloads whose prompts repeat (issue 46; hfx/workloads/sessions.py draws them).
+REPEATING = ("chat-sessions", "shared-prompts", "agent-loops")
+
+
+class Repeating:
+    """Multi-turn chat, shared system prompts, agent tool loops: requests that name their
+    content by block hashes, for a prefix cache to reuse. One task each, named as the kind."""
+
+    def takes(self, workload: str) -> bool:
+        return workload in REPEATING
+
+    def describe(self) -> str:
+        return (f"{', '.join(REPEATING)} (prompts that repeat: multi-turn chat, shared system "
+                "prompts, agent tool loops; requests-per-task requests, or --duration)")
+
+    def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
+        from hfx.workloads.sessions import TASK_SPECS
+
+        return (TASK_SPECS[workload],)
+
+    def requests(self, workload: str, draw: Draw) -> list[Request]:
+        from hfx.workloads.sessions import generate
+
+        return generate(workload, draw.qps, draw.seed, draw.requests_per_task, draw.duration)
+
+
 class Traces:
     """A trace file, in any format hfx/workloads/traces.py reads."""
 
@@ -149,7 +175,7 @@ class Traces:
 
 
 # The one registration point, in the order names are tried.
-KINDS: tuple[Kind, ...] = (TaskSets(), Ramp(), Tiered(), Bursty(), Traces())
+KINDS: tuple[Kind, ...] = (TaskSets(), Ramp(), Tiered(), Bursty(), Repeating(), Traces())
 
 
 def kind_of(workload: str) -> Kind:
