@@ -45,7 +45,8 @@ from types import ModuleType
 
 PACKAGE = Path(__file__).resolve().parent
 MODULES = (
-    "hfx/engine/block_manager.py", "hfx/engine/cohort.py", "hfx/engine/core.py",
+    "hfx/engine/block_manager.py", "hfx/engine/prefix_cache.py", "hfx/engine/cohort.py",
+    "hfx/engine/core.py",
     "hfx/engine/decode_run.py", "hfx/engine/sequence.py", "hfx/engine/stats.py",
     "hfx/engine/tick_calendar.py", "hfx/engine/waiting.py", "hfx/request.py",
     "hfx/engine/planners/base.py", "hfx/engine/planners/chunked.py",

@@ -169,6 +169,9 @@ class LocalInstance:
             max_num_seqs=e.config.max_num_seqs,
             busy_time=e.busy_time,
             num_steps=e.num_steps,
+            prefix_queried_tokens=e.kv.queried_tokens,
+            prefix_hit_tokens=e.kv.hit_tokens,
+            kv_cached_blocks=e.kv.evictable_blocks,
         )
 
     def _emit(self, out: StepOutput) -> None:

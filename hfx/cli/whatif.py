@@ -27,6 +27,9 @@ def add_parser(sub: Any) -> None:
                       help="parallel processes (default: one per core)")
     what.add_argument("--ray-address", metavar="ADDR", default=None,
                       help="run on a Ray cluster: auto, ray://HOST:10001, or local")
+    what.add_argument("--capacity", action="store_true",
+                      help="also search each point's capacity: the highest rate of this trace "
+                      "(its arrivals rescaled, as --trace-qps does) it carries at --target")
     what.add_argument("--json", metavar="PATH", help="write the result object here")
     what.add_argument("--plot", metavar="PNG", help="attainment and cost against fleet size")
     add_model_args(what, SimConfig, exclude=("policy", "instances", "workload", "qps"))
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_of(SimConfig, args, args.config, workload=args.trace,
                      policy=args.policies[0], instances=args.instances[0])
     result = whatif(config, args.policies, args.instances, args.target, args.jobs,
-                    args.ray_address)
+                    args.ray_address, capacity=args.capacity)
     print(table(result))
     if args.json:
         write_json(args.json, result)

@@ -44,11 +44,15 @@ class CachedUnit:
         self.refs = 0  # sequences holding it
 
 
-def token_block_hashes(tokens: Seq[int], block_size: int) -> tuple[int, ...]:
-    """A content hash per full ``block_size`` tokens: stable across processes and versions (a
-    record stores them; blake2b, as vLLM offers sha256 for the same reason)."""
+def token_block_hashes(tokens: Seq[int], block_size: int,
+                       partial: bool = False) -> tuple[int, ...]:
+    """A content hash per full ``block_size`` tokens, and with ``partial`` one for the tokens
+    after the last full block (a request's hashes cover its whole prompt: Request): stable
+    across processes and versions (a record stores them; blake2b, as vLLM offers sha256 for
+    the same reason)."""
     out = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
+    end = len(tokens) if partial else len(tokens) - block_size + 1
+    for start in range(0, end, block_size):
         block = tokens[start:start + block_size]
         digest = hashlib.blake2b(b"".join(t.to_bytes(4, "little", signed=True) for t in block),
                                  digest_size=8).digest()
@@ -70,6 +74,18 @@ def chain(content: Seq[int], per_unit: int, root: int) -> list[int]:
         parent = hash((parent, *content[u * per_unit:(u + 1) * per_unit]))
         keys.append(parent)
     return keys
+
+
+def request_block_hashes(prompt_token_ids: Seq[int] | None,
+                         block_hashes: tuple[int, ...] | None, hash_block: int,
+                         block_size: int) -> tuple[tuple[int, ...], int] | None:
+    """What a record keeps of a prompt's content (``hfx serve --record``): its own hashes, or
+    its token ids' at the engine's block size; never the tokens."""
+    if block_hashes is not None:
+        return block_hashes, hash_block
+    if prompt_token_ids is None:
+        return None
+    return token_block_hashes(prompt_token_ids, block_size, partial=True), block_size
 
 
 def content_of(seq: Sequence, block_size: int) -> tuple[tuple[int, ...], int] | None:

@@ -28,6 +28,11 @@ class InstanceStats:
     max_num_seqs: int  # sequences the engine runs at once
     busy_time: float  # seconds spent executing steps so far
     num_steps: int
+    # Its prefix cache so far (vLLM's prefix-cache queries and hits): prompt tokens of first
+    # admissions, those found cached; blocks cached and held by no request (counted free).
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    kv_cached_blocks: int = 0
 
     def __reduce__(self) -> tuple[type[InstanceStats], tuple[object, ...]]:
         # Through the constructor: compiled (hfx/native.py), a frozen class cannot be unpickled

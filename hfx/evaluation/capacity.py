@@ -7,6 +7,11 @@ bracketed (doubling or halving from ``--qps``) and then bisected until the brack
 ``tolerance`` (relative); the capacity is the bracket's low end, the highest rate measured to
 meet the target. Seeds run in parallel processes; the result gives each seed's capacity, its
 probes, and the mean and spread.
+
+On a trace file the rate searched is the trace's own, rescaled (``--trace-qps``: its arrivals
+compressed or stretched, its requests as they are), so the answer is the rate of *that*
+traffic the fleet carries; the run is the trace, start to end, and ``--warmup`` (0 unless
+given) leaves its first seconds out of the score.
 """
 
 from __future__ import annotations
@@ -27,15 +32,42 @@ MAX_DOUBLINGS = 12  # 4096× the first guess: far past any fleet we simulate
 Probe = Callable[[SimConfig], dict]
 
 
+def is_trace(workload: str) -> bool:
+    return workload.endswith((".jsonl", ".csv"))
+
+
+def rate_of(config: SimConfig) -> float:
+    """The rate a capacity search varies: the trace's (``trace_qps``, its own mean rate
+    unless given) or the workload's ``qps``."""
+    if not is_trace(config.workload):
+        return config.qps
+    if config.trace_qps is not None:
+        return config.trace_qps
+    from hfx.sim import load_requests
+
+    requests = load_requests(config)
+    span = requests[-1].arrival - requests[0].arrival if len(requests) > 1 else 0.0
+    if span <= 0:
+        raise ValueError(f"{config.workload}: a trace needs arrivals over time to be "
+                         "rescaled; give --trace-qps")
+    return len(requests) / span  # as read_trace's target_qps counts it
+
+
+def at_rate(config: SimConfig, qps: float) -> SimConfig:
+    """``config`` at rate ``qps`` (of the trace, for a trace file: ``rate_of``)."""
+    return config.model_copy(update={"trace_qps" if is_trace(config.workload) else "qps": qps})
+
+
 def steady(config: SimConfig) -> SimConfig:
-    """``config`` as a steady-state run: the defaults above unless it sets its own."""
-    if config.duration is not None:
+    """``config`` as a steady-state run: the defaults above unless it sets its own. A trace
+    runs as it is (rescaled): its arrivals end where it ends."""
+    if config.duration is not None or is_trace(config.workload):
         return config
     return config.model_copy(update={"duration": DEFAULT_DURATION, "warmup": DEFAULT_WARMUP})
 
 
-def _probe_row(r: dict) -> dict:
-    return {"qps": r["qps"], "attainment": r["attainment"],
+def _probe_row(r: dict, qps: float) -> dict:
+    return {"qps": qps, "attainment": r["attainment"], "hit_rate": r.get("hit_rate"),
             "attainment_dslo": r.get("attainment_dslo"), "shed": r["shed"],
             "backlog_at_end": r["backlog_at_end"], "max_wait": r["max_wait"],
             "requests": r["requests"]}
@@ -44,7 +76,7 @@ def _probe_row(r: dict) -> dict:
 def slo_classes(workload: str) -> list[tuple[float, float, float, float, float]]:
     """(share of requests, TTFT, TPOT, typical prompt, typical output) of each SLO class a
     workload draws from; none for a trace file."""
-    if workload.endswith((".jsonl", ".csv")):
+    if is_trace(workload):
         return []
     if workload in TIERED:  # PolyServe §5.1: tier and TTFT drawn independently
         prompt, output = TIERED[workload]
@@ -93,11 +125,11 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
     probes: list[dict] = []
 
     def meets(qps: float) -> bool:
-        r = probe(config.model_copy(update={"qps": qps}))
-        probes.append(_probe_row(r))
+        r = probe(at_rate(config, qps))
+        probes.append(_probe_row(r, qps))
         return r[metric] >= target
 
-    q = config.qps
+    q = rate_of(config)
     lo: float | None
     hi: float | None
     if meets(q):

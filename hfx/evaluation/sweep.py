@@ -64,7 +64,8 @@ def aggregate(results: list[dict]) -> list[dict]:
             "tpot": {"mean": _mean(r["tpot"]["mean"] for r in runs)},
             "e2e": {"mean": _mean(r["e2e"]["mean"] for r in runs)},
             "cost_units": round(statistics.fmean(r["cost_units"] for r in runs)),
-            "goodput_rps": statistics.fmean(r["goodput_rps"] for r in runs)})
+            "goodput_rps": statistics.fmean(r["goodput_rps"] for r in runs),
+            "hit_rate": statistics.fmean(r.get("hit_rate", 0.0) for r in runs)})
     return rows
 
 
@@ -74,7 +75,8 @@ def table(results: list[dict]) -> str:
     spread = any(r["seeds"] > 1 for r in rows)
     std_head = f"{'± std':>7}" if spread else ""
     head = (f"{'series':<14}{'qps':>7}{'attain':>8}{std_head}{'dslo':>7}"
-            f"{'ttft p90':>10}{'tpot mean':>11}{'e2e mean':>10}{'cost':>9}{'goodput':>9}")
+            f"{'ttft p90':>10}{'tpot mean':>11}{'e2e mean':>10}{'cost':>9}{'goodput':>9}"
+            f"{'hits':>6}")
     lines = [head, "-" * len(head)]
     for r in rows:
         std = f"{r['attainment_std']:>7.3f}" if spread else ""
@@ -82,7 +84,7 @@ def table(results: list[dict]) -> str:
             f"{r['series']:<14}{r['qps']:>7g}{r['attainment']:>8.3f}{std}"
             f"{r['attainment_dslo']:>7.3f}{_fmt(r['ttft']['p90']):>10}"
             f"{_fmt(r['tpot']['mean']):>11}{_fmt(r['e2e']['mean']):>10}"
-            f"{r['cost_units']:>9}{r['goodput_rps']:>9.2f}")
+            f"{r['cost_units']:>9}{r['goodput_rps']:>9.2f}{r.get('hit_rate', 0.0):>6.2f}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
 
 SUMMARY_KEYS = ("attainment", "attainment_dslo", "cost_units", "goodput_rps", "finished",
-                "requests", "backlog_at_end")
+                "requests", "backlog_at_end", "hit_rate")
 
 
 def _run(config: SimConfig) -> dict[str, Any]:
@@ -29,9 +29,11 @@ def _run(config: SimConfig) -> dict[str, Any]:
 
 def whatif(base: SimConfig, policies: list[str], fleets: list[int], target: float,
            jobs: int | None = None, ray_address: str | None = None,
-           progress: bool = True) -> dict[str, Any]:
+           progress: bool = True, capacity: bool = False) -> dict[str, Any]:
     """Every (policy, fleet size) on ``base``'s workload; the smallest fleet per policy whose
-    attainment (HyperFlexis Eq. 4) meets ``target``, and the same under per-token deadlines."""
+    attainment (HyperFlexis Eq. 4) meets ``target``, and the same under per-token deadlines.
+    ``capacity``: also each point's capacity, the highest rate of this trace (rescaled:
+    ``--trace-qps``) it carries at ``target`` (hfx/evaluation/capacity.py)."""
     if base.mode != "colocated":
         raise ValueError("hfx whatif sizes colocated fleets (--instances); run P/D splits "
                          "with hfx sim --mode pd")
@@ -47,6 +49,13 @@ def whatif(base: SimConfig, policies: list[str], fleets: list[int], target: floa
                      **{k: r.get(k) for k in SUMMARY_KEYS},
                      "ttft_mean": r["ttft"]["mean"], "tpot_mean": r["tpot"]["mean"],
                      "ttft_p99": r["ttft"]["p99"]})
+    if capacity:
+        from hfx.evaluation.capacity import seed_capacity
+
+        found = run_all(seed_capacity, [(c, target) for c in configs], jobs, ray_address,
+                        progress, desc="capacity")
+        for row, cap in zip(rows, found, strict=True):
+            row["capacity_qps"] = cap["capacity"]
     return {"workload": base.workload, "profile": base.profile, "target": target,
             "rows": rows, "smallest": _smallest(rows, target, "attainment"),
             "smallest_dslo": _smallest(rows, target, "attainment_dslo")}
@@ -64,11 +73,14 @@ def _smallest(rows: list[dict[str, Any]], target: float, metric: str) -> dict[st
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"{'policy':<14} {'inst':>4} {'attain':>7} {'dslo':>7} {'cost':>9} "
-             f"{'TTFT mean':>10} {'TPOT mean':>10}"]
+             f"{'TTFT mean':>10} {'TPOT mean':>10} {'hits':>5}"
+             + (f" {'capacity':>9}" if "capacity_qps" in result["rows"][0] else "")]
     for r in result["rows"]:
         lines.append(f"{r['policy']:<14} {r['instances']:>4} {r['attainment']:>7.3f} "
                      f"{r['attainment_dslo']:>7.3f} {r['cost_units']:>9.0f} "
-                     f"{_ms(r['ttft_mean']):>10} {_ms(r['tpot_mean']):>10}")
+                     f"{_ms(r['ttft_mean']):>10} {_ms(r['tpot_mean']):>10} "
+                     f"{r['hit_rate']:>5.2f}"
+                     + (f" {r['capacity_qps']:>9.3g}" if "capacity_qps" in r else ""))
     most = max(r["instances"] for r in result["rows"])
 
     def sizes(smallest: dict[str, int | None]) -> str:

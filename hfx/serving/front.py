@@ -96,6 +96,7 @@ class FrontRecord:
     queue_time: float | None = None
     ttft: float | None = None
     e2e: float | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,7 @@ class FrontServer(Intake):
                     put(TokenEvent(token))
 
     def _end(self, message: list[Any]) -> None:
-        _, rid, reason, error, outcome, queue_time, ttft, e2e, slo = message
+        _, rid, reason, error, outcome, queue_time, ttft, e2e, slo, cached = message
         # Read whole before the stream is let go: a malformed end raises here, and the stream
         # stays for the next end or the control plane's loss to close.
         ended, mapped = Outcome(outcome), None if slo is None else SLO(*slo)
@@ -281,6 +282,7 @@ class FrontServer(Intake):
         assert isinstance(record, FrontRecord)
         record.outcome, record.error = ended, error
         record.queue_time, record.ttft, record.e2e = queue_time, ttft, e2e
+        record.cached_tokens = int(cached)
         if mapped is not None and stream.applied.slo is None:
             a = stream.applied
             stream.applied = AppliedSLO(mapped, a.priority, a.task, "priority")

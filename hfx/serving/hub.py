@@ -213,7 +213,7 @@ class FrontHub:
             slo = record.slo
             box.append(["end", rid, event.finish_reason, event.error, record.outcome.value,
                         record.queue_time, record.ttft, record.e2e,
-                        None if slo is None else [slo.ttft, slo.tpot]])
+                        None if slo is None else [slo.ttft, slo.tpot], record.cached_tokens])
             self.owner.pop(rid, None)
             self.streams.pop(rid, None)
         if self._flush is None:

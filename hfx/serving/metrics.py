@@ -55,13 +55,24 @@ class _ControlPlaneCollector(Collector):
                          "num_running"),
                         ("hfx_instance_waiting", "Sequences waiting on the instance.",
                          "num_waiting"),
-                        ("hfx_instance_kv_usage", "Fraction of KV blocks in use.", "kv_usage"))
+                        ("hfx_instance_kv_usage", "Fraction of KV blocks in use.", "kv_usage"),
+                        ("hfx_instance_kv_cached_blocks", "KV blocks of the prefix cache that "
+                         "no request holds (free to evict).", "kv_cached_blocks"))
         stats = {i: inst.stats() for i, inst in control.instances.items()}
         for name, text, attr in per_instance:
             family = GaugeMetricFamily(name, text, labels=["instance", "role"])
             for i, s in sorted(stats.items()):
                 family.add_metric([str(i), s.role.value], getattr(s, attr))
             yield family
+        for name, text, attr in (
+                ("hfx_instance_prefix_cache_queried_tokens", "Prompt tokens the instance's "
+                 "prefix cache was asked for (first admissions).", "prefix_queried_tokens"),
+                ("hfx_instance_prefix_cache_hit_tokens", "Of them, tokens found cached.",
+                 "prefix_hit_tokens")):
+            counter = CounterMetricFamily(name, text, labels=["instance", "role"])
+            for i, s in sorted(stats.items()):
+                counter.add_metric([str(i), s.role.value], getattr(s, attr))
+            yield counter
         states: Tally[tuple[str, str]] = Tally()
         for i, inst in control.instances.items():
             states[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
@@ -103,6 +114,9 @@ class Metrics:
         self._tokens = Counter("hfx_generated_tokens", "Output tokens streamed.", registry=r)
         self._prompt_tokens = Counter("hfx_prompt_tokens", "Prompt tokens of ended requests.",
                                       registry=r)
+        self._cached_tokens = Counter("hfx_prompt_cached_tokens", "Prompt tokens of ended "
+                                      "requests found in an engine's prefix cache (over "
+                                      "hfx_prompt_tokens: the hit rate).", ["task"], registry=r)
         self._latency = {
             metric: Histogram(f"hfx_{metric}_seconds", f"{text}, seconds (finished requests).",
                               ["task"], buckets=BUCKETS, registry=r)
@@ -126,6 +140,7 @@ class Metrics:
                 self._latency["queue"].labels(task).observe(record.queue_time)
         self._tokens.inc(record.num_tokens)
         self._prompt_tokens.inc(record.request.prompt_len)
+        self._cached_tokens.labels(task).inc(record.cached_tokens)
 
     def count(self, task: str, outcome: str) -> int:
         """Requests of ``task`` that ended with ``outcome`` so far."""

@@ -13,7 +13,10 @@ prompt's token ids.
 Row fields: ``id``, ``arrival`` (epoch seconds), ``input_len``, ``output_len`` (tokens the
 request got), ``max_tokens``, ``slo`` ({ttft_ms, tpot_ms} or null), ``slo_source``, ``task``,
 ``priority``, ``outcome``, ``error``, ``instance``, and as served ``queue_s``, ``ttft_s``,
-``tpot_s``, ``e2e_s``; with ``--record-prompts`` also ``prompt_token_ids``.
+``tpot_s``, ``e2e_s``, ``cached_tokens`` (prompt tokens its engine found cached), and
+``block_hashes`` with ``hash_block``: a hash per ``hash_block`` tokens of the prompt (its
+token ids' at the engine's block size; hfx/engine/prefix_cache.py), never its text, so that a
+replay finds the same prefix-cache hits. With ``--record-prompts`` also ``prompt_token_ids``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
+from hfx.engine.prefix_cache import request_block_hashes
 from hfx.evaluation.calibration import Calibration
 from hfx.request import RequestRecord
 
@@ -81,9 +85,13 @@ class Recorder:
             "slo_source": self._sources.pop(req.id, "default"), "task": req.task,
             "priority": req.priority, "outcome": record.outcome.value, "error": record.error,
             "instance": record.instance, "queue_s": record.queue_time, "ttft_s": record.ttft,
-            "tpot_s": record.tpot, "e2e_s": record.e2e}
+            "tpot_s": record.tpot, "e2e_s": record.e2e, "cached_tokens": record.cached_tokens}
         if self.prompts and req.prompt_token_ids is not None:
             row["prompt_token_ids"] = list(req.prompt_token_ids)
+        hashes = request_block_hashes(req.prompt_token_ids, req.block_hashes, req.hash_block,
+                                      self.control.profile.block_size)
+        if hashes is not None:
+            row["block_hashes"], row["hash_block"] = hashes
         self.rows.append(row)
 
     async def _forever(self) -> None:

@@ -56,6 +56,7 @@ class RecordView(Protocol):
 
     outcome: Outcome
     error: str | None
+    cached_tokens: int  # prompt tokens found in the engine's prefix cache
 
     @property
     def queue_time(self) -> float | None: ...

@@ -403,4 +403,7 @@ class VLLMInstance:
             decode_ctx=sum(s.request.prompt_len + s.tokens for s in started),
             max_num_seqs=self.max_num_seqs, busy_time=busy,
             num_steps=int(m.get("vllm:iteration_tokens_total_count", 0)),
+            # vLLM's own prefix-cache counters (tokens, counted at each scheduling lookup).
+            prefix_queried_tokens=int(m.get("vllm:prefix_cache_queries_total", 0)),
+            prefix_hit_tokens=int(m.get("vllm:prefix_cache_hits_total", 0)),
         )

@@ -74,10 +74,14 @@ def _timing(stream: Stream) -> dict[str, float | None]:
             for k, v in (("queue_ms", r.queue_time), ("ttft_ms", r.ttft), ("e2e_ms", r.e2e))}
 
 
-def _usage(gen: Generation) -> dict[str, int]:
+def _usage(gen: Generation) -> dict[str, Any]:
     p = gen.stream.request.prompt_len
-    return {"prompt_tokens": p, "completion_tokens": len(gen.tokens),
-            "total_tokens": p + len(gen.tokens)}
+    usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": len(gen.tokens),
+                             "total_tokens": p + len(gen.tokens)}
+    cached = gen.stream.record.cached_tokens
+    if cached:  # OpenAI's field for prompt tokens served from a cache
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _template(chunk: Callable[[str], dict[str, Any]]) -> Callable[[str], bytes]:
