@@ -29,9 +29,13 @@ BURSTGPT = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Typ
             "118,GPT-4,417,276,693,API log\n"
             "130,ChatGPT,100,0,100,API log\n"
             "131.5,GPT-4,20,7,27,API log\n")
-MOONCAKE = [{"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [0, 1]},
-            {"timestamp": 27482, "input_length": 6472, "output_length": 26, "hash_ids": [2]},
-            {"timestamp": 30000, "input_length": 100, "output_length": 9, "hash_ids": []}]
+# Mooncake's own README rows (FAST25-release): 12 shared 512-token blocks, then each its own.
+SHARED_IDS = list(range(46, 58))
+MOONCAKE = [{"timestamp": 0, "input_length": 6955, "output_length": 52,
+             "hash_ids": [*SHARED_IDS, 2353, 2354]},
+            {"timestamp": 27482, "input_length": 6472, "output_length": 26,
+             "hash_ids": [*SHARED_IDS, 2366]},
+            {"timestamp": 30000, "input_length": 100, "output_length": 9, "hash_ids": [2367]}]
 DEFAULT = parse_slo_map("default=2000:500")
 
 
@@ -169,6 +173,51 @@ def test_mooncake_milliseconds_become_seconds(tmp_path):
         (0.0, 6955, 52, "mooncake"), (27.482, 6472, 26, "mooncake"), (30.0, 100, 9, "mooncake")]
 
 
+def test_mooncake_keeps_hash_ids_as_512_token_block_hashes(tmp_path):
+    path = jsonl(tmp_path / "conversation_trace.jsonl", MOONCAKE)
+    reqs = read_trace(path, slo_map=DEFAULT)
+    assert [r.block_hashes for r in reqs] == [(*SHARED_IDS, 2353, 2354), (*SHARED_IDS, 2366),
+                                              (2367,)]
+    assert {r.hash_block for r in reqs} == {512}
+    # The rows' own view too, and rescaled arrivals keep them.
+    assert [r.block_hashes for r in load_rows(path).rows] == [r.block_hashes for r in reqs]
+    for kw in ({"time_scale": 4.0}, {"target_qps": 0.5}):
+        again = read_trace(path, slo_map=DEFAULT, **kw)
+        assert [(r.block_hashes, r.hash_block) for r in again] == [
+            (r.block_hashes, r.hash_block) for r in reqs]
+        assert [r.arrival for r in again] != [r.arrival for r in reqs]
+
+
+def test_mooncake_row_without_hash_ids_names_no_content(tmp_path):
+    path = jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 600, "output_length": 2},
+                                        {"timestamp": 1, "input_length": 600, "output_length": 2,
+                                         "hash_ids": None}])
+    assert [r.block_hashes for r in read_trace(path, slo_map=DEFAULT)] == [None, None]
+
+
+def test_azure_and_burstgpt_name_no_content(tmp_path):
+    for name, text in (("AzureLLMInferenceTrace_code.csv", AZURE), ("BurstGPT_1.csv", BURSTGPT)):
+        reqs = read_trace(write(tmp_path / name, text), slo_map=DEFAULT)
+        assert {r.block_hashes for r in reqs} == {None}
+
+
+@pytest.mark.parametrize("hash_ids, message", [
+    ([*SHARED_IDS, 2353], r"13 hash_ids for 6955 input tokens; expected ceil\(6955 / 512\) = 14"),
+    ([*SHARED_IDS, 2353, 2354, 2355], "15 hash_ids for 6955 input tokens"),
+    ([*SHARED_IDS, 2353, -1], "hash_ids must be a list of non-negative integers"),
+    ([*SHARED_IDS, 2353, 1.5], "hash_ids must be a list of non-negative integers"),
+    ([*SHARED_IDS, 2353, True], "hash_ids must be a list of non-negative integers"),
+    ([*SHARED_IDS, 2353, "7"], "hash_ids must be a list of non-negative integers"),
+    ("46,47", "hash_ids must be a list of non-negative integers"),
+])
+def test_mooncake_row_with_bad_hash_ids_names_file_and_line(tmp_path, hash_ids, message):
+    path = jsonl(tmp_path / "conversation_trace.jsonl",
+                 [MOONCAKE[1], MOONCAKE[0] | {"hash_ids": hash_ids}, MOONCAKE[2]])
+    with pytest.raises(TraceError, match=message) as e:
+        read_trace(path, slo_map=DEFAULT)
+    assert str(e.value).startswith(f"{path}:2: ")
+
+
 # ---- SLO maps ---------------------------------------------------------------------------------
 def test_slo_map_precedence_task_then_length_class_then_default():
     m = parse_slo_map("default=2000:500, GPT-4=1000:100, input<=512=800:80, input>4096=9000:900")
@@ -284,6 +333,33 @@ def test_record_replays_what_was_asked(tmp_path):
         ("r1", 1.5, 10, 64, SLO(1.5, 0.25), "chat", None),  # aborted: its max_tokens
         ("r3", 2.0, 10, 32, None, "gsm8k", 1),  # mapped from its priority again: no map, no T1
         ("r4", 2.25, 10, 5, SLO(1.5, 0.25), "chat", None)]  # no priority: the SLO stays
+
+
+def test_record_rows_may_carry_block_hashes(tmp_path):
+    path = jsonl(tmp_path / "rec.jsonl", [
+        record(input_len=40, output_len=5, block_hashes=[7, 8, 9]),  # 16 tokens a hash
+        record(id="r1", arrival=1700000001.25, input_len=40, output_len=5, block_hashes=[7],
+               hash_block=64),
+        record(id="r2", arrival=1700000002.25)])
+    reqs = read_trace(path)
+    assert [(r.id, r.block_hashes, r.hash_block) for r in reqs] == [
+        ("r0", (7, 8, 9), 16), ("r1", (7,), 64), ("r2", None, 16)]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"block_hashes": [7, 8]}, r"2 block hashes of 16 tokens do not cover its 40 prompt tokens "
+                               r"\(need 3\)"),
+    ({"block_hashes": [7, 8, 9, 10]}, r"request r1: 4 block hashes of 16 tokens do not cover its "
+                                      r"40 prompt tokens \(need 3\)"),
+    ({"block_hashes": [7, 8, 9], "hash_block": 0}, "hash_block must be >= 1"),
+    ({"block_hashes": [7, "8", 9]}, "block_hashes must be a list of non-negative integers"),
+])
+def test_record_row_with_bad_block_hashes_names_file_and_line(tmp_path, extra, message):
+    path = jsonl(tmp_path / "rec.jsonl", [record(input_len=40, output_len=5),
+                                          record(id="r1", input_len=40, output_len=5, **extra)])
+    with pytest.raises(TraceError, match=message) as e:
+        read_trace(path)
+    assert str(e.value).startswith(f"{path}:2: ")
 
 
 def test_record_arrivals_relative_to_the_first_row(tmp_path):

@@ -2,7 +2,7 @@
 
 Each format has one reader (registered in ``FORMATS``) that turns a file into raw rows
 (``TraceRow``); ``read_trace`` turns rows into ``Request`` objects: SLOs assigned, arrivals shifted
-to start at 0, optionally sped up or rescaled to a target rate.
+to start at 0, optionally sped up or rescaled to a target rate (content hashes kept).
 
 - ``hfx``: HFX's own trace columns, JSONL or CSV (``hfx.workloads.load.load_trace``).
 - ``hfx-record``: the JSONL rows ``hfx serve --record FILE`` writes, one per served request.
@@ -17,6 +17,16 @@ The public traces carry no SLOs: give an ``SLOMap`` (``--slo-map``), e.g.
 ``default=2000:500,GPT-4=1000:100,input<=512=800:80`` (milliseconds TTFT:TPOT). In them, a row
 with 0 output tokens (a failed request) cannot be replayed by length: it is skipped and counted
 (``TraceReport.skipped``).
+
+Prompts that repeat (issue 46): Mooncake's rows name their prompts' content by ``hash_ids``, one
+per 512-token block (the last may cover a partial block; equal ids at equal positions, equal
+content), and a request keeps them (``Request.block_hashes``, ``hash_block`` 512) for the
+engine's prefix cache. An engine of another block size caches units of lcm(512, block_size)
+tokens: with 16-token KV blocks a hashed 512-token block is 32 engine blocks, cached or evicted
+together; a prompt's tail past its last full 512-token block is never cached, since the trace
+cannot say whether it repeats. ``hfx serve --record`` rows may carry ``block_hashes`` and
+``hash_block`` too. Azure and BurstGPT traces carry no prefix information: their requests (as
+HFX's own columns') name no content, so a prefix cache never hits for them.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal, overload
 
-from hfx.request import SLO, Request
+from hfx.request import SLO, Request, check_block_hashes
 from hfx.workloads.load import TRACE_FIELDS, TraceError
 from hfx.workloads.tasks import TASKS
 
@@ -53,6 +63,9 @@ class TraceRow:
     id: str | None = None
     from_priority: bool = False
     where: str = field(default="", compare=False)  # file:line, for messages about the row
+    # Its content, one hash per ``hash_block`` tokens (``Request.block_hashes``); None: unknown.
+    block_hashes: tuple[int, ...] | None = None
+    hash_block: int = 16
 
 
 @dataclass(slots=True)
@@ -65,14 +78,16 @@ class TraceReport:
     skipped: int = 0
 
     def add_public(self, where: str, arrival: float, input_len: int, output_len: int,
-                   task: str | None) -> None:
+                   task: str | None, block_hashes: tuple[int, ...] | None = None,
+                   hash_block: int = 16) -> None:
         """A public trace's row; one with no output tokens (a request that failed in the
         trace) is skipped and counted."""
         if output_len == 0:
             self.skipped += 1
             return
         _check_lengths(where, input_len, output_len)
-        self.rows.append(TraceRow(arrival, input_len, output_len, task, where=where))
+        self.rows.append(TraceRow(arrival, input_len, output_len, task, where=where,
+                                  block_hashes=block_hashes, hash_block=hash_block))
 
 
 Reader = Callable[[Path], TraceReport]
@@ -144,6 +159,17 @@ def _csv(path: Path, required: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
 def _check_lengths(where: str, input_len: int, output_len: int) -> None:
     if input_len < 1 or output_len < 1:
         raise TraceError(f"{where}: input_len and output_len must be >= 1")
+
+
+def _hashes(row: dict, key: str, where: str) -> tuple[int, ...] | None:
+    """``row[key]`` as a tuple of non-negative ints (None where absent or null)."""
+    value = row.get(key)
+    if value is None:
+        return None
+    # bool is an int to Python, not to a trace
+    if not isinstance(value, list) or not all(type(h) is int and h >= 0 for h in value):
+        raise TraceError(f"{where}: {key} must be a list of non-negative integers")
+    return tuple(value)
 
 
 # ---- readers -----------------------------------------------------------------------------------
@@ -221,11 +247,20 @@ def read_hfx_record(path: Path) -> TraceReport:
                 raise TraceError(f"{where}: slo ttft_ms and tpot_ms must be > 0")
             slo = SLO(ttft / 1e3, tpot / 1e3)
         from_priority = row.get("slo_source") == "priority" and priority is not None
+        hashes = _hashes(row, "block_hashes", where)
+        hash_block = _number(row, "hash_block", where, int, required=False)
+        hash_block = 16 if hash_block is None else hash_block
+        if hashes is not None:
+            try:
+                check_block_hashes(str(row.get("id") or ""), input_len, output_len, len(hashes),
+                                   hash_block)
+            except ValueError as e:
+                raise TraceError(f"{where}: {e}") from None
         report.rows.append(TraceRow(arrival - first, input_len, output_len,
                                     str(row.get("task") or "") or None,
                                     None if from_priority else slo, priority,
                                     str(row.get("id") or "") or None, from_priority,
-                                    where=where))
+                                    where=where, block_hashes=hashes, hash_block=hash_block))
     return report
 
 
@@ -248,7 +283,8 @@ def _azure_time(text: str, where: str) -> datetime:
 def read_azure(path: Path) -> TraceReport:
     """Azure LLM inference trace (CSV): ``TIMESTAMP,ContextTokens,GeneratedTokens``, TIMESTAMP
     a date and time; arrival = seconds since the first row. Task ``azure-code``/``azure-conv``
-    from the file name, else ``azure``."""
+    from the file name, else ``azure``. The trace has no prefix information (no content
+    hashes): its requests never hit a prefix cache."""
     name = path.name.lower()
     task = "azure-code" if "code" in name else "azure-conv" if "conv" in name else "azure"
     report = TraceReport(path, "azure")
@@ -265,7 +301,8 @@ def read_azure(path: Path) -> TraceReport:
 def read_burstgpt(path: Path) -> TraceReport:
     """BurstGPT (CSV): ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``,
     Timestamp in seconds; task = the Model (ChatGPT, GPT-4). Rows with 0 response tokens
-    (failed requests) are skipped and counted."""
+    (failed requests) are skipped and counted. The trace has no prefix information (no content
+    hashes): its requests never hit a prefix cache."""
     report = TraceReport(path, "burstgpt")
     for where, row in _csv(path, ("Timestamp", "Model", "Request tokens", "Response tokens")):
         report.add_public(where, _number(row, "Timestamp", where),
@@ -274,14 +311,25 @@ def read_burstgpt(path: Path) -> TraceReport:
     return report
 
 
+MOONCAKE_BLOCK = 512  # tokens per Mooncake hash id (its traces' README)
+
+
 def read_mooncake(path: Path) -> TraceReport:
     """Mooncake trace (JSONL): ``{"timestamp": ms, "input_length", "output_length",
-    "hash_ids"}``; task ``mooncake``. ``hash_ids`` (KV-cache block hashes) are ignored."""
+    "hash_ids"}``; task ``mooncake``. ``hash_ids``: one per 512-token block of the prompt, the
+    last maybe partial (ceil(input_length / 512) of them), kept as the request's
+    ``block_hashes`` (``hash_block`` 512); a row without them names no content."""
     report = TraceReport(path, "mooncake")
     for where, row in _jsonl(path):
-        report.add_public(where, _number(row, "timestamp", where) / 1000,
-                          _number(row, "input_length", where, int),
-                          _number(row, "output_length", where, int), "mooncake")
+        input_len = _number(row, "input_length", where, int)
+        hashes = _hashes(row, "hash_ids", where)
+        if hashes is not None and len(hashes) != -(-input_len // MOONCAKE_BLOCK):
+            raise TraceError(f"{where}: {len(hashes)} hash_ids for {input_len} input tokens; "
+                             f"expected ceil({input_len} / {MOONCAKE_BLOCK}) = "
+                             f"{-(-input_len // MOONCAKE_BLOCK)}")
+        report.add_public(where, _number(row, "timestamp", where) / 1000, input_len,
+                          _number(row, "output_length", where, int), "mooncake", hashes,
+                          MOONCAKE_BLOCK)
     return report
 
 
@@ -419,7 +467,8 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
                              f"({', '.join(TASKS)}), or --slo-map, e.g. default=2000:500")
         requests.append(Request(id=rid, arrival=(row.arrival - origin) / divisor,
                                 prompt_len=row.input_len, max_tokens=row.output_len, slo=slo,
-                                task=row.task or "default", priority=row.priority))
+                                task=row.task or "default", priority=row.priority,
+                                block_hashes=row.block_hashes, hash_block=row.hash_block))
     ids = {r.id for r in requests}
     if len(ids) != len(requests):
         raise TraceError(f"{path}: request ids are not unique")
