@@ -25,7 +25,10 @@ from hfx.workloads.columns import FoldFinished
 
 GOLDEN = Path(__file__).parent / "golden"
 
-BURST = str(GOLDEN / "traces" / "burst.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
+BURST = str(GOLDEN / "traces" / "burst.jsonl")
+# Mooncake format, 80 conversations on 8 applications (bench/sim/make_session_trace.py
+# --sessions 80 --qps 4): 512-token hash ids.
+SESSIONS = str(GOLDEN / "traces" / "sessions.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
 POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve", "polyserve")
 
 # HFX as the seed has it: the cases below pin the seed's engine and dispatcher (HFX's defaults
@@ -78,6 +81,17 @@ CASES: dict[str, dict[str, Any]] = {
                             "planner": "chunked", "kv_capacity_tokens": 4096},
     "hfx-monitor-5s": {**SEED, "policy": "hfx", "qps": 200, "requests_per_task": 150,
                        "monitor_interval": 5.0},
+    # Prompts that repeat (issue 46): the prefix cache's hits, sharing and LRU eviction, with
+    # hashes per 16 tokens (the session kinds) and per 512 (a Mooncake-format trace).
+    "hfx-chat-sessions": {"policy": "hfx", "workload": "chat-sessions", "qps": 6,
+                          "duration": 300.0},
+    "rr-shared-prompts": {"policy": "rr", "workload": "shared-prompts", "qps": 3,
+                          "duration": 60.0},
+    "least-loaded-agent-loops-small-kv": {"policy": "least-loaded", "workload": "agent-loops",
+                                          "qps": 1.0, "duration": 120.0, "planner": "chunked",
+                                          "kv_capacity_tokens": 100_000},
+    "hfx-session-trace": {"policy": "hfx", "workload": SESSIONS, "slo_map": "default=2000:500",
+                          "trace_qps": 20.0},
 }
 
 

@@ -293,3 +293,26 @@ def test_preemption_under_pressure_with_shared_prefixes_loses_nothing(vloop):
     assert engine.num_preemptions > 0
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     assert all(u.refs == 0 for u in engine.kv._cached.values())
+
+
+# ---- the simulator: stepping and decode runs agree with hits too --------------------------------
+@pytest.mark.parametrize("fields", [
+    {"policy": "rr", "workload": "shared-prompts", "qps": 3, "duration": 60.0,
+     "kv_capacity_tokens": 80_000},
+    {"policy": "hfx", "workload": "agent-loops", "qps": 1.0, "duration": 120.0,
+     "kv_capacity_tokens": 100_000},
+], ids=["prefill-first", "deadline-chunked"])
+def test_decode_runs_give_the_results_of_stepping_with_prefix_hits(fields):
+    """The decode cohort and its runs (cohort.py, decode_run.py) take their blocks in counts;
+    the prefix cache's offers and evictions must not tell them apart from stepping."""
+    from hfx.config import SimConfig
+    from hfx.sim import simulate
+
+    def result(engine_runs: bool) -> dict:
+        r = simulate(SimConfig(**fields, engine_runs=engine_runs))
+        return {k: v for k, v in r.items() if k not in ("wall_seconds", "config")}
+
+    on = result(True)
+    assert on["hit_rate"] > 0.3 and any(c["evicted_units"] for c in
+                                        on["per_instance_cache"].values())
+    assert result(False) == on

@@ -149,9 +149,10 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - held
         if need + revived + reserve > self.num_free_blocks:
             return False
+        evictable = self._evictable
         for unit in units:
             if not unit.refs:
-                del self._evictable[unit.key]
+                del evictable[unit.key]
             unit.refs += 1
         self.evictable_blocks -= revived
         self.num_free_blocks -= revived
@@ -179,18 +180,20 @@ class BlockManager:
         yet. A unit cached already (another sequence computed the same content meanwhile)
         stays the sequence's own, as vLLM keeps such a duplicate block uncached."""
         keys, size, cached = self._keys(seq), seq.unit_size, self._cached
-        end = min(len(keys), tokens // size)
+        start, end = seq.units_seen, min(len(keys), tokens // size)
+        if end <= start:
+            return
         per_unit = size // self.block_size
-        for u in range(seq.units_seen, end):
+        units = seq.units
+        table = seq.block_table if self.block_ids else None
+        for u in range(start, end):
             key = keys[u]
             if key in cached:
                 continue
-            ids = seq.block_table[u * per_unit:(u + 1) * per_unit] if self.block_ids else None
-            unit = cached[key] = CachedUnit(key, per_unit, ids)
-            unit.refs = 1
-            seq.units.append(unit)
-        if end > seq.units_seen:
-            seq.units_seen = end
+            unit = cached[key] = CachedUnit(
+                key, per_unit, None if table is None else table[u * per_unit:(u + 1) * per_unit])
+            units.append(unit)
+        seq.units_seen = end
 
     def _take_ids(self, need: int) -> list[int]:
         returned = self._returned
@@ -228,26 +231,28 @@ class BlockManager:
 
     def _release_units(self, seq: Sequence, keep: bool) -> None:
         units = seq.units
-        shared = 0
-        kept: set[int] = set()  # ids of the units that stay cached
+        evictable, cached = self._evictable, self._cached
+        held = 0  # blocks of its units that stay cached, held or evictable
+        freed = 0  # of them, evictable now
         # Tail first: a sequence's last units are evicted before its first (vLLM frees a
         # request's blocks in reverse order for the same reason).
-        for unit in reversed(units):
-            shared += unit.blocks
-            unit.refs -= 1
-            if unit.refs:
-                kept.update(unit.ids or ())
+        for i in range(len(units) - 1, -1, -1):
+            unit = units[i]
+            refs = unit.refs - 1
+            unit.refs = refs
+            if refs:
+                held += unit.blocks
             elif keep:
-                self._evictable[unit.key] = unit
-                self.evictable_blocks += unit.blocks
-                self.num_free_blocks += unit.blocks
-                kept.update(unit.ids or ())
+                evictable[unit.key] = unit
+                held += unit.blocks
+                freed += unit.blocks
             else:
-                del self._cached[unit.key]
-                shared -= unit.blocks  # freed with the sequence's own
-        self.num_free_blocks += seq.num_blocks - shared
+                del cached[unit.key]  # its blocks are freed with the sequence's own
+        self.evictable_blocks += freed
+        self.num_free_blocks += seq.num_blocks - held + freed
         if self.block_ids:
-            self._returned.extend(i for i in reversed(seq.block_table) if i not in kept)
+            kept = {b for unit in units if unit.key in cached for b in unit.ids or ()}
+            self._returned.extend(b for b in reversed(seq.block_table) if b not in kept)
             seq.block_table = []
         seq.num_blocks = 0
         seq.units = []

@@ -41,7 +41,7 @@ class CachedUnit:
         self.key = key
         self.blocks = blocks  # KV blocks it holds
         self.ids = ids  # their ids, where the engine keeps ids (a real executor reads them)
-        self.refs = 0  # sequences holding it
+        self.refs = 1  # sequences holding it: the one that computed it, at first
 
 
 def token_block_hashes(tokens: Seq[int], block_size: int,
