@@ -25,10 +25,10 @@ from hfx.workloads.columns import FoldFinished
 
 GOLDEN = Path(__file__).parent / "golden"
 
-BURST = str(GOLDEN / "traces" / "burst.jsonl")
+BURST = str(GOLDEN / "traces" / "burst.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
 # Mooncake format, 80 conversations on 8 applications (bench/sim/make_session_trace.py
 # --sessions 80 --qps 4): 512-token hash ids.
-SESSIONS = str(GOLDEN / "traces" / "sessions.jsonl")  # four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20
+SESSIONS = str(GOLDEN / "traces" / "sessions.jsonl")
 POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve", "polyserve")
 
 # HFX as the seed has it: the cases below pin the seed's engine and dispatcher (HFX's defaults
