@@ -140,3 +140,28 @@ def test_roofline_facts():
     assert rl.decode(1, 100) > m.weight_bytes / 1.6e12
     # A long prefill is compute bound and grows with the length.
     assert rl.prefill([2000]) > rl.prefill([1000]) > rl.prefill([10])
+
+
+def test_fit_charges_a_cached_prefix_as_attention_over_it():
+    """Prefix-cache hits (issue 46): a chunk of c tokens over k cached is Σ c and Σ c·(k + c)
+    in Eq. 1. Hit samples from a known model fit back to it; read as whole prompts of c tokens
+    (the cached prefix ignored) they cannot."""
+    samples = [([n] * b, MODEL.prefill_time(b * n, b * n * n), 0)
+               for b in (1, 4) for n in (64, 512, 2048)]
+    hits = [([n] * b, MODEL.prefill_time(b * n, b * n * (k + n)), k)
+            for b in (1, 4) for n in (64, 512) for k in (4096, 16384)]
+    (a, b_, c), mape = fit_prefill(samples + hits)
+    assert (a, b_, c) == pytest.approx((0.010, 5e-5, 2e-9), rel=1e-6) and mape < 1e-9
+    _, blind = fit_prefill(samples + [(ls, t) for ls, t, _ in hits])
+    assert blind > 0.05
+
+
+def test_a_profile_keeps_its_hit_samples_for_a_refit():
+    from hfx.stepmodel.fit import fit_profile, samples_of
+
+    prefill = [([64, 64], 0.02, 0), ([32], 0.01, 1024), ([8], 0.005, 0), ([16], 0.006, 0)]
+    decode = [(1, 100, 0.02), (2, 300, 0.03), (4, 500, 0.04), (8, 900, 0.06)]
+    profile = fit_profile("p", prefill, decode, 4096, 16, {})
+    assert profile.meta["samples"]["prefill"] == [[2, 64, 0.02], [1, 32, 0.01, 1024],
+                                                  [1, 8, 0.005], [1, 16, 0.006]]
+    assert samples_of(profile) == (prefill, decode)

@@ -70,7 +70,7 @@ def test_a_recording_executor_keeps_whole_prefill_and_pure_decode_steps():
 
     asyncio.run(go())
     prefill, decode = recorder.samples()
-    assert [lens for lens, _ in prefill] == [[20, 7]]
+    assert [lens for lens, _, _ in prefill] == [[20, 7]]
     # Two decode steps (3 tokens: the first comes with the prefill), both sequences in each.
     assert [(b, ctx) for b, ctx, _ in decode] == [(2, 21 + 8), (2, 22 + 9)]
     assert all(t > 0 for *_, t in decode)

@@ -13,6 +13,12 @@ it has not seen.
 ``--quick`` keeps the points a CPU runs in about a minute for the tiny shape: prefill batches up
 to 4, decode batches up to 64, the seed's lengths up to 1024 (plus 384), at most 2,048 tokens
 per prefill step.
+
+Prefix-cache hits (issue 46): a prompt whose first k tokens are cached computes its other c over
+them, which Eq. 1 charges as c and c·(k + c) (BatchShape.add_prefill). Grid points of that form
+(``h``: β chunks of c tokens over k cached each, for the cached lengths ``cached``) are timed
+and fitted with the whole prompts, so the quadratic term is fitted to attention over a cached
+prefix as well as within a prompt.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
 from hfx.engine.torch_executor import TorchExecutor
 from hfx.model.build import LoadedModel
-from hfx.stepmodel.fit import Samples, fit_profile
+from hfx.stepmodel.fit import PrefillSample, Samples, fit_profile
 from hfx.stepmodel.latency import Profile
 from hfx.stepmodel.roofline import GRID_BATCH, GRID_LENGTH
 
@@ -46,16 +52,20 @@ class Grid:
     lengths: tuple[int, ...]
     max_prefill_tokens: int
     repeats: int
+    # Tokens found cached before a chunk, for the prefix-hit points (chunks of ``lengths``,
+    # batches of ``prefill_batches``); none: whole prompts only.
+    cached: tuple[int, ...] = ()
 
     @classmethod
     def full(cls) -> Grid:
         """HyperFlexis Appendix A, prefill steps capped at 16,384 tokens (as the roofline's)."""
-        return cls(GRID_BATCH, GRID_BATCH, GRID_LENGTH, 16384, 3)
+        return cls(GRID_BATCH, GRID_BATCH, GRID_LENGTH, 16384, 3, (256, 1024, 4096))
 
     @classmethod
     def quick(cls) -> Grid:
         return cls((1, 2, 4), (1, 2, 4, 8, 16, 32, 64),
-                   (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024), 2048, 5)
+                   (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024), 2048, 5,
+                   (256, 1024))
 
 
 async def step_times(executor: TorchExecutor, out: SchedulerOutput, repeats: int,
@@ -84,32 +94,35 @@ def _prompt(gen: np.random.Generator, n: int, vocab: int) -> list[int]:
 
 
 def measure(executor: TorchExecutor, grid: Grid, capacity_tokens: int, seed: int = 0,
-            progress: bool = False) -> tuple[list[tuple[list[int], float]],
-                                             list[tuple[int, int, float]]]:
+            progress: bool = False) -> Samples:
     """Time every grid point that fits; returns (prefill samples, decode samples) in the
     forms fit_prefill and fit_decode take."""
-    points = [("p", b, n) for b in grid.prefill_batches for n in grid.lengths
+    points = [("p", b, n, 0) for b in grid.prefill_batches for n in grid.lengths
               if b * n <= grid.max_prefill_tokens and b * (n + 1) <= capacity_tokens]
-    points += [("d", b, n) for b in grid.decode_batches for n in grid.lengths
+    # Hits: chunks of at least 16 tokens (a shorter one is a decode's cost) over k cached.
+    points += [("p", b, n, k) for b in grid.prefill_batches for n in grid.lengths
+               for k in grid.cached if n >= 16 and b * n <= grid.max_prefill_tokens
+               and b * (n + k + 1) <= capacity_tokens]
+    points += [("d", b, n, 0) for b in grid.decode_batches for n in grid.lengths
                if b * (n + 2) <= capacity_tokens]
     random.Random(seed).shuffle(points)
     return asyncio.run(_measure_points(executor, points, grid.repeats, capacity_tokens, seed,
                                        progress))
 
 
-async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, int]],
+async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, int, int]],
                           repeats: int, capacity_tokens: int, seed: int, progress: bool
-                          ) -> tuple[list[tuple[list[int], float]], list[tuple[int, int, float]]]:
+                          ) -> Samples:
     gen = np.random.default_rng(seed)
     vocab, bs = executor.vocab_size, executor.block_size
-    prefill: list[tuple[list[int], float]] = []
+    prefill: list[PrefillSample] = []
     decode: list[tuple[int, int, float]] = []
     bar = tqdm(total=len(points), desc="profile", unit="pt", leave=False, disable=not progress)
-    for kind, b, n in points:
-        out = grid_step(kind, b, n, BlockManager(capacity_tokens // bs, bs), gen, vocab)
+    for kind, b, n, k in points:
+        out = grid_step(kind, b, n, BlockManager(capacity_tokens // bs, bs), gen, vocab, k)
         t = await _timed(executor, out, repeats)
         if kind == "p":
-            prefill.append(([n] * b, t))
+            prefill.append(([n] * b, t, k))
         else:
             decode.append((b, b * (n + 1), t))
         bar.update()
@@ -118,14 +131,17 @@ async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, 
 
 
 def grid_step(kind: str, b: int, n: int, kv: BlockManager, gen: np.random.Generator,
-              vocab: int) -> SchedulerOutput:
-    """One grid point's step: ``b`` prompts of ``n`` tokens to prefill (``kind`` "p"), or ``b``
+              vocab: int, cached: int = 0) -> SchedulerOutput:
+    """One grid point's step: ``b`` prompts of ``n`` tokens to prefill (``kind`` "p"; after
+    ``cached`` tokens each whose KV is in place, as a prefix-cache hit leaves it), or ``b``
     sequences of context ``n`` to decode one token each ("d"), their KV allocated in ``kv``."""
     out = SchedulerOutput()
     for i in range(b):
         if kind == "p":
-            s = Sequence(f"p{i}", n, 1, prompt_token_ids=_prompt(gen, n, vocab))
-            kv.allocate(s, n + 1)
+            total = cached + n
+            s = Sequence(f"p{i}", total, 1, prompt_token_ids=_prompt(gen, total, vocab),
+                         num_computed_tokens=cached)
+            kv.allocate(s, total + 1)
             out.schedule(s, n)
         else:  # context n: n tokens cached, one to compute
             s = Sequence(f"d{i}", n, 8, prompt_token_ids=_prompt(gen, n, vocab),
@@ -143,7 +159,7 @@ class RecordingExecutor:
 
     def __init__(self, inner: TorchExecutor) -> None:
         self.inner = inner
-        self.prefill: list[tuple[list[int], float]] = []
+        self.prefill: list[PrefillSample] = []
         self.decode: list[tuple[int, int, float]] = []
 
     def __getattr__(self, name: str) -> object:
@@ -152,13 +168,19 @@ class RecordingExecutor:
     async def execute(self, out: SchedulerOutput) -> dict[Sequence, int] | None:
         sched = out.num_scheduled_tokens
         whole = [n for s, n in sched.items() if s.num_computed_tokens == 0 and n == s.num_tokens]
+        # A prompt over its cached prefix (one, alone): a hit sample.
+        hit = [(n, s.num_computed_tokens) for s, n in sched.items()
+               if s.num_computed_tokens > 0 and s.num_computed_tokens + n == s.num_tokens and
+               not s.output_token_ids]
         ctx = [s.num_tokens for s, n in sched.items()
                if n == 1 and s.num_computed_tokens + 1 == s.num_tokens]
         start = time.perf_counter()
         sampled = await self.inner.execute(out)
         took = time.perf_counter() - start
         if whole and len(whole) == len(sched):
-            self.prefill.append((whole, took))
+            self.prefill.append((whole, took, 0))
+        elif len(hit) == 1 == len(sched):
+            self.prefill.append(([hit[0][0]], took, hit[0][1]))
         elif ctx and len(ctx) == len(sched):
             self.decode.append((len(ctx), sum(ctx), took))
         return sampled
@@ -193,7 +215,8 @@ def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
         "dtype": str(executor.dtype).removeprefix("torch."),
         "grid": {"prefill_batches": list(grid.prefill_batches),
                  "decode_batches": list(grid.decode_batches), "lengths": list(grid.lengths),
-                 "max_prefill_tokens": grid.max_prefill_tokens, "repeats": grid.repeats},
+                 "max_prefill_tokens": grid.max_prefill_tokens, "repeats": grid.repeats,
+                 "cached": list(grid.cached)},
     }
     hw = "cuda" if device.type == "cuda" else "cpu"
     return fit_profile(f"{loaded.name}@{hw}", prefill, decode, num_blocks * block_size,

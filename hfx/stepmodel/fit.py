@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hfx.stepmodel.latency import Profile, StepTimeModel, fit_decode, fit_prefill
+from hfx.stepmodel.latency import Profile, StepTimeModel, cached, fit_decode, fit_prefill
 
-# (prefill samples: prompt lengths and seconds; decode samples: batch, Σ context, seconds)
-Samples = tuple[list[tuple[list[int], float]], list[tuple[int, int, float]]]
+# A prefill step: the chunks it computes (whole prompts: their lengths), seconds, and the
+# tokens each chunk found cached (a prefix-cache hit; 0 for whole prompts).
+PrefillSample = tuple[list[int], float, int]
+# (prefill samples; decode samples: batch, Σ context, seconds)
+Samples = tuple[list[PrefillSample], list[tuple[int, int, float]]]
 
 HELD_OUT_EVERY = 4
 
@@ -29,7 +32,7 @@ def _mape(predict, samples: list, target) -> float:
     return float(np.mean([abs(predict(s) - target(s)) / target(s) for s in samples]))
 
 
-def fit_profile(name: str, prefill: list[tuple[list[int], float]],
+def fit_profile(name: str, prefill: list[PrefillSample],
                 decode: list[tuple[int, int, float]], capacity_tokens: int, block_size: int,
                 meta: dict) -> Profile:
     pre_fit, pre_held = _split(prefill)
@@ -40,12 +43,13 @@ def fit_profile(name: str, prefill: list[tuple[list[int], float]],
     fit_mape = {
         "prefill": pre_mape,
         "decode": dec_mape,
-        "prefill_heldout": _mape(lambda s: model.prefill_time(sum(s[0]), sum(x * x for x in s[0])),
-                                 pre_held, lambda s: s[1]),
+        "prefill_heldout": _mape(lambda s: model.prefill_time(
+            sum(s[0]), sum(x * (x + cached(s)) for x in s[0])), pre_held, lambda s: s[1]),
         "decode_heldout": _mape(lambda s: model.decode_time(s[1], s[0]), dec_held,
                                 lambda s: s[2]),
     }
-    meta = dict(meta, samples={"prefill": [[len(ls), ls[0], t] for ls, t in prefill],
+    meta = dict(meta, samples={"prefill": [[len(ls), ls[0], t, *([k] if k else [])]
+                                           for ls, t, k in prefill],
                                "decode": [[b, ctx, t] for b, ctx, t in decode]})
     return Profile(name=name, model=model, kv_capacity_tokens=capacity_tokens,
                    block_size=block_size, source="measured", fit_mape=fit_mape, meta=meta)
@@ -54,7 +58,8 @@ def fit_profile(name: str, prefill: list[tuple[list[int], float]],
 def samples_of(profile: Profile) -> Samples:
     """A measured profile's samples, in the forms ``measure`` returns."""
     got = profile.meta["samples"]
-    return ([([n] * b, t) for b, n, t in got["prefill"]],
+    return ([([row[1]] * row[0], row[2], row[3] if len(row) > 3 else 0)
+             for row in got["prefill"]],
             [(b, ctx, t) for b, ctx, t in got["decode"]])
 
 

@@ -62,11 +62,20 @@ def _fit_relative(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, 
     return coef, mape
 
 
-def fit_prefill(samples: Sequence[tuple[Sequence[int], float]]) -> tuple[tuple[float, ...], float]:
-    """Fit Eq. 1 from (prompt lengths of the batch, measured seconds) samples."""
-    rows = [(1.0, float(sum(ls)), float(sum(x * x for x in ls))) for ls, _ in samples]
-    coef, mape = _fit_relative(np.array(rows), np.array([t for _, t in samples], dtype=float))
+def fit_prefill(samples: Sequence[tuple[Sequence[int], float] | tuple[Sequence[int], float, int]]
+                ) -> tuple[tuple[float, ...], float]:
+    """Fit Eq. 1 from (prompt lengths of the batch, measured seconds) samples, or (chunks of
+    the batch, seconds, tokens cached before each chunk): a prefix-cache hit's step computes
+    the chunk c over k cached tokens, Σ c and Σ c·(k + c) (BatchShape.add_prefill)."""
+    rows = [(1.0, float(sum(s[0])), float(sum(x * (x + cached(s)) for x in s[0])))
+            for s in samples]
+    coef, mape = _fit_relative(np.array(rows), np.array([s[1] for s in samples], dtype=float))
     return tuple(float(c) for c in coef), mape
+
+
+def cached(sample: tuple[Sequence[int], float] | tuple[Sequence[int], float, int]) -> int:
+    """The tokens cached before each chunk of a prefill sample (0: whole prompts)."""
+    return sample[2] if len(sample) > 2 else 0  # type: ignore[misc]
 
 
 def fit_decode(samples: Sequence[tuple[int, int, float]]) -> tuple[tuple[float, ...], float]:

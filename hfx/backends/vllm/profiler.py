@@ -134,7 +134,8 @@ def _rates(runs) -> list[float]:
 
 async def measure(urls: list[str], grid: VLLMGrid, capacity_tokens: int, seed: int = 0,
                   progress: bool = False
-                  ) -> tuple[str, list[tuple[list[int], float]], list[tuple[int, int, float]]]:
+                  ) -> tuple[str, list[tuple[list[int], float, int]],
+                             list[tuple[int, int, float]]]:
     """(served model, prefill samples, decode samples) from the servers at ``urls``, each grid
     point on all of them at once: servers that share a host slow each other down (CPU cores,
     memory bandwidth, their HTTP processes), and serving keeps them all busy, so the profile
@@ -151,13 +152,13 @@ async def measure(urls: list[str], grid: VLLMGrid, capacity_tokens: int, seed: i
                     for _ in range(grid.repeats)]
             return [statistics.median(r[i] for r in runs) for i in range(len(clients))]
 
-        prefill: list[tuple[list[int], float]] = []
+        prefill: list[tuple[list[int], float, int]] = []
         decode: list[tuple[int, int, float]] = []
         for n in grid.lengths:
             for b in grid.prefill_batches:
                 if b * n <= grid.max_prefill_tokens:
                     for t in await timed(lambda c, b=b, n=n: c.prefill(b, n)):
-                        prefill.append(([n] * b, t))
+                        prefill.append(([n] * b, t, 0))
             for b in grid.decode_batches:
                 if b * (n + DECODE_TOKENS) > capacity_tokens // 2:  # never preempted
                     continue
