@@ -15,6 +15,7 @@ from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.placement import EngineFactory, Placement
+from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.provisioner import LoadModel, Plan, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
@@ -133,7 +134,9 @@ def build_cluster(config: ClusterConfig, profile: Profile,
                            mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl,
                            admission=AdmissionLimits(config.max_queued, config.max_wait),
                            mixed_steps=PLANNERS.get_or_raise(
-                               engine_planner or ecfg.planner).mixes_decodes)
+                               engine_planner or ecfg.planner).mixes_decodes,
+                           prefix=PrefixIndex(config.block_size) if config.prefix_caching
+                           else None)
     if config.max_instances is not None:
         make_scaler(config, profile, control, ecfg, placement, seed)
     return control

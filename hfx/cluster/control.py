@@ -30,6 +30,7 @@ from hfx.cluster.instance import Instance
 from hfx.cluster.ledger import Listener, RequestLedger, TokenEvent
 from hfx.cluster.migration import Migration
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.recovery import Recovery
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.stage import Stage
@@ -88,8 +89,9 @@ class ControlPlane:
         max_retries: int = 1,
         admission: AdmissionLimits | None = None,
         mixed_steps: bool = False,
+        prefix: PrefixIndex | None = None,
     ) -> None:
-        self.fleet = Fleet(instances, monitor or Monitor(), tl_manager)
+        self.fleet = Fleet(instances, monitor or Monitor(), tl_manager, prefix)
         if self.fleet.pd and migrator is None:
             raise ValueError("P/D needs prefill and decode instances, a migrator and a "
                              "TLManager; colocated instances cannot mix with them")
@@ -174,7 +176,8 @@ class ControlPlane:
         now = asyncio.get_running_loop().time()
         fleet.start(self.on_events, now)
         view = ClusterView(now, fleet.members_view(Role.PREFILL if fleet.pd else None),
-                           self.step_model, self.profile, mixed_steps=self.mixed_steps)
+                           self.step_model, self.profile, mixed_steps=self.mixed_steps,
+                           prefix=fleet.prefix)
         self._dispatch = Stage("dispatch", self.policy, view, self._apply)
         if fleet.pd:
             assert self.migrator is not None and fleet.tl is not None
@@ -367,6 +370,8 @@ class ControlPlane:
                 self._finish(record, Outcome.FAILED, now, str(e))
                 continue
             self.fleet.count(d.instance, d.request, +1)
+            if self.fleet.prefix is not None:
+                self.fleet.prefix.routed(d.instance, d.request)
         for request in decision.reject:
             self._finish(self.records[request.id], Outcome.REJECTED, now, "rejected by policy")
 
@@ -480,6 +485,8 @@ class ControlPlane:
                 error: str | None = None, reason: str | None = None) -> None:
         self.ledger.settle(record, outcome, now, error)
         req = record.request
+        if self.fleet.prefix is not None:
+            self.fleet.prefix.forget(req.id)
         self._ending.pop(req.id, None)  # however it ended
         deadline = self._deadlines.pop(req.id, None)
         if deadline is not None:

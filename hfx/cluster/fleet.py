@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.stage import Stage
 from hfx.cluster.tl_manager import TLManager
 from hfx.engine.sequence import Role
@@ -24,7 +25,7 @@ from hfx.request import Request
 
 class Fleet:
     def __init__(self, instances: Iterable[Instance], monitor: Monitor,
-                 tl_manager: TLManager | None = None) -> None:
+                 tl_manager: TLManager | None = None, prefix: PrefixIndex | None = None) -> None:
         self.instances: dict[int, Instance] = {inst.id: inst for inst in instances}
         if not self.instances:
             raise ValueError("a cluster needs at least one instance")
@@ -45,6 +46,7 @@ class Fleet:
         self._draining: set[int] = set()
         self._sink: EventSink | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self.prefix = prefix  # what each instance's prefix cache holds (prefix_index.py)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self, sink: EventSink, now: float) -> None:
@@ -55,6 +57,8 @@ class Fleet:
             self.active_since[inst.id] = now
         snapshot = self.monitor.collect(self.instances.values())
         self.views = {i: InstanceView(i, s.role, s) for i, s in snapshot.items()}
+        for inst in self.instances.values():
+            self._index(inst, snapshot[inst.id])
         if self.tl is not None:  # links before anyone serves (HyperFlexis §6)
             for v in self.views.values():
                 (self.tl.add_prefill if v.role is Role.PREFILL else self.tl.add_decode)(v.id)
@@ -112,8 +116,23 @@ class Fleet:
         instance.start(self._sink)
         self.join(instance)
 
+    def _index(self, instance: Instance, stats: InstanceStats) -> None:
+        """Feed the prefix index from the instance's own engine where it runs here, else from
+        what is routed to it."""
+        prefix = self.prefix
+        if prefix is None:
+            return
+        kv = getattr(getattr(instance, "engine", None), "kv", None)
+        if kv is None:
+            prefix.estimate(instance.id, stats.kv_total_blocks)
+            return
+        feed = kv.listener = prefix.watch(instance.id)
+        for key in kv.cached_keys():  # a role switch's engine comes back with its cache
+            feed.stored(key)
+
     def join(self, instance: Instance) -> None:
         stats = instance.stats()
+        self._index(instance, stats)
         view = self.views[instance.id] = InstanceView(instance.id, instance.role, stats)
         stage = self.stages[instance.role]
         stage.view.instances.append(view)
@@ -149,7 +168,13 @@ class Fleet:
         if self.tl is not None:
             self.tl.remove(instance_id)
         self.monitor.latest.pop(instance_id, None)
-        return self.instances[instance_id]
+        instance = self.instances[instance_id]
+        if self.prefix is not None:
+            self.prefix.drop(instance_id)
+            kv = getattr(getattr(instance, "engine", None), "kv", None)
+            if kv is not None:
+                kv.listener = None
+        return instance
 
     def release(self, instance_id: int) -> None:
         """Stop a drained instance; its cost stops counting now."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from hfx.engine.prefix_cache import CachedUnit, unit_keys
+from hfx.engine.prefix_cache import CachedUnit, CacheListener, unit_keys
 from hfx.engine.sequence import Sequence
 
 
@@ -54,6 +54,8 @@ class BlockManager:
         # (request id, cached tokens) of the first admissions with a hit since the engine last
         # took them (StepOutput.cached).
         self.hits: list[tuple[str, int]] = []
+        # Told of each unit cached and evicted (the control plane's index of this engine).
+        self.listener: CacheListener | None = None
 
     @property
     def num_used_blocks(self) -> int:
@@ -114,8 +116,14 @@ class BlockManager:
             self.evicted_units += 1
             if unit.ids is not None:
                 self._returned.extend(unit.ids)
+            if self.listener is not None:
+                self.listener.removed(unit.key)
 
     # ---- the prefix cache ---------------------------------------------------------------------
+    def cached_keys(self) -> list[int]:
+        """The keys of every unit cached here."""
+        return list(self._cached)
+
     def _keys(self, seq: Sequence) -> list[int]:
         keys = seq.unit_keys
         if keys is None:
@@ -186,6 +194,7 @@ class BlockManager:
         per_unit = size // self.block_size
         units = seq.units
         table = seq.block_table if self.block_ids else None
+        listener = self.listener
         for u in range(start, end):
             key = keys[u]
             if key in cached:
@@ -193,6 +202,8 @@ class BlockManager:
             unit = cached[key] = CachedUnit(
                 key, per_unit, None if table is None else table[u * per_unit:(u + 1) * per_unit])
             units.append(unit)
+            if listener is not None:
+                listener.stored(key)
         seq.units_seen = end
 
     def _take_ids(self, need: int) -> list[int]:
@@ -248,6 +259,8 @@ class BlockManager:
                 freed += unit.blocks
             else:
                 del cached[unit.key]  # its blocks are freed with the sequence's own
+                if self.listener is not None:
+                    self.listener.removed(unit.key)
         self.evictable_blocks += freed
         self.num_free_blocks += seq.num_blocks - held + freed
         if self.block_ids:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # sequence.py imports this module for CachedUnit
     from hfx.engine.sequence import Sequence
@@ -29,6 +29,15 @@ if TYPE_CHECKING:  # sequence.py imports this module for CachedUnit
 # The root of every chain, as vLLM's NONE_HASH: a unit's key depends on the granularity it
 # was hashed at, so 512-token and 16-token names never meet.
 _ROOT = 0x48465850  # "HFXP"
+
+
+class CacheListener(Protocol):
+    """Who hears which units an engine's cache gains and loses, as vLLM's KV events publish
+    BlockStored and BlockRemoved (the control plane's index, hfx/cluster/prefix_index.py)."""
+
+    def stored(self, key: int) -> None: ...
+
+    def removed(self, key: int) -> None: ...
 
 
 class CachedUnit:
@@ -104,6 +113,24 @@ def unit_keys(seq: Sequence, block_size: int) -> tuple[list[int], int]:
     content = content_of(seq, block_size)
     if content is None:
         return [], block_size
-    hashes, hash_block = content
+    return keys_of(*content, block_size)
+
+
+def prompt_keys(block_hashes: tuple[int, ...] | None, hash_block: int,
+                prompt_token_ids: Seq[int] | None, prompt_len: int,
+                block_size: int) -> tuple[list[int], int]:
+    """A request's prompt's unit keys, as its engine will key them (the control plane's
+    index, hfx/cluster/prefix_index.py), and the unit's tokens."""
+    if block_hashes is not None:
+        keys, unit = keys_of(block_hashes, hash_block, block_size)
+    elif prompt_token_ids is not None:
+        keys, unit = keys_of(token_block_hashes(prompt_token_ids, block_size), block_size,
+                             block_size)
+    else:
+        return [], block_size
+    return keys[:prompt_len // unit], unit
+
+
+def keys_of(hashes: Seq[int], hash_block: int, block_size: int) -> tuple[list[int], int]:
     unit = unit_tokens(hash_block, block_size)
     return chain(hashes, unit // hash_block, _ROOT + hash_block), unit

@@ -12,6 +12,7 @@ Python even compiled (tests/test_native.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from hfx.engine.sequence import Role
 from hfx.engine.stats import InstanceStats
@@ -41,6 +42,16 @@ class InstanceView:
         self.accepting = accepting
 
 
+class CacheMatch(Protocol):
+    """The control plane's index of the instances' prefix caches
+    (hfx/cluster/prefix_index.py)."""
+
+    def match(self, request: Request) -> dict[int, int]: ...
+
+
+_NO_MATCH: dict[int, int] = {}
+
+
 @dataclass(init=False)
 class ClusterView:
     now: float
@@ -55,15 +66,19 @@ class ClusterView:
     # derives from the snapshots until it moves: at 1,000 instances an O(N) pass per call was
     # the dispatcher's cost.
     version: int
+    # What each instance's prefix cache holds (None: prefix caching is off).
+    prefix: CacheMatch | None
 
     def __init__(self, now: float, instances: list[InstanceView], step_model: StepTimeModel,
-                 profile: Profile, mixed_steps: bool = False, version: int = 0) -> None:
+                 profile: Profile, mixed_steps: bool = False, version: int = 0,
+                 prefix: CacheMatch | None = None) -> None:
         self.now = now
         self.instances = instances
         self.step_model = step_model
         self.profile = profile
         self.mixed_steps = mixed_steps
         self.version = version
+        self.prefix = prefix
         self._accepting: dict[Role | None, tuple[int, list[InstanceView]]] = {}
 
     def accepting(self, role: Role | None = None) -> list[InstanceView]:
@@ -75,6 +90,11 @@ class ClusterView:
         found = [i for i in self.instances if i.accepting and (role is None or i.role is role)]
         self._accepting[role] = (self.version, found)
         return found
+
+    def cached(self, request: Request) -> dict[int, int]:
+        """Tokens of ``request``'s prompt each instance holds in its prefix cache (absent:
+        none); do not modify it."""
+        return _NO_MATCH if self.prefix is None else self.prefix.match(request)
 
     def changed(self) -> None:
         """A snapshot, an acceptance or the membership changed."""

@@ -1,0 +1,157 @@
+"""The control plane's index of every instance's prefix cache (issue 47): which instance holds
+which cached unit, so that a policy sees how much of a request's prompt each instance has cached.
+
+One index for the fleet, keyed as the engines key their units (hfx/engine/prefix_cache.py: a
+chain of content hashes, so a key names its whole prefix), each key with the instances that hold
+it: llm-d's kv-cache index (block hash → pods) and Dynamo's radix indexer keep the same map.
+Each instance feeds it from one source, named in ``sources`` (and on ``/metrics``):
+
+- ``engine``: the instance's own engine (the simulator, the own engine in this process) tells
+  it of each unit cached and evicted (``BlockManager.listener``), as vLLM's KV events publish
+  BlockStored and BlockRemoved. Exact.
+- ``estimate``: what HFX routed there (any backend: vLLM servers, Ray actors): each dispatched
+  prompt's units, least recently routed evicted once they exceed the instance's KV blocks, as
+  llm-d's approximate prefix scorer and SGLang's router keep a tree of routed prompts. It misses
+  what the engine evicted early (its running requests' KV comes first) and keeps nothing of
+  outputs.
+
+A match walks a request's unit keys from the first: an instance's cached prefix is the run of
+leading keys it holds, whole units, at least one token left to compute (as the engine counts
+its hit). Memory: one entry per unit an instance holds, so bounded by the fleet's KV capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hfx.engine.prefix_cache import prompt_keys
+from hfx.request import Request
+
+ENGINE, ESTIMATE = "engine", "estimate"
+
+
+class _Feed:
+    """One engine's events into the index (``CacheListener``)."""
+
+    __slots__ = ("_holders", "_id", "_mine")
+
+    def __init__(self, index: PrefixIndex, instance_id: int) -> None:
+        self._holders = index._holders
+        self._id = instance_id
+        self._mine = index._held.setdefault(instance_id, set())
+
+    def stored(self, key: int) -> None:
+        holders = self._holders.get(key)
+        if holders is None:
+            self._holders[key] = {self._id}
+        else:
+            holders.add(self._id)
+        self._mine.add(key)
+
+    def removed(self, key: int) -> None:
+        holders = self._holders.get(key)
+        if holders is not None:
+            holders.discard(self._id)
+            if not holders:
+                del self._holders[key]
+        self._mine.discard(key)
+
+
+class PrefixIndex:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size  # the engines' KV block size: units are keyed with it
+        self._holders: dict[int, set[int]] = {}  # unit key → instances holding it
+        self._held: dict[int, set[int]] = {}  # instance → the keys it holds
+        # ``estimate`` instances: their routed units, least recently routed first, and how many
+        # units their KV holds.
+        self._routed: dict[int, OrderedDict[int, None]] = {}
+        self._room: dict[int, int] = {}
+        self.sources: dict[int, str] = {}
+        self._keys: dict[str, tuple[list[int], int]] = {}  # request id → its prompt's unit keys
+
+    # ---- sources ----------------------------------------------------------------------------
+    def watch(self, instance_id: int) -> _Feed:
+        """The listener an instance's engine tells its cache's changes (source ``engine``)."""
+        self.sources[instance_id] = ENGINE
+        return _Feed(self, instance_id)
+
+    def estimate(self, instance_id: int, kv_blocks: int) -> None:
+        """Index ``instance_id`` from what is routed there (source ``estimate``)."""
+        self.sources[instance_id] = ESTIMATE
+        self._routed[instance_id] = OrderedDict()
+        self._room[instance_id] = kv_blocks
+        self._held.setdefault(instance_id, set())
+
+    def drop(self, instance_id: int) -> None:
+        """The instance left (released, failed, restarted): nothing of it is cached any more."""
+        feed = _Feed(self, instance_id)
+        for key in list(self._held.get(instance_id, ())):
+            feed.removed(key)
+        self._held.pop(instance_id, None)
+        self._routed.pop(instance_id, None)
+        self._room.pop(instance_id, None)
+        self.sources.pop(instance_id, None)
+
+    def routed(self, instance_id: int, request: Request) -> None:
+        """A request was dispatched here: an ``estimate`` instance now caches its prompt."""
+        routed = self._routed.get(instance_id)
+        if routed is None:
+            return  # an engine source says what it caches itself
+        keys, unit = self.keys(request)
+        feed = _Feed(self, instance_id)
+        for key in keys[:request.prompt_len // unit]:
+            if key in routed:
+                routed.move_to_end(key)
+            else:
+                routed[key] = None
+                feed.stored(key)
+        per_unit = max(1, unit // self.block_size)
+        while len(routed) * per_unit > self._room[instance_id]:
+            key, _ = routed.popitem(last=False)
+            feed.removed(key)
+
+    # ---- what a policy asks ------------------------------------------------------------------
+    def keys(self, request: Request) -> tuple[list[int], int]:
+        """A request's prompt's unit keys and the unit's tokens (kept until ``forget``)."""
+        got = self._keys.get(request.id)
+        if got is None:
+            got = self._keys[request.id] = prompt_keys(
+                request.block_hashes, request.hash_block, request.prompt_token_ids,
+                request.prompt_len, self.block_size)
+        return got
+
+    def forget(self, request_id: str) -> None:
+        self._keys.pop(request_id, None)
+
+    def match(self, request: Request) -> dict[int, int]:
+        """Tokens of the request's prompt each instance holds cached (instances with none are
+        absent)."""
+        keys, unit = self.keys(request)
+        if not keys:
+            return {}
+        limit = min(len(keys), (request.prompt_len - 1) // unit)
+        out: dict[int, int] = {}
+        alive: set[int] | None = None
+        holders = self._holders
+        for u in range(limit):
+            held = holders.get(keys[u])
+            if not held:
+                break
+            if alive is None:
+                alive = set(held)
+            else:
+                gone = alive - held
+                if gone:
+                    for iid in gone:
+                        out[iid] = u * unit
+                    alive -= gone
+            if not alive:
+                break
+        else:
+            u = limit  # every key walked: the instances still alive hold them all
+        for iid in alive or ():
+            out[iid] = u * unit
+        return out
+
+    def units_held(self, instance_id: int) -> int:
+        return len(self._held.get(instance_id, ()))
