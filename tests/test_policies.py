@@ -629,3 +629,52 @@ def test_hfx_override_takes_what_the_maturity_wait_would_make_late():
     assert pol.schedule(busy(urgent)).dispatch == [] and pol.num_queued() == 1
     mature = 2.02 + 2.02 / 0.003 * 0.032
     assert [x.request.id for x in pol.schedule(busy(mature)).dispatch] == ["long"]
+
+
+class FixedCache:
+    """A prefix index whose answers the test sets: request id → {instance: cached tokens}."""
+
+    def __init__(self, hits: dict[str, dict[int, int]]) -> None:
+        self.hits = hits
+
+    def match(self, request: Request) -> dict[int, int]:
+        return self.hits.get(request.id, {})
+
+
+def cache_view(now: float, n: int, hits: dict[str, dict[int, int]]) -> ClusterView:
+    v = view(now, n)
+    v.prefix = FixedCache(hits)
+    return v
+
+
+def test_hfx_waits_for_the_instance_that_has_the_prompt_cached_when_it_starts_in_time():
+    pol = make_policy("hfx")
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    # Both idle; instance 0 is served first, but 1 has 2,400 of the 2,500 tokens cached.
+    d = pol.schedule(cache_view(0.0, 2, {"r": {1: 2400}}))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("r", 1)]
+    # The same without the cache: the first instance served takes it.
+    pol = make_policy("hfx")
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    assert [x.instance for x in pol.schedule(view(0.0, 2)).dispatch] == [0]
+
+
+def test_hfx_takes_a_miss_now_over_a_hit_that_would_start_too_late():
+    pol = make_policy("hfx")
+    pol.schedule(cache_view(0.0, 2, {}))  # the instances join Q_W
+    pol.maturity.set(1, 5.0)  # instance 1 takes no new work before t = 5 s
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    d = pol.schedule(cache_view(0.0, 2, {"r": {1: 2400}}))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("r", 0)]
+
+
+def test_hfx_budgets_and_predicts_the_uncached_part_of_a_prompt():
+    pol = make_policy("hfx")
+    # Eq. 5 gives an idle instance 6,800 tokens: two whole 2,500-token prompts (as
+    # test_hfx_budget_limits_a_batch_and_waits_for_maturity), but all three with 2,400 cached.
+    for i in range(3):
+        pol.enqueue(req(f"r{i}", 0.0, 2500, 0.7, 0.5), 0.0)
+    d = pol.schedule(cache_view(0.0, 1, {f"r{i}": {0: 2400} for i in range(3)}))
+    assert [x.request.id for x in d.dispatch] == ["r0", "r1", "r2"]
+    # E_p of the batch: 300 new tokens over 2,400 cached each (MODEL has no quadratic term).
+    assert pol._prefilled_at[0] == pytest.approx(0.02 + 1e-4 * 300)

@@ -21,13 +21,22 @@ from hfx.request import Request, RequestRecord
 from hfx.stepmodel.latency import StepTimeModel
 
 __all__ = ["ArrivalOrderPolicy", "ClusterView", "Decision", "Dispatch", "InstanceView", "Policy",
-           "ttft_lost"]
+           "prefill_over", "ttft_lost"]
 
 
-def ttft_lost(request: Request, model: StepTimeModel, now: float) -> bool:
-    """Whether ``request`` misses its TTFT even if its prompt were prefilled alone, now."""
+def ttft_lost(request: Request, model: StepTimeModel, now: float, cached: int = 0) -> bool:
+    """Whether ``request`` misses its TTFT even if its prompt were prefilled alone, now (past
+    ``cached`` tokens found in a prefix cache)."""
     assert request.slo is not None
-    return now + model.prefill_one(request.prompt_len) > request.arrival + request.slo.ttft
+    return now + prefill_over(model, request.prompt_len, cached) > \
+        request.arrival + request.slo.ttft
+
+
+def prefill_over(model: StepTimeModel, prompt_len: int, cached: int) -> float:
+    """Eq. 1 for one prompt alone whose first ``cached`` tokens are in the prefix cache: the
+    rest, c tokens, over them (Σc, Σc·(k + c), as the engine's step charges it)."""
+    c = prompt_len - cached
+    return model.prefill_time(c, c * (cached + c))
 
 
 # Compiled (hfx/native.py), open to policies written in Python (tests', a user's own).

@@ -94,6 +94,7 @@ from hfx.policies.base import (
     Dispatch,
     InstanceView,
     Policy,
+    prefill_over,
     ttft_lost,
 )
 from hfx.policies.maturity import MaturityQueue
@@ -102,6 +103,8 @@ from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Request, RequestRecord
 from hfx.stepmodel.latency import StepTimeModel
+
+_NONE: dict[int, int] = {}  # no instance has any of the prompt cached
 
 
 def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> float:
@@ -171,6 +174,10 @@ class HFXDispatcher(Policy):
         self._urgent: list[tuple[float, int, Request]] = []
         self._tie = itertools.count()
         self._prefilled_at: dict[int, float] = {}  # when each instance's last batch is prefilled
+        # The decision's view, and each request's cached prompt tokens per instance in it
+        # (ClusterView.cached): the caches do not change within one decision.
+        self._view: ClusterView | None = None
+        self._matches: dict[str, dict[int, int]] = {}
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -195,6 +202,9 @@ class HFXDispatcher(Policy):
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
+        self._view = view if view.prefix is not None else None
+        if self._matches:
+            self._matches = {}
         # Shadows and Q_W follow the snapshots and membership: O(N) once per snapshot.
         if self.shadow.follow(view, targets):
             self.maturity.members((i.id for i in targets), now)
@@ -239,32 +249,68 @@ class HFXDispatcher(Policy):
             req = heapq.heappop(heap)[2]
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
-            best, best_p = None, self.theta
+            best, best_p, best_e_p = None, self.theta, 0.0
             assert req.slo is not None
-            deadline, e_p = req.arrival + req.slo.ttft, model.prefill_one(req.prompt_len)
+            deadline = req.arrival + req.slo.ttft
+            cached = self.cached(req)
             for inst in targets:
                 sh = self.shadow[inst.id]
                 e_d = self.decode_step(sh, model)
-                if (req.prompt_len <= self.budget(sh, model, e_d)
+                k = cached.get(inst.id, 0)
+                e_p, c = prefill_over(model, req.prompt_len, k), req.prompt_len - k
+                if (c <= self.budget(sh, model, e_d)
                         and self.maturity[inst.id] + e_p + e_d <= deadline):
                     continue  # the guard lets it start here in time: Q_R's scan decides
                 if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
-                        or sh.free_slots() <= 0 or req.prompt_len > sh.free_kv_tokens()):
+                        or sh.free_slots() <= 0 or c > sh.free_kv_tokens()):
                     continue
                 # It starts once the instance's last batch is prefilled.
                 start = max(now, self._prefilled_at.get(inst.id, now))
                 beside, wait = self.engine_terms(sh, model, e_d, mixed)
                 p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p >= best_p:
-                    best, best_p = sh, p
+                    best, best_p, best_e_p = sh, p, e_p
             if best is None:
                 continue  # it stays queued: Q_R's scan may still take it, or it goes best effort
+            e_p = best_e_p
             self.queue.take(req)
             decision.dispatch.append(Dispatch(req, best.id))
             best.add(req, self.kv_reserve(req))
             self._prefilled_at[best.id] = max(now, self._prefilled_at.get(best.id, now)) + e_p
             self.maturity.set(best.id, max(self.maturity[best.id],
                                            self.next_maturity(now, e_p, best, model)))
+
+    def cached(self, req: Request) -> dict[int, int]:
+        """Tokens of ``req``'s prompt each instance has in its prefix cache (absent: none;
+        empty without prefix caching), found once per decision."""
+        view = self._view
+        if view is None:
+            return _NONE
+        got = self._matches.get(req.id)
+        if got is None:
+            got = self._matches[req.id] = view.cached(req)
+        return got
+
+    def elsewhere(self, req: Request, iid: int, cached: dict[int, int], deadline: float,
+                  model: StepTimeModel, now: float, mixed: bool) -> bool:
+        """Whether ``req`` should wait for another instance that has more of its prompt
+        cached: one where its first token is still likely in time (p ≥ θ) once that instance
+        next takes work (its maturity). A hit saves the prefill of what is cached, for ``req``
+        and for whoever shares the instance; a miss on an idle instance costs it, but a hit on
+        an instance too busy to start ``req`` in time costs the SLO."""
+        here = cached.get(iid, 0)
+        best, best_k = -1, here
+        for j, k in cached.items():
+            if k > best_k and j in self.maturity and j in self.shadow:
+                best, best_k = j, k
+        if best < 0:
+            return False
+        sh = self.shadow[best]
+        e_d = self.decode_step(sh, model)
+        beside, wait = self.engine_terms(sh, model, e_d, mixed)
+        start = max(now, self.maturity[best])
+        e_p = prefill_over(model, req.prompt_len, best_k)
+        return self.calculate_p(deadline, e_p + beside, sh, wait, start) >= self.theta
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         """E_d: the predicted decode step of the instance's running batch (0 when idle)."""
@@ -312,26 +358,35 @@ class HFXDispatcher(Policy):
         slots = sh.free_slots()
 
         admitted: list[tuple[Request, bool]] = []
+        deferred: set[str] = set()  # left for an instance that has them cached
         used = sum_sq = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
         for req in self.queue.scan(self.max_scan):
-            if ttft_lost(req, model, now):  # hopeless even alone and now: best effort, kept
+            cached = self.cached(req)
+            if ttft_lost(req, model, now, max(cached.values(), default=0)):
+                # Hopeless even alone and now, on its best-cached instance: best effort, kept.
                 self.queue.take(req)
                 self._best_effort.append(req)
                 continue
             assert req.slo is not None
             own = req.arrival + req.slo.ttft
-            n = used + req.prompt_len
+            # Its prefill here: the prompt past what this instance has cached, over that.
+            k = cached.get(iid, 0)
+            c = req.prompt_len - k
+            n = used + c
             if n > limit:
                 continue
             if len(admitted) >= slots:
                 break
+            if cached and self.elsewhere(req, iid, cached, own, model, now, mixed):
+                deferred.add(req.id)
+                continue  # a hit elsewhere will start it in time
             # r's prefill is the batch's: every member must keep its TTFT with r joined.
-            e_p = model.prefill_time(n, sum_sq + req.prompt_len ** 2)
+            e_p = model.prefill_time(n, sum_sq + c * (k + c))
             if self.calculate_p(min(deadline, own), e_p + beside, sh, wait, now) >= self.theta:
                 self.queue.take(req)
                 admitted.append((req, False))
-                used, sum_sq, deadline = n, sum_sq + req.prompt_len ** 2, min(deadline, own)
+                used, sum_sq, deadline = n, sum_sq + c * (k + c), min(deadline, own)
         # Best effort only when no feasible request waits: hopeless work must not take the
         # capacity of requests that can still make their SLO.
         while (self._best_effort and not self.queue and len(admitted) < slots
@@ -341,7 +396,8 @@ class HFXDispatcher(Policy):
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next(self.queue.scan(self.max_scan), None)
+            head = next((r for r in self.queue.scan(self.max_scan) if r.id not in deferred),
+                        None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():
                 self.queue.take(head)
                 admitted.append((head, False))
@@ -355,8 +411,10 @@ class HFXDispatcher(Policy):
         for req, best_effort in admitted:
             decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
             sh.add(req, self.kv_reserve(req))
-            sum_len += req.prompt_len
-            sum_sq += req.prompt_len ** 2
+            k = self.cached(req).get(iid, 0)
+            c = req.prompt_len - k
+            sum_len += c
+            sum_sq += c * (k + c)
         e_p = model.prefill_time(sum_len, sum_sq)
         self._prefilled_at[iid] = now + e_p
         self.maturity.set(iid, self.next_maturity(now, e_p, sh, model))

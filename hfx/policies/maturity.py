@@ -22,6 +22,10 @@ class MaturityQueue:
     def __getitem__(self, instance_id: int) -> float:
         return self._time[instance_id]
 
+    def __contains__(self, instance_id: int) -> bool:
+        """Whether the instance is one of those ordered (an accepting one)."""
+        return instance_id in self._members
+
     def set(self, instance_id: int, time: float) -> None:
         self._time[instance_id] = time
         if instance_id in self._members:
