@@ -15,7 +15,6 @@ from hfx.cluster.control import ControlPlane
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.placement import EngineFactory, Placement
-from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.provisioner import LoadModel, Plan, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
@@ -25,6 +24,7 @@ from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.engine.executor import StepNoise
 from hfx.engine.planners import PLANNERS
 from hfx.policies import make_pd_policies, make_policy
+from hfx.policies.prefix_index import PrefixIndex
 from hfx.stepmodel.latency import Profile
 from hfx.stepmodel.roofline import kv_bytes_from_meta, weight_bytes_per_device
 from hfx.workloads.load import priority_levels

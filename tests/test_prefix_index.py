@@ -1,12 +1,12 @@
-"""The control plane's index of the instances' prefix caches (hfx/cluster/prefix_index.py): fed
+"""The control plane's index of the instances' prefix caches (hfx/policies/prefix_index.py): fed
 by each engine's own cache, it says what the engines would find; fed by routing, it is bounded
 by the instances' KV."""
 
 from __future__ import annotations
 
-from hfx.cluster.prefix_index import ENGINE, ESTIMATE, PrefixIndex
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.sequence import Sequence
+from hfx.policies.prefix_index import ENGINE, ESTIMATE, PrefixIndex
 from hfx.request import Request
 
 

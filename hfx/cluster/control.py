@@ -30,7 +30,6 @@ from hfx.cluster.instance import Instance
 from hfx.cluster.ledger import Listener, RequestLedger, TokenEvent
 from hfx.cluster.migration import Migration
 from hfx.cluster.monitor import Monitor
-from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.recovery import Recovery
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.stage import Stage
@@ -40,6 +39,7 @@ from hfx.engine.errors import EngineError
 from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies.base import ClusterView, Decision, Policy
+from hfx.policies.prefix_index import PrefixIndex
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, StepTimeModel
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable
 
 from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.monitor import Monitor
-from hfx.cluster.prefix_index import PrefixIndex
 from hfx.cluster.stage import Stage
 from hfx.cluster.tl_manager import TLManager
 from hfx.engine.sequence import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies.base import InstanceView
+from hfx.policies.prefix_index import PrefixIndex
 from hfx.request import Request
 
 

@@ -125,6 +125,15 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
               every_regime=False),
     Contender("aladdin", {"policy": "aladdin"}, every_regime=False),
     Contender("least-loaded", {"policy": "least-loaded"}, every_regime=False),
+    # The cache-aware routers users put in front of vLLM (docs/peers.md), on vLLM's chunked
+    # engine: llm-d's index (its approximate producer, or the precise one from KV events);
+    # Dynamo's overlap_score_weight. On work that repeats nothing they balance load only.
+    Contender("llm-d", {"policy": "llm-d"}, _grid(index=("approx", "precise")),
+              every_regime=False),
+    Contender("dynamo", {"policy": "dynamo"}, _grid(overlap_score_weight=(0.5, 1.0, 2.0)),
+              every_regime=False),
+    Contender("sglang", {"policy": "sglang"}, every_regime=False),
+    Contender("prefix-aware", {"policy": "prefix-aware"}, every_regime=False),
 )}
 HFX = ("hfx", "hfx-paper")
 

@@ -22,6 +22,11 @@ POLICIES: Registry[type[Policy]] = Registry("policy", {
     "sa": "hfx.policies.sa:SimulatedAnnealing",
     "slos-serve": "hfx.policies.slos_serve:SLOsServe",
     "polyserve": "hfx.policies.polyserve:PolyServe",
+    # The cache-aware routers users would put in front of vLLM instead (issue 47).
+    "llm-d": "hfx.policies.llm_d:LLMD",
+    "dynamo": "hfx.policies.dynamo:DynamoKV",
+    "sglang": "hfx.policies.sglang:SGLangCacheAware",
+    "prefix-aware": "hfx.policies.prefix_aware:PrefixAware",
 })
 
 

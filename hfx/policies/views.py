@@ -44,7 +44,7 @@ class InstanceView:
 
 class CacheMatch(Protocol):
     """The control plane's index of the instances' prefix caches
-    (hfx/cluster/prefix_index.py)."""
+    (hfx/policies/prefix_index.py)."""
 
     def match(self, request: Request) -> dict[int, int]: ...
 

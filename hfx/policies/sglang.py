@@ -1,0 +1,47 @@
+"""``sglang``: SGLang's model gateway, its ``cache_aware`` policy (sgl-project/sglang
+``sgl-router/src/policies/cache_aware.rs`` at b6f20641; defaults from
+``py_src/sglang_router/router_args.py``, what ``launch_router`` uses):
+
+- load: the requests the router has in flight on each worker;
+- imbalanced, when max load − min load > ``balance_abs_threshold`` (64) and max load >
+  ``balance_rel_threshold`` (1.5) × min load: the least loaded worker;
+- else the worker holding the longest prefix of the prompt in the router's tree of routed
+  prompts, if it covers more than ``cache_threshold`` (0.3) of the prompt; else the worker with
+  the smallest tree (the most room);
+- the prompt is inserted under the chosen worker.
+
+SGLang matches characters of the prompt's text in a radix tree; here the tree is of the
+prompt's cached units (16 tokens, or the request's own hash blocks), so the match rate is
+matched tokens / prompt tokens, a little below the character rate (a partial unit does not
+count). Its tree keeps up to ``max_tree_size`` = 2^26 characters a worker (≈ 16.7 M tokens at
+4 characters a token), least recently used evicted: far beyond any engine's KV.
+"""
+
+from __future__ import annotations
+
+from hfx.policies.base import ClusterView, InstanceView
+from hfx.policies.cache_router import CacheAwareRouter
+from hfx.request import Request
+
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+MAX_TREE_TOKENS = 2 ** 26 // 4  # max_tree_size characters at 4 characters a token
+
+
+class SGLangCacheAware(CacheAwareRouter):
+    name = "sglang"
+
+    def pick(self, req: Request, view: ClusterView, targets: list[InstanceView],
+             placed: dict[int, int]) -> InstanceView:
+        tree = self.learning(view, targets, MAX_TREE_TOKENS // view.profile.block_size)
+        loads = [self.load(i, placed) for i in targets]
+        low, high = min(loads), max(loads)
+        if high - low > BALANCE_ABS_THRESHOLD and high > BALANCE_REL_THRESHOLD * low:
+            return targets[loads.index(low)]  # min_by_key: the first least loaded
+        cached = tree.match(req)
+        live = {i.id: i for i in targets}
+        longest = max((n for iid, n in cached.items() if iid in live), default=0)
+        if longest / req.prompt_len > CACHE_THRESHOLD:
+            return next(i for i in targets if cached.get(i.id, 0) == longest)
+        return min(targets, key=lambda i: tree.units_held(i.id))  # the smallest tree
