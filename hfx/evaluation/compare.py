@@ -31,7 +31,7 @@ from itertools import product
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation.capacity import seed_capacity
+from hfx.evaluation.capacity import is_trace, seed_capacity
 from hfx.evaluation.runner import run_all
 from hfx.sim import simulate
 
@@ -147,16 +147,18 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     seen: dict[float, dict] = {}
 
     def once(c: SimConfig) -> dict:
-        if c.qps not in seen:
-            seen[c.qps] = probe(c)
-        return seen[c.qps]
+        rate = c.trace_qps if is_trace(c.workload) and c.trace_qps else c.qps
+        if rate not in seen:
+            seen[rate] = probe(c)
+        return seen[rate]
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"seed": config.seed}
     for name, key in METRICS.items():
         out[name] = seed_capacity(config, target, tolerance, once, key)["capacity"]
     out["probes"] = [{"qps": q, "attainment": r["attainment"],
-                      "attainment_dslo": r["attainment_dslo"]} for q, r in sorted(seen.items())]
+                      "attainment_dslo": r["attainment_dslo"], "hit_rate": r.get("hit_rate")}
+                     for q, r in sorted(seen.items())]
     out["wall_seconds"] = round(time.perf_counter() - t0, 2)
     return out
 

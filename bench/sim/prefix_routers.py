@@ -1,0 +1,95 @@
+"""HFX against the cache-aware routers on prompts that repeat: capacity at 90% attainment
+under both SLO metrics (HyperFlexis Eq. 4 and per-token deadlines), with the hit rate at that
+rate, each policy on its own engine and, for HFX, also on the routers' (vLLM's chunked
+planner: the same engine terms). Writes JSON; not a test.
+
+    python bench/sim/make_session_trace.py --out /tmp/sessions.jsonl
+    python bench/sim/prefix_routers.py --trace /tmp/sessions.jsonl --instances 8 \\
+        --json docs/data/prefix_cache/routers_8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+from typing import Any
+
+from hfx.config import SimConfig
+from hfx.evaluation import write_json
+from hfx.evaluation.compare import dual_capacity
+from hfx.evaluation.runner import run_all
+
+# name → config fields: each policy on its own engine; hfx also on vLLM's chunked one.
+CONTENDERS: dict[str, dict[str, Any]] = {
+    "hfx": {"policy": "hfx"},
+    "hfx@chunked": {"policy": "hfx", "planner": "chunked"},
+    "llm-d": {"policy": "llm-d"},
+    "llm-d@precise": {"policy": "llm-d", "policy_params": {"index": "precise"}},
+    "dynamo": {"policy": "dynamo"},
+    "sglang": {"policy": "sglang"},
+    "prefix-aware": {"policy": "prefix-aware"},
+    "least-loaded": {"policy": "least-loaded", "planner": "chunked"},
+}
+# Requests/s per instance where the search starts (near hfx's knee, bench/sim/prefix_hits.py).
+START = {"trace": 1.5, "agent-loops": 0.6, "shared-prompts": 1.3, "chat-sessions": 8.0}
+DURATION, WARMUP = 600.0, 200.0
+
+
+def config(name: str, workload: str, trace: str, instances: int, seed: int) -> SimConfig:
+    fields: dict[str, Any] = {**CONTENDERS[name], "instances": instances, "seed": seed}
+    rate = START[workload] * instances
+    if workload == "trace":
+        fields |= {"workload": trace, "trace_qps": rate, "slo_map": "default=2000:500"}
+    else:
+        fields |= {"workload": workload, "qps": rate, "duration": DURATION, "warmup": WARMUP}
+    return SimConfig(**fields)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--instances", type=int, default=8)
+    ap.add_argument("--workloads", default="trace,agent-loops")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    names, workloads = args.contenders.split(","), args.workloads.split(",")
+    cells = [(w, n, s) for w in workloads for n in names for s in range(args.seeds)]
+    found = run_all(dual_capacity, [(config(n, w, args.trace, args.instances, s), 0.9,
+                                     args.tolerance) for w, n, s in cells], args.jobs,
+                    desc="capacity")
+    rows = []
+    for (w, n, s), f in zip(cells, found, strict=True):
+        hits = {m: next((p["hit_rate"] for p in f["probes"] if p["qps"] == f[m]), None)
+                for m in ("eq4", "deadline")}
+        rows.append({"workload": w, "contender": n, "seed": s, "capacity_eq4": f["eq4"],
+                     "capacity_deadline": f["deadline"], "hit_rate_at_capacity": hits,
+                     "probes": f["probes"]})
+    out = {"command": "python bench/sim/prefix_routers.py " + " ".join(sys.argv[1:]),
+           "python": platform.python_version(), "instances": args.instances,
+           "contenders": {n: CONTENDERS[n] for n in names}, "duration": DURATION,
+           "warmup": WARMUP, "rows": rows, "summary": {}}
+    for w in workloads:
+        mean = {n: {m: statistics.fmean(r[f"capacity_{m}"] for r in rows
+                                        if r["workload"] == w and r["contender"] == n)
+                    for m in ("eq4", "deadline")} for n in names}
+        out["summary"][w] = mean
+        for m in ("eq4", "deadline"):
+            peers = {n: v[m] for n, v in mean.items() if not n.startswith("hfx")}
+            best = max(peers, key=lambda n: peers[n])
+            line = "  ".join(f"{n} {v[m]:.3g}" for n, v in mean.items())
+            print(f"{w:15s} {m:8s} {line}  | hfx / best peer ({best}) = "
+                  f"{mean['hfx'][m] / peers[best]:.2f}" if "hfx" in mean and peers[best]
+                  else f"{w:15s} {m:8s} {line}", flush=True)
+    if args.json:
+        write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
