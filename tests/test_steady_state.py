@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -166,3 +167,30 @@ def test_the_bursty_workload_cycles_half_and_two_and_a_half_times_the_mean_rate(
                                       "wikisql"}
     finite = load_workload("bursty-four-task", 40, 0, 400)  # 1,600 requests: 1 cycle of 40 s
     assert max(r.arrival for r in finite) < 40 and abs(len(finite) - 1600) < 160
+
+
+def test_on_a_trace_capacity_searches_the_traces_own_rate():
+    """A trace's arrivals are rescaled (``--trace-qps``), its requests as they are: the search
+    starts at the trace's own mean rate and varies that; ``qps`` is not read."""
+    from pathlib import Path
+
+    from hfx.evaluation.capacity import rate_of, steady
+
+    trace = str(Path(__file__).parent / "golden" / "traces" / "sessions.jsonl")
+    config = SimConfig(workload=trace, slo_map="default=2000:500", qps=999)
+    assert steady(config).duration is None  # the trace as it is, start to end
+    own = rate_of(config)
+    rows = [line for line in Path(trace).read_text().splitlines() if line.strip()]
+    assert 0 < own and own == pytest.approx(len(rows) / (
+        (json.loads(rows[-1])["timestamp"] - json.loads(rows[0])["timestamp"]) / 1e3))
+    seen: list[tuple[float, float | None]] = []
+
+    def probe(c: SimConfig) -> dict:
+        seen.append((c.qps, c.trace_qps))
+        return {"attainment": 1.0 if (c.trace_qps or 0) <= 3 * own else 0.5, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    r = seed_capacity(config, 0.9, 0.05, probe)
+    assert all(q == 999 for q, _ in seen) and seen[0][1] == own
+    assert [t for _, t in seen[:3]] == [own, 2 * own, 4 * own]
+    assert 3 * own * 0.95 <= r["capacity"] <= 3 * own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -421,3 +422,19 @@ def test_hfx_whatif_on_a_public_trace_writes_its_answer(tmp_path, capsys):
         ("rr", 1, 20), ("rr", 2, 20)]
     assert result["smallest"] == {"rr": 1}
     assert "smallest fleet at attainment >= 0.9: rr 1" in capsys.readouterr().out
+
+
+def test_hfx_whatif_finds_the_rate_of_a_trace_each_fleet_carries(tmp_path, capsys):
+    """``--capacity``: per policy and fleet, the highest rate of this trace (rescaled) at the
+    target; twice the fleet carries more of it; the hit rate is in the table."""
+    from hfx.cli import main
+
+    trace = str(Path(__file__).parent / "golden" / "traces" / "sessions.jsonl")
+    out = tmp_path / "w.json"
+    assert main(["whatif", "--trace", trace, "--slo-map", "default=2000:500",
+                 "--policies", "least-loaded", "--instances", "1,2", "--capacity",
+                 "--jobs", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    one, two = (r["capacity_qps"] for r in rows)
+    assert 0 < one < two and all(r["hit_rate"] > 0.3 for r in rows)
+    assert "capacity" in capsys.readouterr().out.splitlines()[0]

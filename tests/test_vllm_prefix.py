@@ -1,0 +1,73 @@
+"""Prompts that repeat, served by real vLLM (the ``vllm`` tier; issues 46 and 47): prefix
+caching stays on at the servers; HFX indexes what it routed to each (``estimate``: no KV events
+read yet) and sends a conversation's next turn to the server that holds its history, whose own
+prefix-cache counter then rises; the records keep each prompt's block hashes, never its text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+from helpers.vllm_tier import ARGS, PYTHON, vllm_metrics, wait_for  # noqa: E402
+
+# isort: split
+from helpers.live import Running  # noqa: E402
+
+from hfx.policies.prefix_index import ESTIMATE  # noqa: E402
+
+HISTORY = "You are a careful assistant for a shipping company. " * 12  # ~600 byte tokens
+
+
+@pytest.fixture(scope="module")
+def gw(mini_checkpoint, tmp_path_factory):
+    record = tmp_path_factory.mktemp("rec") / "served.jsonl"
+    running = Running(engine="vllm", checkpoint=mini_checkpoint, instances=2,
+                      vllm_python=PYTHON, vllm_args=ARGS, kv_capacity_tokens=16384,
+                      max_model_len=2048, policy="hfx", max_wait=None, record=str(record))
+    running.record_path = record
+    yield running
+    running.close()
+
+
+def hits(gw) -> dict[int, float]:
+    return {iid: vllm_metrics(b.url).get("vllm:prefix_cache_hits_total", 0.0)
+            for iid, b in gw.server.control.instances.items()}
+
+
+def ask(gw, prompt: str) -> None:
+    r = gw.client.completions.create(model=gw.model, prompt=prompt, max_tokens=4,
+                                     extra_body={"slo": {"ttft_ms": 20000, "tpot_ms": 5000},
+                                                 "ignore_eos": True})
+    assert r.usage.completion_tokens == 4
+
+
+def test_the_next_turn_goes_to_the_server_that_holds_its_history(gw):
+    index = gw.server.control.fleet.prefix
+    assert index is not None and set(index.sources.values()) == {ESTIMATE}
+    ask(gw, HISTORY + "Where is parcel 1?")
+    holder = next(iid for iid in index.sources if index.units_held(iid))
+    assert [iid for iid in index.sources if index.units_held(iid)] == [holder]
+    before = hits(gw)
+    for turn in range(3):
+        ask(gw, HISTORY + f"Where is parcel 1? It left on day {turn}. And parcel 2?")
+    after = hits(gw)
+    # Every later turn found the history at the holder, none at the other server.
+    wait_for(lambda: hits(gw)[holder] >= before[holder] + 3 * 16 * (len(HISTORY) // 16 - 1),
+             30, "vLLM's hit counter at the holder", lambda: (before, hits(gw)))
+    other = 1 - holder
+    assert after[other] == before[other]
+
+
+def test_the_record_keeps_block_hashes_and_no_text(gw):
+    ask(gw, HISTORY + "And parcel 3?")
+    gw.close()  # the record is flushed when the server stops
+    rows = [json.loads(line) for line in gw.record_path.read_text().splitlines()]
+    assert rows and all(r["hash_block"] == 16 and len(r["block_hashes"]) ==
+                        -(-r["input_len"] // 16) for r in rows)
+    assert "prompt_token_ids" not in rows[0] and HISTORY[:40] not in json.dumps(rows)
+    # The turns sharing the history share its full blocks' hashes.
+    full = len(HISTORY) // 16
+    assert len({tuple(r["block_hashes"][:full]) for r in rows}) == 1
