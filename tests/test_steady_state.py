@@ -181,7 +181,7 @@ def test_on_a_trace_capacity_searches_the_traces_own_rate():
     assert steady(config).duration is None  # the trace as it is, start to end
     own = rate_of(config)
     rows = [line for line in Path(trace).read_text().splitlines() if line.strip()]
-    assert 0 < own and own == pytest.approx(len(rows) / (
+    assert own > 0 and own == pytest.approx(len(rows) / (
         (json.loads(rows[-1])["timestamp"] - json.loads(rows[0])["timestamp"]) / 1e3))
     seen: list[tuple[float, float | None]] = []
 

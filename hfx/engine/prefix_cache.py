@@ -33,7 +33,7 @@ _ROOT = 0x48465850  # "HFXP"
 
 class CacheListener(Protocol):
     """Who hears which units an engine's cache gains and loses, as vLLM's KV events publish
-    BlockStored and BlockRemoved (the control plane's index, hfx/cluster/prefix_index.py)."""
+    BlockStored and BlockRemoved (the control plane's index, hfx/policies/prefix_index.py)."""
 
     def stored(self, key: int) -> None: ...
 
@@ -120,7 +120,7 @@ def prompt_keys(block_hashes: tuple[int, ...] | None, hash_block: int,
                 prompt_token_ids: Seq[int] | None, prompt_len: int,
                 block_size: int) -> tuple[list[int], int]:
     """A request's prompt's unit keys, as its engine will key them (the control plane's
-    index, hfx/cluster/prefix_index.py), and the unit's tokens."""
+    index, hfx/policies/prefix_index.py), and the unit's tokens."""
     if block_hashes is not None:
         keys, unit = keys_of(block_hashes, hash_block, block_size)
     elif prompt_token_ids is not None:
