@@ -105,6 +105,21 @@ def test_freed_units_stay_cached_and_count_free_until_evicted_least_recent_first
     assert kv.cached_prefix(hashed("b2", [7, 8, 9])) == 8  # b, freed later, is whole
 
 
+def test_the_free_queue_is_one_lru_order_cached_or_not_as_vllms():
+    """vLLM's free block queue: a cached unit freed before other blocks is taken (evicted)
+    before them, even when those hold nothing cached."""
+    kv = BlockManager(4, 4)
+    done(kv, hashed("a", [1, 2]))  # 2 units cached and free; 2 blocks never used
+    p = Sequence("p", 8, 1)  # no content: takes the 2 never-used blocks, frees them later
+    assert kv.allocate(p, 8)
+    kv.free(p)
+    assert kv.num_free_blocks == 4 and kv.evictable_blocks == 2
+    # One block: the head of the queue is a's tail unit (freed first), not p's blocks.
+    assert kv.allocate(Sequence("q", 4, 1), 4)
+    assert kv.evicted_units == 1
+    assert kv.cached_prefix(hashed("a2", [1, 2, 3])) == 4  # its head is left
+
+
 def test_blocks_a_running_sequence_holds_are_never_evicted():
     kv = BlockManager(6, 4)
     a = hashed("a", [1, 2, 3, 4])

@@ -6,9 +6,15 @@ blocks are not free. With prefix caching (on by default, as in vLLM v1), a seque
 units of known content are offered to the cache as they are planned (its prompt's) or when it
 lets its KV go (its output's: finished, preempted, aborted), and a waiting sequence's first
 allocation may start from the cached units of its prefix (``cached_prefix``). A cached unit no
-sequence references counts as free: allocation evicts the least recently freed ones when the
-never-cached blocks run out, so ``num_free_blocks`` means what the planners have always read.
-Blocks a sequence references are never evicted.
+sequence references counts as free, so ``num_free_blocks`` means what the planners have
+always read. Blocks a sequence references are never evicted.
+
+The free blocks are one queue, as vLLM's ``FreeKVCacheBlockQueue``: never-used blocks first,
+then blocks in the order they were freed, cached or not; allocation takes from its head and
+evicts the cached units it takes. So a cached unit lives until as many blocks as were free
+ahead of it have been taken, whether those held cached content or not. While no cached unit
+is free the order is not kept (``_loose``: a count and a list of ids), which is every run of
+a workload that names no content.
 
 A sequence's block count (``Sequence.num_blocks``) is what the planners read. Its block ids
 (``Sequence.block_table``) matter only to an executor that reads its sequences' KV (a real
@@ -23,6 +29,16 @@ from collections import OrderedDict
 
 from hfx.engine.prefix_cache import CachedUnit, CacheListener, unit_keys
 from hfx.engine.sequence import Sequence
+
+
+class _Run:
+    """Free blocks without cached content, in the free queue behind a cached unit."""
+
+    __slots__ = ("blocks", "ids")
+
+    def __init__(self, blocks: int, ids: list[int] | None) -> None:
+        self.blocks = blocks
+        self.ids = ids
 
 
 class BlockManager:
@@ -43,9 +59,14 @@ class BlockManager:
         self._returned: list[int] = []
         self.prefix_caching = prefix_caching
         self._cached: dict[int, CachedUnit] = {}  # every cached unit, by key
-        # Units no sequence holds, least recently freed first: counted in num_free_blocks.
-        self._evictable: OrderedDict[int, CachedUnit] = OrderedDict()
-        self.evictable_blocks = 0
+        # The free queue's head: free blocks taken before any in ``_order`` (never used, or
+        # freed while no cached unit was free); their ids are ``_fresh`` on and ``_returned``.
+        self._loose = num_blocks
+        # The rest of the free queue, least recently freed first: cached units no sequence
+        # holds (by key) and runs of other free blocks (by a tuple); kept while a unit is in it.
+        self._order: OrderedDict[object, CachedUnit | _Run] = OrderedDict()
+        self._runs = 0  # tuple keys of runs given out
+        self.evictable_blocks = 0  # the units' blocks in ``_order``
         # vLLM's prefix-cache counters: prompt tokens of first admissions, and those of them
         # found cached; units evicted.
         self.queried_tokens = 0
@@ -106,18 +127,46 @@ class BlockManager:
         return True
 
     def _claim(self, n: int) -> None:
-        """``n`` blocks leave the free count: cached ones no one holds are evicted, least
-        recently freed first, while the never-cached ones fall short."""
+        """``n`` blocks leave the free queue from its head: the cached units among them are
+        evicted."""
         self.num_free_blocks -= n
-        while self.evictable_blocks > self.num_free_blocks:
-            _, unit = self._evictable.popitem(last=False)
-            del self._cached[unit.key]
-            self.evictable_blocks -= unit.blocks
-            self.evicted_units += 1
-            if unit.ids is not None:
-                self._returned.extend(unit.ids)
-            if self.listener is not None:
-                self.listener.removed(unit.key)
+        order = self._order
+        while self._loose < n:
+            _, entry = order.popitem(last=False)
+            if isinstance(entry, CachedUnit):
+                del self._cached[entry.key]
+                self.evictable_blocks -= entry.blocks
+                self.evicted_units += 1
+                if self.listener is not None:
+                    self.listener.removed(entry.key)
+            self._loose += entry.blocks
+            if entry.ids is not None:
+                self._returned.extend(entry.ids)
+        self._loose -= n
+        if order and not self.evictable_blocks:
+            self._unorder()
+
+    def _unorder(self) -> None:
+        """No cached unit is free: the order of the rest no longer matters."""
+        for entry in self._order.values():
+            self._loose += entry.blocks
+            if entry.ids is not None:
+                self._returned.extend(entry.ids)
+        self._order.clear()
+
+    def _free_blocks(self, n: int, ids: list[int] | None) -> None:
+        """``n`` blocks without cached content join the free queue's tail (``ids``, theirs
+        in the order they go, where the engine keeps ids)."""
+        if not n:
+            return
+        self.num_free_blocks += n
+        if not self._order:
+            self._loose += n
+            if ids is not None:
+                self._returned.extend(ids)
+            return
+        self._runs += 1
+        self._order[(0, self._runs)] = _Run(n, ids)
 
     # ---- the prefix cache ---------------------------------------------------------------------
     def cached_keys(self) -> list[int]:
@@ -157,13 +206,15 @@ class BlockManager:
         need = -(-num_tokens // self.block_size) - held
         if need + revived + reserve > self.num_free_blocks:
             return False
-        evictable = self._evictable
+        order = self._order
         for unit in units:
             if not unit.refs:
-                del evictable[unit.key]
+                del order[unit.key]  # out of the free queue, wherever it was
             unit.refs += 1
         self.evictable_blocks -= revived
         self.num_free_blocks -= revived
+        if order and not self.evictable_blocks:
+            self._unorder()
         seq.units = units
         seq.units_seen = len(units)
         seq.num_blocks = held
@@ -234,38 +285,44 @@ class BlockManager:
             if seq.units:
                 self._release_units(seq, computed)
                 return
-        self.num_free_blocks += seq.num_blocks
+        self._free_blocks(seq.num_blocks, seq.block_table[::-1] if self.block_ids else None)
         seq.num_blocks = 0
         if self.block_ids:
-            self._returned.extend(reversed(seq.block_table))
             seq.block_table = []
 
     def _release_units(self, seq: Sequence, keep: bool) -> None:
         units = seq.units
-        evictable, cached = self._evictable, self._cached
-        held = 0  # blocks of its units that stay cached, held or evictable
-        freed = 0  # of them, evictable now
-        # Tail first: a sequence's last units are evicted before its first (vLLM frees a
-        # request's blocks in reverse order for the same reason).
+        order, cached = self._order, self._cached
+        # Tail first, as vLLM frees a request's blocks in reverse order: its blocks without
+        # cached content (its last ones; with ``keep`` False, the units only it held too),
+        # then its units from the last, so that its tail is evicted before its head.
+        unit_blocks = lost = 0
+        for unit in units:
+            unit_blocks += unit.blocks
+            if not keep and unit.refs == 1:
+                lost += unit.blocks
+        own = seq.num_blocks - unit_blocks + lost
+        if self.block_ids:
+            kept = {b for unit in units if keep or unit.refs > 1 for b in unit.ids or ()}
+            self._free_blocks(own, [b for b in reversed(seq.block_table) if b not in kept])
+            seq.block_table = []
+        else:
+            self._free_blocks(own, None)
+        freed = 0
         for i in range(len(units) - 1, -1, -1):
             unit = units[i]
             refs = unit.refs - 1
             unit.refs = refs
             if refs:
-                held += unit.blocks
-            elif keep:
-                evictable[unit.key] = unit
-                held += unit.blocks
+                continue
+            if keep:
+                order[unit.key] = unit
                 freed += unit.blocks
             else:
-                del cached[unit.key]  # its blocks are freed with the sequence's own
+                del cached[unit.key]  # its blocks were freed with the sequence's own
                 if self.listener is not None:
                     self.listener.removed(unit.key)
         self.evictable_blocks += freed
-        self.num_free_blocks += seq.num_blocks - held + freed
-        if self.block_ids:
-            kept = {b for unit in units if unit.key in cached for b in unit.ids or ()}
-            self._returned.extend(b for b in reversed(seq.block_table) if b not in kept)
-            seq.block_table = []
+        self.num_free_blocks += freed
         seq.num_blocks = 0
         seq.units = []
