@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import platform
 import sys
 import tempfile
@@ -85,6 +86,17 @@ async def drive(url: str, model: str, turns: list[tuple[float, list[int], int]])
     return failed
 
 
+def counters(url: str) -> tuple[float, float]:
+    """vLLM's prefix-cache queries and hits (tokens) over the fleet, as HFX's /metrics relays
+    them per instance."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return (totals.get("hfx_instance_prefix_cache_queried_tokens_total", 0.0),
+            totals.get("hfx_instance_prefix_cache_hit_tokens_total", 0.0))
+
+
 def serve(args: argparse.Namespace, checkpoint: str, instances: int, record: Path,
           turns: list[tuple[float, list[int], int]]) -> dict:
     with hfx_serve("--engine", "vllm", "--checkpoint", checkpoint,
@@ -95,16 +107,14 @@ def serve(args: argparse.Namespace, checkpoint: str, instances: int, record: Pat
                    "--max-model-len", "2048", "--block-size", str(BLOCK),
                    "--record", str(record), "--calibrate-every", "0",
                    start_timeout=900) as live:
+        # vLLM counts from its start, HFX's own profiling of it included: the run is the
+        # difference.
+        before = counters(live.url)
         failed = asyncio.run(drive(live.url, live.model, turns))
         time.sleep(3)  # the Monitor's next poll of vLLM's counters
-        page = httpx.get(f"{live.url}/metrics", timeout=10).text
-    # vLLM's own counters, as HFX's /metrics relays them per instance.
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    queried = totals.get("hfx_instance_prefix_cache_queried_tokens_total", 0.0)
-    hits = totals.get("hfx_instance_prefix_cache_hit_tokens_total", 0.0)
+        after = counters(live.url)
+    queried = after[0] - before[0]
+    hits = after[1] - before[1]
     return {"failed": failed, "vllm_queried_tokens": queried, "vllm_hit_tokens": hits,
             "vllm_hit_rate": hits / queried if queried else None}
 
@@ -129,10 +139,16 @@ def main() -> int:
     for instances in (1, 2):
         record = work / f"served-{instances}.jsonl"
         real = serve(args, checkpoint, instances, record, turns)
+        # The fleet as the servers had it: their KV and block size (vLLM's CPU build aligns
+        # the block size to its kernels': 32 where 16 was asked), as the profile records them.
+        profile = json.loads(Path(f"{record}.profile.json").read_text())
         sim = simulate(SimConfig(workload=str(record), profile=f"{record}.profile.json",
                                  instances=instances, policy="rr", planner="chunked",
-                                 kv_capacity_tokens=args.kv_capacity_tokens, block_size=BLOCK))
+                                 kv_capacity_tokens=profile["kv_capacity_tokens"],
+                                 block_size=profile["block_size"]))
         row = {"instances": instances, **real, "sim_hit_rate": sim["hit_rate"],
+               "kv_capacity_tokens": profile["kv_capacity_tokens"],
+               "block_size": profile["block_size"],
                "sim_per_instance": sim["per_instance_cache"]}
         row["points_apart"] = None if real["vllm_hit_rate"] is None else \
             100 * (sim["hit_rate"] - real["vllm_hit_rate"])
