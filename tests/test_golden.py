@@ -98,8 +98,8 @@ CASES: dict[str, dict[str, Any]] = {
 def _name_free(result: dict) -> dict:
     """The trace path is this checkout's; the file is the same everywhere."""
     for d in (result, result["config"]):
-        if d["workload"] == BURST:
-            d["workload"] = "burst.jsonl"
+        if d["workload"] in (BURST, SESSIONS):
+            d["workload"] = Path(d["workload"]).name
     return result
 
 
