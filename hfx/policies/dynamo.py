@@ -20,6 +20,7 @@ prompt tokens routed there since.
 
 from __future__ import annotations
 
+from hfx.engine.prefix_cache import prompt_keys
 from hfx.policies.base import ClusterView, InstanceView
 from hfx.policies.cache_router import CacheAwareRouter
 from hfx.request import Request, RequestRecord
@@ -65,8 +66,6 @@ class DynamoKV(CacheAwareRouter):
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
 
     def _keys(self, req: Request, view: ClusterView) -> tuple[list[int], int]:
-        from hfx.engine.prefix_cache import prompt_keys
-
         return prompt_keys(req.block_hashes, req.hash_block, req.prompt_token_ids,
                            req.prompt_len, view.profile.block_size)
 
