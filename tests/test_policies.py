@@ -678,3 +678,25 @@ def test_hfx_budgets_and_predicts_the_uncached_part_of_a_prompt():
     assert [x.request.id for x in d.dispatch] == ["r0", "r1", "r2"]
     # E_p of the batch: 300 new tokens over 2,400 cached each (MODEL has no quadratic term).
     assert pol._prefilled_at[0] == pytest.approx(0.02 + 1e-4 * 300)
+
+
+def test_hfx_deferral_to_a_cached_instance_follows_that_instance_as_it_changes():
+    """The verdict of ``elsewhere`` is kept between scans: it must still move with the cached
+    instance's maturity and its shadow (what it runs), read anew once either changes."""
+    pol = make_policy("hfx")
+    v = cache_view(0.0, 2, {"r": {1: 2400}})
+    pol.schedule(v)  # the instances join Q_W
+    pol.maturity.set(1, 0.62)  # instance 1 takes work at 0.62 s: 100 new tokens, TTFT 0.7 s
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    assert pol.schedule(v).dispatch == []  # it waits for instance 1's hit
+    for i in range(600):  # instance 1 takes a batch of 600: its step, 0.09 s, now makes it late
+        pol.shadow[1].add(req(f"b{i}", 0.0, 10, 9.0, 0.5), 10)
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]
+    # The same through instance 1's maturity: moved past the deadline, instance 0 takes it.
+    pol = make_policy("hfx")
+    pol.schedule(v)
+    pol.maturity.set(1, 0.62)
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    assert pol.schedule(v).dispatch == []
+    pol.maturity.set(1, 5.0)
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]

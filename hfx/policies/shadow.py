@@ -51,6 +51,9 @@ class ShadowInstance:
     _tpots: Tally = field(default_factory=Tally)
     _ttfts: Tally = field(default_factory=Tally)
     _step_anchor: tuple[float, int] | None = None  # (busy time, steps) the step is measured from
+    # Moves with every change to what a prediction here reads (add, remove, correct), so a
+    # prediction can be kept until it does.
+    version: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -80,6 +83,7 @@ class ShadowInstance:
 
     def add(self, request: Request, predicted_output: float) -> None:
         assert request.slo is not None
+        self.version += 1
         self.inflight[request.id] = _Inflight(request, predicted_output)
         self.decode_ctx += request.prompt_len
         self.reserved_tokens += request.prompt_len + predicted_output
@@ -95,6 +99,7 @@ class ShadowInstance:
             return False
         req = item.request
         assert req.slo is not None  # add() took only requests with one
+        self.version += 1
         self.decode_ctx = max(0.0, self.decode_ctx - tokens_at_finish)
         self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
                                    - item.predicted_output)
@@ -105,6 +110,7 @@ class ShadowInstance:
 
     def correct(self, stats: InstanceStats) -> None:
         """Take the measured decode context and KV use from a Monitor snapshot."""
+        self.version += 1
         self.decode_ctx = float(stats.decode_ctx)
         self.kv_used_tokens = float(stats.kv_used_blocks * stats.block_size)
         anchor = self._step_anchor
