@@ -19,7 +19,7 @@ from hfx.cluster.tl_manager import TLManager
 from hfx.engine.sequence import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies.base import InstanceView
-from hfx.policies.prefix_index import PrefixIndex
+from hfx.policies.prefix_index import EVENTS, PrefixIndex
 from hfx.request import Request
 
 
@@ -122,9 +122,18 @@ class Fleet:
         prefix = self.prefix
         if prefix is None:
             return
+        if not prefix.sources:
+            # Keyed at the engines' block size, which only they know (vLLM's CPU build runs 32
+            # where 16 is asked).
+            prefix.block_size = stats.block_size
         kv = getattr(getattr(instance, "engine", None), "kv", None)
         if kv is None:
-            prefix.estimate(instance.id, stats.kv_total_blocks)
+            # A vLLM server that publishes its KV events says what it holds; else estimate.
+            iid, blocks = instance.id, stats.kv_total_blocks
+            watch = getattr(instance, "watch_cache", None)
+            if watch is None or not watch(prefix.watch(iid, EVENTS),
+                                          lambda: prefix.fall_back(iid, blocks)):
+                prefix.estimate(iid, blocks)
             return
         feed = kv.listener = prefix.watch(instance.id)
         for key in kv.cached_keys():  # a role switch's engine comes back with its cache

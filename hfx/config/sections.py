@@ -273,6 +273,10 @@ class VLLMSection(Section):
     backend_check_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description=(
         "seconds between health checks of --backend servers that left the fleet; one that "
         "answers again is re-admitted"))
+    vllm_kv_events: bool = Field(True, description="the vLLM servers HFX starts publish their "
+                                 "KV cache events (--kv-events-config, ZeroMQ) and HFX's prefix "
+                                 "index follows them; off, or for --backend servers, it "
+                                 "estimates what each holds from what it routed there")
     vllm_kv_transfer_config: str | None = Field(None, description="pd mode: vLLM's "
                                                 "--kv-transfer-config JSON for every server; "
                                                 "default: ExampleConnector over a temporary "

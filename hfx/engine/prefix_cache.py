@@ -131,6 +131,11 @@ def prompt_keys(block_hashes: tuple[int, ...] | None, hash_block: int,
     return keys[:prompt_len // unit], unit
 
 
+def chain_root(hash_block: int) -> int:
+    """The parent of a chain's first unit, for content hashed at ``hash_block`` tokens."""
+    return _ROOT + hash_block
+
+
 def keys_of(hashes: Seq[int], hash_block: int, block_size: int) -> tuple[list[int], int]:
     unit = unit_tokens(hash_block, block_size)
-    return chain(hashes, unit // hash_block, _ROOT + hash_block), unit
+    return chain(hashes, unit // hash_block, chain_root(hash_block)), unit

@@ -9,6 +9,9 @@ Each instance feeds it from one source, named in ``sources`` (and on ``/metrics`
 - ``engine``: the instance's own engine (the simulator, the own engine in this process) tells
   it of each unit cached and evicted (``BlockManager.listener``), as vLLM's KV events publish
   BlockStored and BlockRemoved. Exact.
+- ``kv-events``: a vLLM server's own KV events (``--kv-events-config``, its ZeroMQ publisher;
+  hfx/backends/vllm/kv_events.py translates its block hashes to these keys). Exact, a
+  message's latency behind. A server whose stream stops falls back to ``estimate``.
 - ``estimate``: what HFX routed there (any backend: vLLM servers, Ray actors): each dispatched
   prompt's units, least recently routed evicted once they exceed the instance's KV blocks, as
   llm-d's approximate prefix scorer and SGLang's router keep a tree of routed prompts. It misses
@@ -27,7 +30,7 @@ from collections import OrderedDict
 from hfx.engine.prefix_cache import prompt_keys
 from hfx.request import Request
 
-ENGINE, ESTIMATE = "engine", "estimate"
+ENGINE, EVENTS, ESTIMATE = "engine", "kv-events", "estimate"
 
 
 class _Feed:
@@ -70,9 +73,10 @@ class PrefixIndex:
         self._keys: dict[str, tuple[list[int], int]] = {}  # request id → its prompt's unit keys
 
     # ---- sources ----------------------------------------------------------------------------
-    def watch(self, instance_id: int) -> _Feed:
-        """The listener an instance's engine tells its cache's changes (source ``engine``)."""
-        self.sources[instance_id] = ENGINE
+    def watch(self, instance_id: int, source: str = ENGINE) -> _Feed:
+        """The listener an instance's engine tells its cache's changes (``engine``), or its
+        events do (``kv-events``)."""
+        self.sources[instance_id] = source
         return _Feed(self, instance_id)
 
     def estimate(self, instance_id: int, kv_blocks: int) -> None:
@@ -81,6 +85,11 @@ class PrefixIndex:
         self._routed[instance_id] = OrderedDict()
         self._room[instance_id] = kv_blocks
         self._held.setdefault(instance_id, set())
+
+    def fall_back(self, instance_id: int, kv_blocks: int) -> None:
+        """The instance's own feed stopped: forget what it said, estimate from now on."""
+        self.drop(instance_id)
+        self.estimate(instance_id, kv_blocks)
 
     def drop(self, instance_id: int) -> None:
         """The instance left (released, failed, restarted): nothing of it is cached any more."""

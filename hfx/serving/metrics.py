@@ -73,6 +73,7 @@ class _ControlPlaneCollector(Collector):
             for i, s in sorted(stats.items()):
                 counter.add_metric([str(i), s.role.value], getattr(s, attr))
             yield counter
+        yield from self._prefix_index(control)
         states: Tally[tuple[str, str]] = Tally()
         for i, inst in control.instances.items():
             states[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
@@ -95,6 +96,35 @@ class _ControlPlaneCollector(Collector):
         for action in SCALING_ACTIONS:
             scaling.add_metric([action], actions[action])
         yield scaling
+
+
+    @staticmethod
+    def _prefix_index(control: ControlPlane) -> Iterator[Metric]:
+        """Where the prefix index learns each instance's cache, what it holds, and what became
+        of each vLLM server's KV events (hfx/backends/vllm/kv_events.py)."""
+        index = control.fleet.prefix
+        if index is None:
+            return
+        source = GaugeMetricFamily("hfx_prefix_index_source", "Where the prefix index learns "
+                                   "what the instance caches (engine, kv-events, estimate).",
+                                   labels=["instance", "source"])
+        units = GaugeMetricFamily("hfx_prefix_index_units", "Cached units the prefix index "
+                                  "holds for the instance.", labels=["instance"])
+        for i, src in sorted(index.sources.items()):
+            source.add_metric([str(i), src], 1)
+            units.add_metric([str(i)], index.units_held(i))
+        yield source
+        yield units
+        events = CounterMetricFamily("hfx_kv_events", "vLLM KV events by what became of them "
+                                     "(applied; malformed, out_of_order, orphan, unknown_block, "
+                                     "skipped and missed never reach the index).",
+                                     labels=["instance", "outcome"])
+        for i, inst in sorted(control.instances.items()):
+            translator = getattr(inst, "events", None)
+            if translator is not None:
+                for outcome, n in sorted(translator.counts.items()):
+                    events.add_metric([str(i), outcome], n)
+        yield events
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

@@ -20,6 +20,12 @@ SLO accounting and metrics are the ones every other instance kind feeds.
   broken streams in a row, or after ``FAILED_SCRAPES`` unanswered scrapes; then every request
   it held is reported aborted with the reason and resumed elsewhere. An attached server
   (``--backend``) that is healthy again is re-admitted (``BackendHealer``).
+- **Prefix cache** (issue 47): where the server publishes its KV events (``kv_events``, the
+  endpoint of its ``--kv-events-config``), the control plane's prefix index follows its blocks
+  from them (``watch_cache``, hfx/backends/vllm/kv_events.py). A stream that goes silent while
+  the server computes prompt blocks (its ``vllm:prefix_cache_queries_total`` less
+  ``..._hits_total`` rises by ``SILENT_BLOCKS`` blocks with no message for ``SILENT_SECONDS``)
+  is given up, with a warning: the index then estimates from what HFX routed there.
 - **P/D** (HyperFlexis §5.1) through vLLM's KV connectors, which every server is started with: a
   prefill instance sends the prompt with ``max_tokens=1``; the connector saves the prompt's KV as
   the prefill ends, and the first token comes back as PREFILLED (the request is held here for
@@ -40,10 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from hfx.backends.vllm.kv_events import KVEventSubscriber, KVEventTranslator
 from hfx.backends.vllm.metrics import ServerInfo, parse_metrics
 from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.cluster.instance import EventSink
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
+from hfx.engine.prefix_cache import CacheListener
 from hfx.request import SLO, Request
 
 if TYPE_CHECKING:
@@ -55,6 +63,10 @@ SCRAPE_SECONDS = 0.5  # how stale the vLLM half of stats() may get
 FAILED_SCRAPES = 6  # this many unanswered scrapes in a row: the server is gone
 MAX_FAULTS = 5  # this many broken streams in a row, health check or not: the server is out
 HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+# A KV event stream is given up when the server computed this many prompt blocks (each one it
+# caches is published) and no message came for this long: the publisher's thread sends within
+# its 0.1 s poll, the scrape lags by SCRAPE_SECONDS.
+SILENT_BLOCKS, SILENT_SECONDS = 2, 10.0
 BEST_EFFORT_PRIORITY = 1 << 20  # below every SLO'd request in vLLM's priority order
 UNBOUNDED_TTFT = 1e9  # a migrated request's decode has had its first token
 
@@ -90,8 +102,8 @@ class VLLMInstance:
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
                  process: ServerProcess | None = None, role: Role = Role.COLOCATED,
                  scrape_interval: float = SCRAPE_SECONDS,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, relay: Relay | None = None
-                 ) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, relay: Relay | None = None,
+                 kv_events: str | None = None) -> None:
         self.id = instance_id
         self.role = role
         self.url = url.rstrip("/")
@@ -119,6 +131,16 @@ class VLLMInstance:
         self._busy_since: float | None = None
         self._busy_time = 0.0
         self._stats: InstanceStats | None = None
+        # Its KV events (the endpoint its publisher binds), while the index follows them.
+        self.kv_events = kv_events
+        self.events: KVEventTranslator | None = None
+        self._subscriber: KVEventSubscriber | None = None
+        self._fall_back: Callable[[], None] | None = None
+        # Prompt tokens it had computed at the first scrape after the latest message, that
+        # message's time, and when the index began to follow it.
+        self._computed_at_event: float | None = None
+        self._heard: float | None = None
+        self._watched_at = 0.0
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self, sink: EventSink) -> None:
@@ -129,6 +151,8 @@ class VLLMInstance:
             self._scrape_forever(), name=f"vllm-scrape-{self.id}")
 
     async def stop(self) -> None:
+        if self._subscriber is not None:
+            await self._subscriber.stop()
         for rid, sent in list(self._sent.items()):
             self.relay.cancel(rid, sent.stream_id)
         if isinstance(self.relay, LocalRelay):
@@ -146,6 +170,54 @@ class VLLMInstance:
                 await self.on_stop(self.process)
             else:
                 await self.process.stop()
+
+    def watch_cache(self, feed: CacheListener, fall_back: Callable[[], None]) -> bool:
+        """Feed the prefix index from the server's KV events, if it publishes them (False:
+        it does not); ``fall_back`` when the stream goes silent. A server joining again (a
+        restart) starts from nothing: the index dropped what it held."""
+        if self.kv_events is None:
+            return False
+        if self._subscriber is not None:
+            self._subscriber.cancel()
+        self.events = KVEventTranslator(feed, self.info.block_size)
+        self._subscriber = KVEventSubscriber(self.kv_events, self.events)
+        self._subscriber.start()
+        self._fall_back = fall_back
+        self._computed_at_event = None  # set by the next scrape
+        self._heard = None
+        self._watched_at = asyncio.get_running_loop().time()
+        return True
+
+    @staticmethod
+    def _computed(m: dict[str, float]) -> float:
+        """Prompt tokens the server computed (looked up in its prefix cache and missed)."""
+        return (m.get("vllm:prefix_cache_queries_total", 0.0)
+                - m.get("vllm:prefix_cache_hits_total", 0.0))
+
+    def _check_events(self, m: dict[str, float]) -> None:
+        """After a scrape: give up a KV event stream that has gone silent while the server
+        computed prompt blocks (each of which it would have published)."""
+        sub = self._subscriber
+        if sub is None or self._fall_back is None:
+            return
+        now = asyncio.get_running_loop().time()
+        computed = self._computed(m)
+        if self._computed_at_event is None or sub.last_at != self._heard:
+            # The first scrape, or a message since the last: the count so far is accounted.
+            self._computed_at_event, self._heard = computed, sub.last_at
+            return
+        heard = sub.last_at if sub.last_at is not None else self._watched_at
+        if (now - heard < SILENT_SECONDS
+                or computed - self._computed_at_event < SILENT_BLOCKS * self.info.block_size):
+            return
+        since = "ever" if sub.last_at is None else f"{now - sub.last_at:.0f} s"
+        log.warning("instance %d (vLLM at %s): no KV event from %s for %s while it computed "
+                    "%d prompt tokens; its prefix index is now HFX's estimate of what it routed "
+                    "there", self.id, self.url, sub.endpoint, since,
+                    computed - self._computed_at_event)
+        sub.cancel()
+        self._subscriber, fall_back, self._fall_back = None, self._fall_back, None
+        fall_back()
 
     # ---- the Instance protocol --------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -347,6 +419,9 @@ class VLLMInstance:
         if self._failed is not None or self._sink is None:
             return
         self._failed = error
+        if self._subscriber is not None:
+            self._subscriber.cancel()
+            self._subscriber = None
         sent, self._sent = self._sent, {}
         for rid, s in sent.items():
             self.relay.cancel(rid, s.stream_id)  # its end, when reported, finds nothing
@@ -382,6 +457,7 @@ class VLLMInstance:
                                f"{type(e).__name__}: {e}")
                     return
             self._stats = self._snapshot(self.engine_metrics)
+            self._check_events(self.engine_metrics)
             self._reserved = 0  # the scrape counts what was reserved before it
             await asyncio.sleep(self.scrape_interval)
 

@@ -92,6 +92,7 @@ class VLLMLaunch:
     device: str = "cpu"
     extra_args: tuple[str, ...] = ()
     startup_timeout: float = 600.0
+    kv_events: bool = True  # publish KV cache events for HFX's prefix index (issue 47)
     host: str = "127.0.0.1"
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfx-vllm-")))
 
@@ -108,9 +109,16 @@ class VLLMLaunch:
                    max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity_tokens,
                    block_size=block_size_for(block_size, device), device=device,
                    extra_args=(*shlex.split(config.vllm_args), *extra_args),
-                   startup_timeout=config.vllm_startup_timeout)
+                   startup_timeout=config.vllm_startup_timeout,
+                   kv_events=config.vllm_kv_events)
 
-    def command(self, port: int) -> list[str]:
+    def command(self, port: int, events_port: int | None = None) -> list[str]:
+        # Prefix caching stays on (vLLM's default); with ``events_port`` the server publishes
+        # its KV events there (vllm/distributed/kv_events.py: ZmqEventPublisher binds it).
+        events = [] if events_port is None else [
+            "--kv-events-config", json.dumps({"enable_kv_cache_events": True,
+                                              "publisher": "zmq",
+                                              "endpoint": f"tcp://*:{events_port}"})]
         return [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model, "--served-model-name", self.served_name,
@@ -121,6 +129,7 @@ class VLLMLaunch:
             "--num-gpu-blocks-override", str(max(1, self.kv_capacity_tokens // self.block_size)),
             "--scheduling-policy", "priority",
             "--disable-uvicorn-access-log",
+            *events,
             *self.extra_args,
         ]
 
@@ -168,6 +177,10 @@ class VLLMServer:
         self.index = index
         self.port = free_port(launch.host)
         self.url = f"http://{launch.host}:{self.port}"
+        # Where its KV events are published, if they are.
+        self.events_port = free_port(launch.host) if launch.kv_events else None
+        self.kv_events = (None if self.events_port is None
+                          else f"tcp://{launch.host}:{self.events_port}")
         self.log_path = launch.log_dir / f"vllm-{index}-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._count = count
@@ -175,7 +188,7 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                self.launch.command(self.port),
+                self.launch.command(self.port, self.events_port),
                 env={**self.launch.env(self.index, self._count), **self._env},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -340,7 +353,8 @@ class VLLMPlacement:
     def _instance(self, iid: int, url: str, server: ServerProcess | None,
                   role: Role) -> VLLMInstance:
         instance = VLLMInstance(iid, url, server_info(url), self.max_num_seqs, server,
-                                role=role, idle_timeout=self.idle_timeout, relay=self.relay)
+                                role=role, idle_timeout=self.idle_timeout, relay=self.relay,
+                                kv_events=getattr(server, "kv_events", None))
         if server is not None:
             instance.on_stop = self._retire
         return instance
