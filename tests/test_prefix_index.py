@@ -91,3 +91,14 @@ def test_a_simulated_fleet_feeds_its_index_from_every_engine():
     for iid, inst in control.instances.items():
         assert set(inst.engine.kv.cached_keys()) == index._held[iid]
         assert len(index._held[iid]) > 100
+
+
+def test_each_dispatch_counts_what_the_index_says_the_instance_holds():
+    index = PrefixIndex(block_size=4)
+    index.estimate(0, kv_blocks=64)
+    index.estimate(1, kv_blocks=64)
+    index.routed(0, request("a", [1, 2, 3, 4]))  # nothing held yet
+    index.routed(0, request("b", [1, 2, 3, 9]))  # 12 of its tokens held at 0
+    index.routed(1, request("c", [1, 2, 3, 9]))  # none at 1
+    index.routed(0, Request("d", 0.0, 16, 4))  # no content: nothing to say
+    assert index.predicted_hits == {0: 12, 1: 0}

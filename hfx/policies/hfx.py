@@ -100,6 +100,7 @@ from hfx.policies.base import (
 )
 from hfx.policies.maturity import MaturityQueue
 from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.parking import Parking
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Request, RequestRecord
@@ -124,6 +125,7 @@ class _Match:
     read_at: float
     tokens: dict[int, int]
     best: int  # first instance holding the most of the prompt; -1 when none holds any
+    top: tuple[int, ...]  # every instance holding that most (its deferral's parking.py)
     model: StepTimeModel
     alone: float  # its prefill alone over ``best``'s cache: ttft_lost's term
     # elsewhere()'s last verdict and its inputs: (the best instance's shadow, its version,
@@ -204,9 +206,11 @@ class HFXDispatcher(Policy):
         # (ClusterView.cached) with when they were read: read again once MATCH_TTL old.
         self._view: ClusterView | None = None
         self._matches: dict[str, _Match] = {}
+        self._parked = Parking(MATCH_TTL)  # deferrals other instances' scans skip
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
+        self._parked.unpark(request.id)  # a request resumed after a failure starts anew
         self.queue.push(request)
         if self.override:
             self._arrived.append(request)
@@ -231,6 +235,7 @@ class HFXDispatcher(Policy):
         self._view = view if view.prefix is not None else None
         if len(self._matches) > MATCHES_KEPT:  # requests that left the queue: read again
             self._matches = {}
+            self._parked.clear()
         # Shadows and Q_W follow the snapshots and membership: O(N) once per snapshot.
         if self.shadow.follow(view, targets):
             self.maturity.members((i.id for i in targets), now)
@@ -322,7 +327,8 @@ class HFXDispatcher(Policy):
             for j, k in tokens.items():
                 if k > most:
                     best, most = j, k
-            m = self._matches[req.id] = _Match(view.now, tokens, best, model,
+            top = tuple(j for j, k in tokens.items() if k == most) if most else ()
+            m = self._matches[req.id] = _Match(view.now, tokens, best, top, model,
                                                prefill_over(model, req.prompt_len, most))
         return m
 
@@ -353,6 +359,8 @@ class HFXDispatcher(Policy):
         if m.shadow is not sh or m.key != key:
             m.verdict = self._likely(req, best, cached[best], deadline, model, now, mixed)
             m.shadow, m.key = sh, key
+        if m.verdict and mature > now:
+            self._parked.park(req.id, best, m.top, m.read_at, sh, mature, mixed, model)
         return m.verdict
 
     def _likely(self, req: Request, iid: int, cached: int, deadline: float,
@@ -415,7 +423,9 @@ class HFXDispatcher(Policy):
         used = sum_sq = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
         view = self._view
-        for req in self.queue.scan(self.max_scan):
+        skip = (self._parked.skip(iid, now, self.shadow, self.maturity, mixed, model)
+                if view is not None else None)
+        for req in self.queue.scan(self.max_scan, skip):
             assert req.slo is not None
             own = req.arrival + req.slo.ttft
             if view is None:
@@ -456,7 +466,8 @@ class HFXDispatcher(Policy):
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next((r for r in self.queue.scan(self.max_scan) if r.id not in deferred),
+            head = next((r for r in self.queue.scan(self.max_scan, skip)
+                         if r.id not in deferred),
                         None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():
                 self.queue.take(head)

@@ -71,6 +71,9 @@ class PrefixIndex:
         self._room: dict[int, int] = {}
         self.sources: dict[int, str] = {}
         self._keys: dict[str, tuple[list[int], int]] = {}  # request id → its prompt's unit keys
+        # Per instance, the prompt tokens this index said it held as each request was
+        # dispatched there: against the engine's own hit count, how true the index is.
+        self.predicted_hits: dict[int, int] = {}
 
     # ---- sources ----------------------------------------------------------------------------
     def watch(self, instance_id: int, source: str = ENGINE) -> _Feed:
@@ -102,11 +105,15 @@ class PrefixIndex:
         self.sources.pop(instance_id, None)
 
     def routed(self, instance_id: int, request: Request) -> None:
-        """A request was dispatched here: an ``estimate`` instance now caches its prompt."""
+        """A request was dispatched here: count what the index says it finds cached, and an
+        ``estimate`` instance now caches its prompt."""
+        keys, unit = self.keys(request)
+        if keys:
+            self.predicted_hits[instance_id] = (self.predicted_hits.get(instance_id, 0)
+                                                + self.match(request).get(instance_id, 0))
         routed = self._routed.get(instance_id)
         if routed is None:
             return  # an engine source says what it caches itself
-        keys, unit = self.keys(request)
         feed = _Feed(self, instance_id)
         for key in keys[:request.prompt_len // unit]:
             if key in routed:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from hfx.request import Request
 from hfx.tally import Tally
 
+_NOTHING: frozenset[str] = frozenset()
+
 
 class SLOQueue:
     def __init__(self) -> None:
@@ -64,10 +66,12 @@ class SLOQueue:
     def min_tpot(self) -> float | None:
         return self._tpots[0] if self._tpots else None
 
-    def scan(self, limit: int) -> Iterator[Request]:
-        """Requests in (TPOT, arrival) order, at most ``limit`` of them. The caller may ``take``
-        what it is given while scanning."""
+    def scan(self, limit: int, skip: set[str] | None = None) -> Iterator[Request]:
+        """Requests in (TPOT, arrival) order, at most ``limit`` of them, but those whose ids
+        are in ``skip`` (not counted). The caller may ``take`` what it is given while
+        scanning."""
         seen = 0
+        taken, skipped = self._taken, skip if skip is not None else _NOTHING
         for tpot in list(self._tpots):
             fifo = self._classes[tpot]
             while fifo and fifo[0].id in self._taken:
@@ -78,7 +82,7 @@ class SLOQueue:
                 continue
             # Taking a request only marks it, so the FIFO is not mutated while we iterate.
             for req in fifo:
-                if req.id in self._taken:
+                if req.id in taken or req.id in skipped:
                     continue
                 yield req
                 seen += 1

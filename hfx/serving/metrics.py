@@ -110,11 +110,17 @@ class _ControlPlaneCollector(Collector):
                                    labels=["instance", "source"])
         units = GaugeMetricFamily("hfx_prefix_index_units", "Cached units the prefix index "
                                   "holds for the instance.", labels=["instance"])
+        predicted = CounterMetricFamily(
+            "hfx_prefix_index_predicted_hit_tokens", "Prompt tokens the prefix index said the "
+            "instance held as requests were dispatched there (against "
+            "hfx_instance_prefix_cache_hit_tokens: how true the index is).", labels=["instance"])
         for i, src in sorted(index.sources.items()):
             source.add_metric([str(i), src], 1)
             units.add_metric([str(i)], index.units_held(i))
+            predicted.add_metric([str(i)], index.predicted_hits.get(i, 0))
         yield source
         yield units
+        yield predicted
         events = CounterMetricFamily("hfx_kv_events", "vLLM KV events by what became of them "
                                      "(applied; malformed, out_of_order, orphan, unknown_block, "
                                      "skipped and missed never reach the index).",

@@ -1,0 +1,111 @@
+"""Requests HFX's dispatcher has left for the instance that holds most of their prompt cached,
+kept out of other instances' scans of Q_R while that verdict stands (``HFXDispatcher.elsewhere``).
+
+On prefix-heavy traffic most of the queue waits for a hit elsewhere (99.6% of the scans'
+``elsewhere`` checks defer on the 32-instance session trace), so every mature instance walked
+them all, and the simulation cost 2.9x its run without the cache (docs/performance.md). A
+request is parked on instance j when its verdict there holds (p ≥ θ once j matures): the scan of
+any instance that holds less of it than j would defer it again, so it skips it instead (one set
+lookup in Q_R's scan); the instances that hold as much (an application's system prompt cached on
+several) still see it. Exactly while every input of that verdict stands:
+
+- j's shadow (its version), its maturity, and the start (j not yet mature: the start is its
+  maturity), the engine terms (``mixed``) and the step-time model: all of j's parked requests
+  are released when any moves;
+- the request's view of the caches (read again ``MATCH_TTL`` after it was read): released then.
+
+One difference from scanning them: skipped requests do not count towards ``max_scan``.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from hfx.policies.maturity import MaturityQueue
+from hfx.policies.shadow import ShadowInstance, Shadows
+from hfx.stepmodel.latency import StepTimeModel
+
+
+class Parking:
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl  # how long a request's view of the caches holds (MATCH_TTL)
+        self._on: dict[int, set[str]] = {}  # instance → request ids parked on it
+        # instance → parked request ids it holds as much of as their instance (sees them)
+        self._holds: dict[int, set[str]] = {}
+        # instance → (its shadow, shadow version, maturity) when its requests were parked
+        self._key: dict[int, tuple[ShadowInstance, int, float]] = {}
+        # request id → (its instance, view read at, the instances holding as much)
+        self._where: dict[str, tuple[int, float, tuple[int, ...]]] = {}
+        self._all: set[str] = set()
+        self._expiry: list[tuple[float, str]] = []  # (view read at, request id)
+        self._mixed = False
+        self._model: StepTimeModel | None = None
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def park(self, rid: str, iid: int, top: tuple[int, ...], read_at: float,
+             sh: ShadowInstance, mature: float, mixed: bool, model: StepTimeModel) -> None:
+        """Park ``rid`` on ``iid``; ``top``: every instance holding as much of it (iid too)."""
+        if model is not self._model or mixed != self._mixed:
+            self.clear()
+            self._model, self._mixed = model, mixed
+        key = self._key.get(iid)
+        if key is None or key[0] is not sh or key[1] != sh.version or key[2] != mature:
+            self._release(iid)
+            self._key[iid] = (sh, sh.version, mature)
+        self.unpark(rid)
+        self._on.setdefault(iid, set()).add(rid)
+        for t in top:
+            self._holds.setdefault(t, set()).add(rid)
+        self._where[rid] = (iid, read_at, top)
+        self._all.add(rid)
+        heapq.heappush(self._expiry, (read_at, rid))
+
+    def unpark(self, rid: str) -> None:
+        where = self._where.pop(rid, None)
+        if where is not None:
+            self._drop(rid, where)
+
+    def _drop(self, rid: str, where: tuple[int, float, tuple[int, ...]]) -> None:
+        self._on[where[0]].discard(rid)
+        for t in where[2]:
+            self._holds[t].discard(rid)
+        self._all.discard(rid)
+
+    def clear(self) -> None:
+        self._on.clear()
+        self._holds.clear()
+        self._key.clear()
+        self._where.clear()
+        self._all.clear()
+        self._expiry.clear()
+
+    def _release(self, iid: int) -> None:
+        for rid in list(self._on.get(iid, ())):
+            self._drop(rid, self._where.pop(rid))
+        self._on.pop(iid, None)
+        self._key.pop(iid, None)
+
+    def skip(self, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
+             mixed: bool, model: StepTimeModel) -> set[str] | None:
+        """The requests instance ``iid``'s scan may skip now (None: none)."""
+        if not self._all:
+            return None
+        if model is not self._model or mixed != self._mixed:
+            self.clear()
+            return None
+        expiry, where = self._expiry, self._where
+        while expiry and now - expiry[0][0] >= self.ttl:
+            read_at, rid = heapq.heappop(expiry)
+            got = where.get(rid)
+            if got is not None and got[1] == read_at:  # not parked again since
+                self.unpark(rid)
+        for j, (sh, version, mature) in list(self._key.items()):
+            if (now > mature or sh.version != version or j not in maturity
+                    or j not in shadows or shadows[j] is not sh or maturity[j] != mature):
+                self._release(j)
+        if not self._all:
+            return None
+        mine = self._holds.get(iid)
+        return self._all - mine if mine else self._all
