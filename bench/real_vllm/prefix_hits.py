@@ -119,8 +119,8 @@ def serve(args: argparse.Namespace, checkpoint: str, instances: int, record: Pat
             "vllm_hit_rate": hits / queried if queried else None}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def session_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a served session run (this script's, bench/real_vllm/prefix_index.py's)."""
     ap.add_argument("--vllm-python", required=True)
     ap.add_argument("--checkpoint", default=None, help="default: a random mini checkpoint")
     ap.add_argument("--sessions", type=int, default=60)
@@ -129,10 +129,21 @@ def main() -> int:
     ap.add_argument("--kv-capacity-tokens", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+
+
+def session_setup(args: argparse.Namespace
+                  ) -> tuple[Path, str, list[tuple[float, list[int], int]]]:
+    """(a work folder, the checkpoint, the session turns) of ``session_args``' options."""
     work = Path(tempfile.mkdtemp(prefix="hfx-prefix-"))
     checkpoint = args.checkpoint or str(write_random_checkpoint("mini", work / "mini"))
-    turns = sessions(args.sessions, args.apps, args.seed, args.span)
+    return work, checkpoint, sessions(args.sessions, args.apps, args.seed, args.span)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    session_args(ap)
+    args = ap.parse_args()
+    work, checkpoint, turns = session_setup(args)
     out: dict = {"command": "python bench/real_vllm/prefix_hits.py " + " ".join(sys.argv[1:]),
                  "python": platform.python_version(), "requests": len(turns),
                  "kv_capacity_tokens": args.kv_capacity_tokens, "block_size": BLOCK, "runs": []}

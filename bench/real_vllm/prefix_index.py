@@ -26,17 +26,15 @@ import asyncio
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from hfx.evaluation import write_json
-from hfx.model.build import write_random_checkpoint
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.common import hfx_serve, scrape
-from bench.real_vllm.prefix_hits import BLOCK, drive, sessions
+from bench.real_vllm.prefix_hits import BLOCK, drive, session_args, session_setup
 
 
 def cpu_seconds(pid: int) -> float:
@@ -91,19 +89,10 @@ def run(args: argparse.Namespace, checkpoint: str, index: bool,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm-python", required=True)
-    ap.add_argument("--checkpoint", default=None, help="default: a random mini checkpoint")
+    session_args(ap)
     ap.add_argument("--instances", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=60)
-    ap.add_argument("--apps", type=int, default=4)
-    ap.add_argument("--span", type=float, default=60.0, help="seconds sessions start over")
-    ap.add_argument("--kv-capacity-tokens", type=int, default=4096)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="hfx-prefix-index-"))
-    checkpoint = args.checkpoint or str(write_random_checkpoint("mini", work / "mini"))
-    turns = sessions(args.sessions, args.apps, args.seed, args.span)
+    _, checkpoint, turns = session_setup(args)
     out: dict = {"command": "python bench/real_vllm/prefix_index.py " + " ".join(sys.argv[1:]),
                  "python": platform.python_version(), "instances": args.instances,
                  "kv_capacity_tokens": args.kv_capacity_tokens, "runs": []}

@@ -323,13 +323,10 @@ class HFXDispatcher(Policy):
         m = self._matches.get(req.id)
         if m is None or view.now - m.read_at >= MATCH_TTL or m.model is not model:
             tokens = view.cached(req)
-            best, most = -1, 0
-            for j, k in tokens.items():
-                if k > most:
-                    best, most = j, k
+            most = max(tokens.values(), default=0)
             top = tuple(j for j, k in tokens.items() if k == most) if most else ()
-            m = self._matches[req.id] = _Match(view.now, tokens, best, top, model,
-                                               prefill_over(model, req.prompt_len, most))
+            m = self._matches[req.id] = _Match(view.now, tokens, top[0] if top else -1, top,
+                                               model, prefill_over(model, req.prompt_len, most))
         return m
 
     def elsewhere(self, req: Request, iid: int, m: _Match, deadline: float,

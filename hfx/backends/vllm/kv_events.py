@@ -36,6 +36,8 @@ from collections.abc import Hashable
 from typing import Any
 
 import msgpack
+import zmq
+import zmq.asyncio
 
 from hfx.engine.prefix_cache import CacheListener, chain, chain_root, token_block_hashes
 
@@ -210,9 +212,6 @@ class KVEventSubscriber:
             self._task = None
 
     async def _run(self) -> None:
-        import zmq
-        import zmq.asyncio
-
         ctx = zmq.asyncio.Context.instance()
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
