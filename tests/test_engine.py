@@ -99,7 +99,7 @@ def test_chunked_step_shape_counts_chunk_over_cached_prefix(vloop):
     assert out2.shape.prefill_tokens == 8 and out2.shape.prefill_sq == 8 * 16
 
 
-PREEMPTING = ["prefill-first", "chunked", "tpot-chunked", "deadline-chunked"]
+PREEMPTING = ["prefill-first", "chunked", "tpot-chunked", "deadline-chunked", "vllm"]
 STEP_MODEL = StepTimeModel(0.01, 1e-4, 0.0, 0.005, 1e-6, 1e-4)
 
 

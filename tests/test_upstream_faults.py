@@ -87,7 +87,7 @@ def test_a_request_refused_with_a_4xx_fails_alone_and_counts_no_fault(checkpoint
     gw = gateway(checkpoint, fakes)
     try:
         # The fake refuses a non-integer priority with a 400, as vLLM refuses bad bodies.
-        gw.server.control.instances[0].body = lambda request, best_effort: {"priority": 0.5}
+        gw.server.control.instances[0].body = lambda request, best_effort, now: {"priority": 0.5}
         r = httpx.post(f"{gw.url}/v1/completions", timeout=30,
                        json={"model": gw.model, "prompt": "x", "max_tokens": 4})
         assert r.status_code == 500 and "vLLM answered 400" in r.json()["error"]["message"]

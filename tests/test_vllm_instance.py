@@ -18,8 +18,9 @@ httpx = pytest.importorskip("httpx")
 from helpers.fake_vllm import DropsFirstPost, FakeVLLM, Served, generate  # noqa: E402
 from helpers.live import Running  # noqa: E402
 
-from hfx.backends.vllm.instance import BEST_EFFORT_PRIORITY, vllm_priority  # noqa: E402
+from hfx.backends.vllm.instance import vllm_priority  # noqa: E402
 from hfx.backends.vllm.metrics import parse_metrics  # noqa: E402
+from hfx.engine.planners.vllm import BEST_EFFORT_PRIORITY  # noqa: E402
 from hfx.model.build import write_random_checkpoint  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
 

@@ -277,6 +277,10 @@ class VLLMSection(Section):
                                  "KV cache events (--kv-events-config, ZeroMQ) and HFX's prefix "
                                  "index follows them; off, or for --backend servers, it "
                                  "estimates what each holds from what it routed there")
+    vllm_scheduler: Literal["hfx", "stock"] = Field("hfx", description=(
+        "the scheduler inside the vLLM servers HFX starts: hfx plans each step as HFX's "
+        "deadline-chunked planner does, from each request's SLO (--scheduler-cls "
+        "hfx.backends.vllm.scheduler.HFXScheduler); stock keeps vLLM's own"))
     vllm_kv_transfer_config: str | None = Field(None, description="pd mode: vLLM's "
                                                 "--kv-transfer-config JSON for every server; "
                                                 "default: ExampleConnector over a temporary "

@@ -116,6 +116,21 @@ class BlockManager:
             self._offer(seq, min(num_tokens, seq.prompt_len))
         return True
 
+    def fits(self, seq: Sequence, num_tokens: int, reserve: int = 0, cached: int = 0) -> bool:
+        """Whether ``allocate(seq, num_tokens, reserve, cached)`` would succeed, allocating
+        nothing: vLLM's check that a new request's whole prompt fits before its first chunk is
+        admitted (``scheduler_reserve_full_isl``, on by default)."""
+        held, revived = seq.num_blocks, 0
+        if cached:
+            assert seq.unit_keys is not None
+            for key in seq.unit_keys[:cached // seq.unit_size]:
+                unit = self._cached[key]
+                held += unit.blocks
+                if not unit.refs:
+                    revived += unit.blocks
+        need = max(0, -(-num_tokens // self.block_size) - held)
+        return need + revived + reserve <= self.num_free_blocks
+
     def take(self, n: int) -> bool:
         """Take ``n`` blocks for holders that keep their own counts (a decode cohort's members,
         counted by phase and synced later: cohort.py): whether they were free. Nothing is

@@ -25,7 +25,6 @@ from hfx.engine.errors import EngineError, StepFailed
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, SchedulerOutput, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
-from hfx.engine.waiting import WaitingQueue
 from hfx.stepmodel.step_time import StepTimeModel
 
 
@@ -126,8 +125,8 @@ class EngineCore:
         self._expand = not getattr(executor, "plans_by_shape", False)
         self.kv = BlockManager(config.num_kv_blocks, config.block_size, block_ids=self._expand,
                                prefix_caching=config.prefix_caching)
-        self.state = EngineState(waiting=WaitingQueue(self.kv.blocks_for), running=[],
-                                 kv=self.kv)
+        self.state = EngineState(waiting=self.planner.make_waiting(self.kv.blocks_for),
+                                 running=[], kv=self.kv)
         if config.engine_runs and self.planner.plans_cohort:
             # A real executor reads each block's id: its members get their blocks one by one.
             self.state.cohort = DecodeCohort(config.block_size, events=not self._expand,

@@ -95,6 +95,9 @@ class Sequence:
     # Its place in the engine's running list (admission order), set as it joins that list: the
     # order a per-sequence planner visits it in, which decides preemption victims.
     order: int
+    # Its place in the engine's arrival order, set as it first queues (vLLM's arrival_time, as
+    # a count): what orders equal priorities in vLLM's priority queue (vllm.py).
+    arrival: int
     # A member of the engine's decode cohort (cohort.py): its token fields trail the cohort's
     # counter (num_tokens is cohort_base + the cohort's tick) until synced.
     in_cohort: bool
@@ -130,7 +133,7 @@ class Sequence:
                  tpot: float | None = None, credit: float = 0.0,
                  prefill_deadline: float | None = None, best_effort: bool = False,
                  next_due: float = 0.0, first_decode_at: float | None = None, order: int = 0,
-                 in_cohort: bool = False, cohort_base: int = 0,
+                 arrival: int = 0, in_cohort: bool = False, cohort_base: int = 0,
                  block_hashes: tuple[int, ...] | None = None, hash_block: int = 16) -> None:
         self.request_id = request_id
         self.prompt_len = prompt_len
@@ -151,6 +154,7 @@ class Sequence:
         self.next_due = next_due
         self.first_decode_at = first_decode_at
         self.order = order
+        self.arrival = arrival
         self.in_cohort = in_cohort
         self.cohort_base = cohort_base
         self.block_hashes = block_hashes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import replace
@@ -148,6 +149,13 @@ class VLLMBackend:
         # The dispatcher plans with the servers' own KV size.
         profile = replace(profile, kv_capacity_tokens=info.kv_total_blocks * info.block_size,
                           block_size=info.block_size)
+        launch = placement.spec
+        if launch is not None and launch.scheduler == "hfx":
+            # HFX's scheduler in each started server plans from it (scheduler.py); whole or
+            # not at all, as the servers may read it meanwhile.
+            written = launch.scheduler_profile.with_suffix(".tmp")
+            profile.save(written)
+            os.replace(written, launch.scheduler_profile)
         if not profile.meta.get("model"):
             config = config.model_copy(update={"kv_bytes_per_token": 1})
 
@@ -158,9 +166,12 @@ class VLLMBackend:
 
             return [BackendHealer(control, placement, config.backend_check_interval)]
 
-        # vLLM's scheduler, as a calibration replays it: chunked prefill (V1), its token budget.
+        # The servers' scheduler as a calibration replays it, and its budget: HFX's planner
+        # in the servers HFX started with it, else vLLM's (hfx/engine/planners/vllm.py).
+        hfx_inside = launch is not None and launch.scheduler == "hfx" and not config.backend
         return Served(config, name, tokenizer, max_len, int(hf["vocab_size"]), eos, profile,
-                      None, placement, replay_planner="chunked",
+                      None, placement,
+                      replay_planner="deadline-chunked" if hfx_inside else "vllm",
                       replay_token_budget=config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,
                       close=close, services=services)
 

@@ -48,9 +48,11 @@ import aiohttp
 
 from hfx.backends.vllm.kv_events import KVEventSubscriber, KVEventTranslator
 from hfx.backends.vllm.metrics import ServerInfo, parse_metrics
+from hfx.backends.vllm.slo_args import slo_args
 from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.cluster.instance import EventSink
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
+from hfx.engine.planners.vllm import vllm_priority as priority_for
 from hfx.engine.prefix_cache import CacheListener
 from hfx.request import SLO, Request
 
@@ -67,7 +69,6 @@ HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 # caches is published) and no message came for this long: the publisher's thread sends within
 # its 0.1 s poll, the scrape lags by SCRAPE_SECONDS.
 SILENT_BLOCKS, SILENT_SECONDS = 2, 10.0
-BEST_EFFORT_PRIORITY = 1 << 20  # below every SLO'd request in vLLM's priority order
 UNBOUNDED_TTFT = 1e9  # a migrated request's decode has had its first token
 
 # vLLM's finish_reason → the terminal status it means here.
@@ -76,12 +77,9 @@ _FINISHED = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FIN
 
 
 def vllm_priority(request: Request, best_effort: bool) -> int:
-    """vLLM runs lower values first and may preempt higher ones for them. HFX orders running
-    requests by TPOT, tightest first (HyperFlexis §5.2's Q_R); the TPOT SLO in milliseconds is
-    that order. Best-effort requests go after every SLO'd one."""
-    if best_effort or request.slo is None:
-        return BEST_EFFORT_PRIORITY
-    return max(0, round(request.slo.tpot * 1e3))
+    """The priority this request is sent with (hfx.engine.planners.vllm: the rule the
+    simulated vLLM planner orders by)."""
+    return priority_for(request.slo.tpot if request.slo is not None else None, best_effort)
 
 
 _STREAM_IDS = itertools.count()  # unique across instances: a relay may serve several
@@ -236,7 +234,8 @@ class VLLMInstance:
             self._busy_since = asyncio.get_running_loop().time()
         sent = self._sent[request.id] = _Sent(request, next(_STREAM_IDS),
                                               best_effort=best_effort)
-        self.relay.open(self, request.id, sent.stream_id, self.body(request, best_effort))
+        self.relay.open(self, request.id, sent.stream_id,
+                        self.body(request, best_effort, asyncio.get_running_loop().time()))
 
     def abort(self, request_id: str) -> None:
         sent = self._sent.get(request_id)
@@ -298,7 +297,7 @@ class VLLMInstance:
         self.role = role
 
     # ---- one request ------------------------------------------------------------------------
-    def body(self, request: Request, best_effort: bool) -> dict[str, Any]:
+    def body(self, request: Request, best_effort: bool, now: float) -> dict[str, Any]:
         sampling = request.sampling
         body: dict[str, Any] = {
             "model": self.info.model, "prompt": request.prompt_token_ids,
@@ -313,6 +312,11 @@ class VLLMInstance:
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        slo = request.slo
+        if slo is not None and not best_effort:
+            # For HFX's scheduler in the server (scheduler.py): the TTFT left now, which the
+            # server counts from its own arrival time, and the TPOT.
+            body["vllm_xargs"] = slo_args(request.arrival + slo.ttft - now, slo.tpot)
         return body
 
     def on_tokens(self, rid: str, stream_id: int, tokens: list[int],

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
+import hfx
 from hfx.backends.vllm.instance import VLLMInstance
 from hfx.backends.vllm.metrics import server_info
 from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Relay
@@ -43,6 +44,7 @@ HEALTH_POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 10.0
 LOG_TAIL_CHARS = 3000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+HFX_SCHEDULER = "hfx.backends.vllm.scheduler.HFXScheduler"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -93,6 +95,8 @@ class VLLMLaunch:
     extra_args: tuple[str, ...] = ()
     startup_timeout: float = 600.0
     kv_events: bool = True  # publish KV cache events for HFX's prefix index (issue 47)
+    # HFX's scheduler inside the server (scheduler.py), or vLLM's own ("stock").
+    scheduler: str = "hfx"
     host: str = "127.0.0.1"
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hfx-vllm-")))
 
@@ -110,7 +114,33 @@ class VLLMLaunch:
                    block_size=block_size_for(block_size, device), device=device,
                    extra_args=(*shlex.split(config.vllm_args), *extra_args),
                    startup_timeout=config.vllm_startup_timeout,
-                   kv_events=config.vllm_kv_events)
+                   kv_events=config.vllm_kv_events, scheduler=config.vllm_scheduler)
+
+    @property
+    def scheduler_profile(self) -> Path:
+        """Where HFX's scheduler in each server reads the step-time profile: ``hfx serve``
+        writes it once the servers are measured (or from --profile); until then they
+        schedule as stock vLLM."""
+        return self.log_dir / "profile.json"
+
+    def _scheduler_args(self) -> list[str]:
+        if self.scheduler != "hfx":
+            return []
+        return ["--scheduler-cls", HFX_SCHEDULER,
+                "--additional-config", json.dumps({"hfx": {"profile":
+                                                           str(self.scheduler_profile)}})]
+
+    def _scheduler_path(self) -> str:
+        """A folder that holds the ``hfx`` package alone (a link to it), for vLLM's
+        interpreter to import the scheduler from: HFX's own environment, whose pins are not
+        vLLM's, stays off that interpreter's path."""
+        folder = self.log_dir / "pythonpath"
+        link = folder / "hfx"
+        if not link.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another server linked it meanwhile
+                link.symlink_to(Path(hfx.__file__).resolve().parent, target_is_directory=True)
+        return str(folder)
 
     def command(self, port: int, events_port: int | None = None) -> list[str]:
         # Prefix caching stays on (vLLM's default); with ``events_port`` the server publishes
@@ -130,11 +160,15 @@ class VLLMLaunch:
             "--scheduling-policy", "priority",
             "--disable-uvicorn-access-log",
             *events,
+            *self._scheduler_args(),
             *self.extra_args,
         ]
 
     def env(self, index: int, count: int) -> dict[str, str]:
         env = dict(os.environ)
+        if self.scheduler == "hfx":
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self._scheduler_path(), env.get("PYTHONPATH")) if p)
         if self.device == "cpu":
             # The KV size is set in blocks above; vLLM on CPU also wants room for it (GiB).
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

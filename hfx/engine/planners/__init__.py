@@ -18,6 +18,8 @@ PLANNERS: Registry[type[BatchPlanner]] = Registry("planner", {
     "slo-paced": "hfx.engine.planners.slo_paced:SLOPacedPlanner",
     "tpot-chunked": "hfx.engine.planners.tpot_chunked:TPOTChunkedPlanner",
     "deadline-chunked": "hfx.engine.planners.deadline_chunked:DeadlineChunkedPlanner",
+    "vllm": "hfx.engine.planners.vllm:VLLMPlanner",
+    "vllm-fcfs": "hfx.engine.planners.vllm:VLLMFCFSPlanner",
 })
 
 

@@ -9,6 +9,7 @@ goes back to the front of the waiting queue with the tokens it already generated
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -96,6 +97,10 @@ class BatchPlanner(ABC):
 
     @abstractmethod
     def plan(self, state: EngineState) -> SchedulerOutput: ...
+
+    def make_waiting(self, blocks_for: Callable[[int], int]) -> WaitingQueue:
+        """The engine's waiting queue, in the order this planner serves it: FCFS."""
+        return WaitingQueue(blocks_for)
 
     # Whether its decode steps take every decoding sequence, so that they can be planned as
     # one decode cohort (cohort.py).

@@ -25,9 +25,8 @@ stays off (docs/results.md, "The comparison in detail").
 
 from __future__ import annotations
 
-import math
-
 from hfx.engine.planners.base import EngineState, SchedulerOutput
+from hfx.engine.planners.pacing import runs_whole
 from hfx.engine.planners.prefill_first import PrefillFirstPlanner, prefill_whole
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.engine.sequence import Sequence
@@ -91,15 +90,12 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
                    state: EngineState) -> bool:
         if remaining < 2 * budget or seq.prefill_deadline is None:
             return remaining < 2 * budget
-        assert self.model is not None
-        model = self.model
         # A paced step lasts about the tightest running TPOT (what set the budget); with
         # nothing decoding, the budget's prefill.
         if state.cohort is not None:  # the cohort is every decode
             t0 = state.cohort.min_tpot()
         else:
             t0 = min((s.tpot for s in state.running if s.is_decode and s.tpot), default=None)
-        step = t0 if t0 is not None else model.prefill_one(budget)
-        paced = math.ceil(remaining / max(budget, 1)) * step
-        left = seq.prefill_deadline - state.now
-        return paced > self.slack_share * left and left >= model.prefill_one(remaining)
+        assert self.model is not None
+        return runs_whole(self.model, remaining, budget, t0, seq.prefill_deadline - state.now,
+                          self.slack_share)

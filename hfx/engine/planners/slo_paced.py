@@ -14,16 +14,8 @@ KV and keeps generated tokens (recompute).
 from __future__ import annotations
 
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.planners.pacing import time2bs
 from hfx.engine.sequence import RequestStatus, Sequence
-
-
-def time2bs(model, t0: float, decode_ctx: float, num_decode: int) -> int:
-    """Prefill tokens that fit a step of ``t0`` seconds beside these decodes (Eq. 1/2 mixed form,
-    linear in the tokens; the quadratic term is negligible for one step's chunk)."""
-    fixed = max(model.prefill_a, model.decode_a) if num_decode else model.prefill_a
-    spare = t0 - fixed - model.decode_b * decode_ctx - model.decode_c * num_decode
-    return max(0, int(spare / model.prefill_b))
-
 
 # Decode tokens are due every pace × TPOT: paced exactly at the TPOT, every request sits on the
 # edge of its SLO and any jitter misses it (ours; the seed gives no margin). A module constant,
@@ -54,6 +46,7 @@ class SLOPacedPlanner(BatchPlanner):
             ctx += seq.num_tokens
             assert seq.tpot is not None  # an SLO decode
             seq.next_due = max(seq.next_due, now) + self.pace * seq.tpot
+        assert self.model is not None  # needs_model
         budget = (time2bs(self.model, t0, ctx, len(due)) if t0 is not None
                   else self.token_budget)
         # 2. SLO prefills, earliest prefill deadline first: running partial prompts, then waiting.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from hfx.engine.cohort import DecodeCohort
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
-from hfx.engine.planners.slo_paced import time2bs
+from hfx.engine.planners.pacing import time2bs
 from hfx.engine.sequence import RequestStatus, Sequence
 
 
@@ -28,6 +28,7 @@ class TPOTChunkedPlanner(BatchPlanner):
         """The step's prefill tokens: what keeps it within the tightest decoding TPOT ``t0``."""
         if t0 is None:
             return self.token_budget
+        assert self.model is not None  # needs_model
         return max(1, time2bs(self.model, t0, ctx, num_decode))
 
     def plan(self, state: EngineState) -> SchedulerOutput:
