@@ -85,6 +85,9 @@ def test_a_request_reaches_vllm_as_token_ids_with_its_priority_and_id(fleet):
     prompt = list(b"The cat")  # tokenized once, by HFX's tokenizer (the byte one here)
     assert body["prompt"] == prompt
     assert body["priority"] == 80  # the TPOT SLO in ms: HyperFlexis's Q_R order
+    # For HFX's scheduler in the server: the TTFT left when sent, and the TPOT.
+    assert body["vllm_xargs"]["hfx_tpot_ms"] == 80
+    assert 2000 < body["vllm_xargs"]["hfx_ttft_ms"] <= 3000
     assert body["return_token_ids"] and body["stream"] and body["ignore_eos"]
     assert body["max_tokens"] == 6 and body["stop_token_ids"] == []
     assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
