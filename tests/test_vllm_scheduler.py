@@ -189,3 +189,32 @@ def test_a_client_that_leaves_is_aborted_and_the_server_goes_on(gw):
         "vllm_xargs": slo})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert "planning failed" not in server_log(gw)
+
+
+# ---- the simulated vLLM against vLLM's own scheduler -----------------------------------------
+def test_the_vllm_planner_steps_as_vllm_does_with_priorities_and_preemption(probed, vloop):
+    """The probe's priority scenario, stock vLLM against HFX's ``vllm`` planner: the same
+    tokens at every step, the same preemptions (vLLM's null block is not usable: 11 → 10)."""
+    engine, ex = make_engine(num_blocks=10, block_size=16, planner="vllm",
+                             max_num_batched_tokens=64, max_num_seqs=16, watermark=0.0)
+    seqs = {}
+    preempted: list[list[str]] = []
+
+    async def scenario():
+        for i in range(len(probed["priority"]["plans"])):
+            for rid, prompt, out, priority, at in probed["priority"]["scenario"]:
+                if at == i:
+                    token = sum(map(ord, rid)) % 1000 + 1
+                    seqs[rid] = s = seq(rid, prompt, out, prompt_token_ids=[token] * prompt,
+                                        tpot=priority / 1e3)
+                    engine.add_request(s)
+            before = {r: s.num_preemptions for r, s in seqs.items()}
+            await engine.step()
+            preempted.append(sorted(r for r, s in seqs.items()
+                                    if s.num_preemptions > before[r]))
+
+    vloop.run_until_complete(scenario())
+    real = probed["priority"]
+    assert ["a"] in real["preempted"]  # the scenario preempts
+    assert ex.plans == real["plans"]
+    assert preempted == real["preempted"]

@@ -34,10 +34,10 @@ PROFILE = {"prefill": {"a": 0.01, "b": 1e-4, "c": 0.0}, "decode": {"a": 0.01, "b
 
 
 def scheduler(cls: type[Scheduler], checkpoint: str, profile: str | None,
-              num_blocks: int = 1000) -> Scheduler:
-    sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=4096,
+              num_blocks: int = 1000, policy: str = "fcfs", budget: int = 2048) -> Scheduler:
+    sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=4096,
                          enable_chunked_prefill=True, async_scheduling=False,
-                         is_encoder_decoder=False)
+                         is_encoder_decoder=False, policy=policy)
     mc = ModelConfig(model=checkpoint, dtype="float32", seed=0, skip_tokenizer_init=True)
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
     extra = {"hfx": {"profile": profile}} if profile else {}
@@ -55,7 +55,8 @@ def scheduler(cls: type[Scheduler], checkpoint: str, profile: str | None,
 _hasher = None
 
 
-def request(rid: str, prompt: int, out: int, xargs: object = None) -> Request:
+def request(rid: str, prompt: int, out: int, xargs: object = None,
+            priority: int = 0) -> Request:
     global _hasher
     if _hasher is None:
         init_none_hash(sha256)
@@ -63,15 +64,19 @@ def request(rid: str, prompt: int, out: int, xargs: object = None) -> Request:
     params = SamplingParams(max_tokens=out, ignore_eos=True, extra_args=xargs)
     return Request(request_id=rid, prompt_token_ids=[sum(map(ord, rid)) % 1000 + 1] * prompt,
                    sampling_params=params, pooling_params=None, arrival_time=time.time(),
-                   block_hasher=_hasher)
+                   block_hasher=_hasher, priority=priority)
 
 
-def step(s: Scheduler) -> dict[str, int]:
+def step(s: Scheduler, preempted: list[list[str]] | None = None) -> dict[str, int]:
     out = s.schedule()
+    if preempted is not None:
+        preempted.append(sorted(out.preempted_req_ids or ()))
     scheduled = dict(out.num_scheduled_tokens)
     ids = list(scheduled)
-    sampled = [[7] if s.requests[r].num_computed_tokens + n >= s.requests[r].num_tokens else []
-               for r, n in scheduled.items()]
+    # schedule() has advanced each request's computed count already: a token is sampled for
+    # each that has computed all it holds (not for a prompt's chunk).
+    sampled = [[7] if s.requests[r].num_computed_tokens >= s.requests[r].num_tokens else []
+               for r in scheduled]
     s.update_from_output(out, ModelRunnerOutput(req_ids=ids,
                                                 req_id_to_index={r: i for i, r in enumerate(ids)},
                                                 sampled_token_ids=sampled))
@@ -94,6 +99,28 @@ def prompt_beside_decodes(cls: type[Scheduler], checkpoint: str, profile: str | 
     return steps
 
 
+# (request id, prompt tokens, output tokens, priority, the step it arrives before): the
+# fidelity scenario of tests/test_vllm_scheduler.py, replayed on HFX's ``vllm`` planner there.
+PRIORITY_SCENARIO = [("a", 40, 30, 200, 0), ("b", 40, 30, 50, 0), ("c", 30, 20, 20, 2),
+                     ("d", 20, 10, 100, 4), ("e", 50, 8, 10, 9)]
+
+
+def priority_scenario(checkpoint: str) -> dict[str, list]:
+    """Stock vLLM with ``--scheduling-policy priority``, 10 usable blocks of 16 tokens and a
+    64-token budget: requests of several priorities outgrow the KV and preempt."""
+    s = scheduler(Scheduler, checkpoint, None, num_blocks=11, policy="priority", budget=64)
+    plans: list[dict[str, int]] = []
+    preempted: list[list[str]] = []
+    for i in range(200):
+        for rid, prompt, out, priority, at in PRIORITY_SCENARIO:
+            if at == i:
+                s.add_request(request(rid, prompt, out, priority=priority))
+        if i > max(at for *_, at in PRIORITY_SCENARIO) and not s.requests:
+            break
+        plans.append(step(s, preempted))
+    return {"scenario": PRIORITY_SCENARIO, "plans": plans, "preempted": preempted}
+
+
 def main() -> None:
     checkpoint, folder = sys.argv[1], Path(sys.argv[2])
     profile = folder / "profile.json"
@@ -110,6 +137,7 @@ def main() -> None:
                                            {"hfx_ttft_ms": "soon", "hfx_tpot_ms": -5},
                                            {"hfx_tpot_ms": None, "hfx_ttft_ms": [1]}),
         "missing": prompt_beside_decodes(HFXScheduler, checkpoint, str(profile), None, None),
+        "priority": priority_scenario(checkpoint),
     }
     print(json.dumps(results))
 
