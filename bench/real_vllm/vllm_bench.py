@@ -76,10 +76,11 @@ def with_prompts(requests: list[Request], seed: int) -> list[Request]:
 
 def mini_launch(vllm_python: str, checkpoint: str) -> VLLMLaunch:
     """The benches' vLLM servers: the mini checkpoint, float32, eager, no prefix caching (a
-    run after another gets no hits from the same prompts), vLLM's CPU token budget."""
+    run after another gets no hits from the same prompts), vLLM's CPU token budget, vLLM's
+    own scheduler (vllm_scheduler.py sets HFX's)."""
     return VLLMLaunch(python=vllm_python, model=checkpoint, served_name="mini",
                       max_model_len=MAX_LEN, max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS,
-                      block_size=BLOCK,
+                      block_size=BLOCK, scheduler="stock",
                       extra_args=("--enforce-eager", "--dtype", "float32",
                                   "--no-enable-prefix-caching",
                                   "--max-num-batched-tokens", str(VLLM_TOKEN_BUDGET)))
