@@ -83,9 +83,11 @@ def _term(phase: dict[str, Any], name: str) -> float:
 
 
 class _HFXPlanning:
-    """The step planning, mixed into vLLM's Scheduler (sync) or AsyncScheduler."""
+    """The step planning, mixed in before vLLM's Scheduler (sync) or AsyncScheduler: its
+    ``super()`` is that scheduler."""
 
-    def _hfx_init(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
         extra = getattr(vllm_config, "additional_config", None) or {}
         hfx = extra.get("hfx", {}) if isinstance(extra, dict) else {}
         self.hfx_profile_path: str | None = hfx.get("profile") if isinstance(hfx, dict) else None
@@ -175,7 +177,8 @@ class _HFXPlanning:
         waiting = self.waiting  # type: ignore[attr-defined]
         return waiting.peek_request() if waiting else None
 
-    def _hfx_schedule(self, schedule: Any, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        schedule = super().schedule  # type: ignore[misc]
         plan = None
         if not self._hfx_failed:
             try:
@@ -197,35 +200,14 @@ class _HFXPlanning:
             self.max_num_scheduled_tokens = self._hfx_budget
             config.long_prefill_token_threshold = self._hfx_threshold
 
-    def _hfx_forget(self, request: Any) -> None:
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self._hfx_slos.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
 
 class HFXScheduler(_HFXPlanning, Scheduler):
     """vLLM's Scheduler, each step planned by HFX (module docstring)."""
 
-    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(vllm_config, *args, **kwargs)
-        self._hfx_init(vllm_config)
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        return self._hfx_schedule(super().schedule, *args, **kwargs)
-
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._hfx_forget(request)
-        return super()._free_request(request, *args, **kwargs)
-
 
 class HFXAsyncScheduler(_HFXPlanning, AsyncScheduler):
     """The same over vLLM's AsyncScheduler, for servers run with ``--async-scheduling``."""
-
-    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(vllm_config, *args, **kwargs)
-        self._hfx_init(vllm_config)
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        return self._hfx_schedule(super().schedule, *args, **kwargs)
-
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        self._hfx_forget(request)
-        return super()._free_request(request, *args, **kwargs)
