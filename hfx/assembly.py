@@ -12,12 +12,15 @@ from dataclasses import replace
 from hfx.backends.local import LocalPlacement
 from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.control import ControlPlane
+from hfx.cluster.fair_share import FairShare
 from hfx.cluster.instance import Instance
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.outliers import EjectionPolicy
 from hfx.cluster.placement import EngineFactory, Placement
 from hfx.cluster.provisioner import LoadModel, Plan, Provisioner
 from hfx.cluster.scaler import Scaler, ScalerConfig
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
+from hfx.cluster.tenants import load_tenants
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import ClusterConfig
 from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
@@ -106,17 +109,27 @@ def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
     return scaler
 
 
+def fair_share(config: ClusterConfig) -> FairShare | None:
+    """``--fair-share``: tenants' shares, weighted as ``--tenants`` says."""
+    if not config.fair_share:
+        return None
+    specs = load_tenants(config.tenants) if config.tenants else {}
+    return FairShare({name: spec.weight for name, spec in specs.items()})
+
+
 def build_cluster(config: ClusterConfig, profile: Profile,
                   make_engine: EngineFactory | None = None,
                   placement: Placement | None = None, *,
                   tasks: Sequence[TaskSpec] = WORKLOADS["four-task"],
-                  seed: int = 0, engine_planner: str | None = None) -> ControlPlane:
+                  seed: int = 0, engine_planner: str | None = None,
+                  ejection: EjectionPolicy | None = None) -> ControlPlane:
     """The control plane and its instances for ``config`` (not started): simulated engines by
     default, or whatever ``make_engine`` builds (a real executor), in this process unless a
     ``placement`` puts them elsewhere (Ray actors). ``tasks`` are what priorities map onto
     (HFX-PM); ``seed`` drives the provisioner's simulated D2D failures; ``engine_planner`` is
-    the planner that stands for engines that are not ours (vLLM's scheduler: ``chunked``), which
-    the dispatcher predicts for."""
+    the planner that stands for engines that are not ours (vLLM's scheduler: ``vllm``), which
+    the dispatcher predicts for; ``ejection``: when broken streams take an instance out of
+    dispatch (serving; Envoy's defaults if not given)."""
     placement = placement or LocalPlacement(make_engine or sim_engines(profile))
     migrator, tl = None, None
     if config.mode == "pd":
@@ -136,7 +149,7 @@ def build_cluster(config: ClusterConfig, profile: Profile,
                            mixed_steps=PLANNERS.get_or_raise(
                                engine_planner or ecfg.planner).mixes_decodes,
                            prefix=PrefixIndex(config.block_size) if config.prefix_caching
-                           else None)
+                           else None, ejection=ejection, fair=fair_share(config))
     if config.max_instances is not None:
         make_scaler(config, profile, control, ecfg, placement, seed)
     return control

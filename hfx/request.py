@@ -33,6 +33,9 @@ class SLO:
         return SLO, (self.ttft, self.tpot)
 
 
+DEFAULT_TENANT = "default"  # a request that names no tenant
+
+
 @dataclass(slots=True, init=False)
 class Request:
     """One LLM request as the control plane sees it.
@@ -62,6 +65,9 @@ class Request:
     # token ids itself.
     block_hashes: tuple[int, ...] | None
     hash_block: int
+    # Whose it is (an API key's owner, the x-tenant header, a trace's tenant column): the unit
+    # of fair shares (hfx/cluster/fair_share.py).
+    tenant: str
 
     # The hot dataclasses write their ``__init__`` out: mypyc compiles it, while the one
     # dataclasses generates runs as Python, ~6x the cost of a construction (docs/performance.md).
@@ -69,7 +75,8 @@ class Request:
                  slo: SLO | None = None, task: str = "default", priority: int | None = None,
                  prompt_token_ids: list[int] | None = None, sampling: SamplingParams = GREEDY,
                  stop_token_ids: frozenset[int] = frozenset(),
-                 block_hashes: tuple[int, ...] | None = None, hash_block: int = 16) -> None:
+                 block_hashes: tuple[int, ...] | None = None, hash_block: int = 16,
+                 tenant: str = DEFAULT_TENANT) -> None:
         if prompt_len < 1:
             raise ValueError(f"request {id}: prompt_len must be >= 1, got {prompt_len}")
         if max_tokens < 1:
@@ -88,6 +95,7 @@ class Request:
             check_block_hashes(id, prompt_len, max_tokens, len(block_hashes), hash_block)
         self.block_hashes = block_hashes
         self.hash_block = hash_block
+        self.tenant = tenant
 
     def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
         # Through the constructor, in one format as Python and compiled (hfx/native.py): it

@@ -329,6 +329,7 @@ def test_with_no_instance_left_queued_and_new_requests_fail_at_once_with_the_rea
         assert rec.error == "no instance can serve: instance 0 failed: process died"
     assert late.outcome is Outcome.FAILED and late.finish_time == late.request.arrival
     assert cp.serviceable() == "instance 0 failed: process died"
+    assert cp.policy.num_queued() == 0  # the queue gauge: nothing left behind (issue 50)
 
 
 def test_pd_with_no_decode_instance_left_prefilled_and_new_requests_fail_clearly():

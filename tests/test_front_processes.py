@@ -223,13 +223,16 @@ def sim_tree() -> Iterator[Tree]:
         tree.close()
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sim"])
-def test_a_killed_front_aborts_its_requests_and_is_replaced(checkpoint, engine):
+@pytest.mark.parametrize(("engine", "how"), [("vllm", "kill"), ("sim", "kill"),
+                                            ("vllm", "freeze")])
+def test_a_killed_front_aborts_its_requests_and_is_replaced(checkpoint, engine, how):
     """vLLM: the streams the front ran die with it; sim: the engine in the control process
-    must be told, or it would finish them."""
+    must be told, or it would finish them. A frozen front (SIGSTOP: alive, answering no one)
+    stops beating; past --front-timeout the control process kills it, and the same follows."""
     fake = Served(FakeVLLM(seconds_per_token=0.01))
     try:
-        with tree_over(checkpoint, [fake]) if engine == "vllm" else sim_tree() as tree:
+        with (tree_over(checkpoint, [fake], "--front-timeout", "1") if engine == "vllm"
+              else sim_tree()) as tree:
             fronts = tree.fronts()
             assert len(fronts) == 2
 
@@ -265,7 +268,7 @@ def test_a_killed_front_aborts_its_requests_and_is_replaced(checkpoint, engine):
                         while sum(seen.values()) < len(tasks):
                             await asyncio.sleep(0.01)
                     victim = next(p for p in fronts if f"{p:x}" in seen)
-                    os.kill(victim, signal.SIGKILL)
+                    os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
                     return victim, await asyncio.gather(*tasks)
 
             victim, results = asyncio.run(run())
@@ -525,3 +528,43 @@ def test_a_fronts_closed_channel_aborts_what_it_owned():
 
     running, left, known = asyncio.run(run())
     assert running == 1 and left == 0 and not known
+
+
+def test_with_two_fronts_a_burst_of_bad_streams_ejects_at_most_one_server_and_gauges_clear(
+        checkpoint):
+    """Issue 50 through the fronts: the streams break in the front processes, the control
+    process counts the faults and ejects; every healthy stream still finishes whole, every bad
+    one ends with its fault named, and nothing is left queued or in flight."""
+    bad = {ord(c): kind for c, kind in {"#": "drop", "$": "malformed", "%": "status500",
+                                        "&": "no-finish"}.items()}
+    fakes = [Served(FakeVLLM(seconds_per_token=0.005, bad_prompts=bad)) for _ in range(2)]
+    healthy = [f"healthy {i:02d}" for i in range(16)]
+    faulty = [f"{chr(c)}bad {i}" for c in bad for i in range(2)]
+    try:
+        with tree_over(checkpoint, fakes, "--eject-seconds", "60") as tree:
+            async def burst() -> list[httpx.Response]:
+                limits = httpx.Limits(max_keepalive_connections=0)
+                async with httpx.AsyncClient(base_url=tree.url, timeout=60,
+                                             limits=limits) as client:
+                    return await asyncio.gather(*(client.post("/v1/completions", json={
+                        "model": tree.model, "prompt": p, "max_tokens": 48,
+                        "ignore_eos": True}) for p in [*faulty, *healthy]))
+
+            results = dict(zip([*faulty, *healthy], asyncio.run(burst()), strict=True))
+            for p in healthy:
+                assert results[p].status_code == 200, results[p].text
+                assert results[p].json()["usage"]["completion_tokens"] == 48
+            for p in faulty:
+                message = results[p].json()["error"]["message"]
+                assert "no instance can serve" not in message and "vLLM" in message, message
+            metrics = httpx.get(f"{tree.url}/metrics").text
+            ejected = [line for line in metrics.splitlines()
+                       if line.startswith("hfx_instances{") and 'state="ejected"' in line]
+            assert ejected and ejected[0].endswith(" 1.0"), ejected  # one of two, for 60 s
+            assert "hfx_queued_requests 0.0" in metrics
+            assert "hfx_in_flight_requests 0.0" in metrics
+            after = asyncio.run(_ask(tree.url, tree.model, PROMPTS[:4], False))
+            assert len(after) == 4  # the other server serves on
+    finally:
+        for f in fakes:
+            f.stop()

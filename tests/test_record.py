@@ -158,3 +158,40 @@ def test_a_replay_delays_every_token_by_the_delivery_latency_its_profile_carries
     assert late["ttft"]["p99"] == pytest.approx(base["ttft"]["p99"] + 0.025)
     assert late["tpot"]["mean"] == pytest.approx(base["tpot"]["mean"])
     assert off["ttft"] == base["ttft"] and off["tpot"] == base["tpot"]
+
+
+def test_a_flush_cancelled_mid_write_by_stop_writes_its_rows_once(tmp_path):
+    """stop() cancels the periodic flush; if that lands while a write runs in its thread, the
+    thread still writes those rows, and stop's own flush must not write them again."""
+    import threading
+    from types import SimpleNamespace
+
+    from hfx.serving.recorder import Recorder
+    from hfx.stepmodel.latency import load_profile as profile_of
+
+    profile = profile_of("tiny@cpu")
+    control = SimpleNamespace(profile=profile, step_model=profile.model)
+    path = tmp_path / "rows.jsonl"
+    recorder = Recorder(path, control)  # type: ignore[arg-type]
+    release = threading.Event()
+    write = recorder._write
+
+    def slow_write(rows, prof):
+        release.wait(10)
+        write(rows, prof)
+
+    recorder._write = slow_write  # type: ignore[method-assign]
+
+    async def main() -> None:
+        recorder.rows = [{"id": "a"}, {"id": "b"}]
+        flush = asyncio.ensure_future(recorder.flush())
+        await asyncio.sleep(0.05)  # the write is in its thread now
+        recorder._task = flush
+        stopping = asyncio.ensure_future(recorder.stop())
+        await asyncio.sleep(0.05)
+        release.set()
+        await stopping
+
+    asyncio.run(main())
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b"]
+    assert recorder.written == 2

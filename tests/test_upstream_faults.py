@@ -173,3 +173,76 @@ def test_a_stream_cancelled_before_it_ran_still_reports_its_end():
 
     asyncio.run(run())
     assert ended == [("r1", 7, "aborted")]
+
+
+BAD = {"#": "drop", "$": "malformed", "%": "status500", "&": "no-finish", "*": "stall"}
+
+
+def test_a_burst_of_bad_streams_never_empties_the_fleet_and_every_gauge_returns_to_zero(
+        checkpoint):
+    """The faulty mix of issue 50: 20 healthy 64-token streams sent with 10 requests that meet
+    a fault on every server. Broken streams in a row eject a server (its running streams go
+    on), but never both; every healthy stream finishes whole, every faulty request ends with
+    its fault named, the gauges go back to 0, and the ejected server is re-admitted."""
+    bad = {ord(c): kind for c, kind in BAD.items()}
+    fakes = [Served(FakeVLLM(seconds_per_token=0.005, bad_prompts=bad)) for _ in range(2)]
+    gw = gateway(checkpoint, fakes, upstream_idle_timeout=0.5, eject_seconds=1.0)
+    control = gw.server.control
+    healthy = [f"healthy {i:02d}" for i in range(20)]
+    faulty = [f"{c}bad {i}" for c in BAD for i in range(2)]
+    try:
+        async def run() -> tuple[list[dict], list[int]]:
+            accepting: list[int] = []
+            done = asyncio.Event()
+
+            async def watch() -> None:
+                while not done.is_set():
+                    accepting.append(await asyncio.to_thread(gw.call, lambda: sum(
+                        control.accepting(i) for i in control.instances)))
+                    await asyncio.sleep(0.01)
+
+            watcher = asyncio.ensure_future(watch())
+            async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+                async def one(prompt: str) -> dict:
+                    r = await client.post("/v1/completions", json={
+                        "model": gw.model, "prompt": prompt, "max_tokens": 64,
+                        "ignore_eos": True})
+                    return {"status": r.status_code, **r.json()}
+
+                results = await asyncio.gather(*(one(p) for p in [*faulty, *healthy]))
+            done.set()
+            await watcher
+            return results, accepting
+
+        results, accepting = asyncio.run(run())
+        by_prompt = dict(zip([*faulty, *healthy], results, strict=True))
+        for prompt in healthy:
+            r = by_prompt[prompt]
+            assert r["status"] == 200, r
+            assert r["usage"]["completion_tokens"] == 64
+        for prompt in faulty:
+            r = by_prompt[prompt]
+            assert r["status"] != 200, r
+            message = r["error"]["message"]
+            assert "instance" in message and "no instance can serve" not in message, message
+        assert min(accepting) >= 1, "the fleet was emptied"
+        detector = control.outliers
+        assert sum(detector.ejected.values()) >= 1, "no server was ejected"
+        assert control.num_instance_failures == 0  # their health checks passed throughout
+        assert sum(i.num_faults for i in control.instances.values()) == 2 * len(faulty)
+        metrics = httpx.get(f"{gw.url}/metrics").text
+        assert "hfx_queued_requests 0.0" in metrics
+        assert "hfx_in_flight_requests 0.0" in metrics
+        assert 'hfx_upstream_faults_total{instance="0",kind="malformed"}' in metrics
+        assert httpx.get(f"{gw.url}/ready").status_code == 200
+        deadline = time.monotonic() + 10
+        while gw.call(lambda: sum(control.accepting(i) for i in control.instances)) < 2:
+            assert time.monotonic() < deadline, "the ejected server was not re-admitted"
+            time.sleep(0.05)
+        assert sum(detector.readmitted.values()) == sum(detector.ejected.values())
+        after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
+        assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
+    finally:
+        gw.close()
+        for f in fakes:
+            f.stop()

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
         tree = ProcessTree(server, Access.of(config), config.host, config.port, workers,
                            config.shutdown_timeout, config.upstream_idle_timeout,
-                           tokens_at_front=config.engine == "vllm")
+                           tokens_at_front=config.engine == "vllm",
+                           front_timeout=config.front_timeout)
         print(f"{workers} front processes on port {tree.port}")
         code = tree.run()
         print("stopped")

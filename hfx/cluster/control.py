@@ -7,6 +7,10 @@ It composes parts named for their jobs and routes events between them:
   Migrator's stage inside ``Migration`` (migration.py, HyperFlexis §5.1);
 - ``Fleet`` (fleet.py): membership, drain, role switch, views, KV links, cost;
 - ``Recovery`` (recovery.py): what becomes of a failed instance's requests;
+- ``FairShare`` (fair_share.py): which tenant's request goes to the dispatcher next while the
+  fleet is saturated (off unless given);
+- ``OutlierDetector`` (outliers.py): which instances broken streams take out of dispatch for a
+  while, never all of them;
 - HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (HyperFlexis §5.2);
 - ``AdmissionLimits`` (admission.py): the queue bound and the first-token wait bound that shed
   load, in simulation and serving alike.
@@ -20,16 +24,19 @@ through its ``ScalerHooks``. All times come from the running loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from hfx.cluster.admission import AdmissionLimits
+from hfx.cluster.fair_share import FairShare
 from hfx.cluster.fleet import Fleet
 from hfx.cluster.instance import Instance
 from hfx.cluster.ledger import Listener, RequestLedger, TokenEvent
 from hfx.cluster.migration import Migration
 from hfx.cluster.monitor import Monitor
+from hfx.cluster.outliers import EjectionPolicy, OutlierDetector
 from hfx.cluster.recovery import Recovery
 from hfx.cluster.slo_mapper import PriorityMapper
 from hfx.cluster.stage import Stage
@@ -48,8 +55,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane", "Listener", "ScalerHooks", "TokenEvent"]
 
+log = logging.getLogger(__name__)
+
+# Fair shares' saturation gate (fair_share.py): requests the dispatcher may hold unplaced per
+# instance, and an instance's queue beyond its batch (the Gateway API Inference Extension's
+# default queue-depth threshold, 5).
+HOLD_PER_INSTANCE, QUEUE_DEPTH = 2, 5
+
 _OUTCOME = {RequestStatus.FINISHED_ABORTED: Outcome.ABORTED,
             RequestStatus.FINISHED_FAILED: Outcome.FAILED}  # the rest finished
+_WHOLE = frozenset((RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH))
 
 
 class ScalerHooks(Protocol):
@@ -90,6 +105,8 @@ class ControlPlane:
         admission: AdmissionLimits | None = None,
         mixed_steps: bool = False,
         prefix: PrefixIndex | None = None,
+        ejection: EjectionPolicy | None = None,
+        fair: FairShare | None = None,
     ) -> None:
         self.fleet = Fleet(instances, monitor or Monitor(), tl_manager, prefix)
         if self.fleet.pd and migrator is None:
@@ -103,6 +120,9 @@ class ControlPlane:
         self.mapper = mapper
         self.ledger = RequestLedger(mapper.levels if mapper else 0)
         self.recovery = Recovery(max_retries, self.fleet.pd)
+        self.outliers = OutlierDetector(ejection or EjectionPolicy())
+        self.fair = fair  # tenants' shares while saturated; None: arrival order throughout
+        self._ejections: dict[int, asyncio.Task[None]] = {}  # each ejected instance's timer
         self.scaler: ScalerHooks | None = None
         self._unserviceable = "every instance has left"  # the last instance failure, if any
         self.admission = admission or AdmissionLimits()
@@ -195,6 +215,8 @@ class ControlPlane:
     async def stop(self) -> None:
         for stage in self._stages():
             stage.stop()
+        for iid in list(self._ejections):
+            self._forget_task(iid)
         await self.fleet.monitor.stop()
         if self.scaler is not None:
             self.scaler.stop()
@@ -232,7 +254,7 @@ class ControlPlane:
             self._finish(record, Outcome.FAILED, request.arrival, f"no instance can serve: {why}")
             return record
         assert self._dispatch is not None, "start() the control plane first"
-        why = self.admission.queue_full(self._dispatch.policy.num_queued())
+        why = self.admission.queue_full(self.num_queued())
         if why is not None:
             self._finish(record, Outcome.SHED, request.arrival, why)
             return record
@@ -248,9 +270,43 @@ class ControlPlane:
                                    request.arrival)
         if self.migration is not None:
             self.migration.sent[request.id] = request
+        if self.fair is not None and not self.fair.arrive(request, self._saturated()):
+            self._release()  # held: it goes when its turn comes and there is room
+            return record
         self._dispatch.enqueue(request, loop.time())
         self._dispatch.schedule()
         return record
+
+    def num_queued(self) -> int:
+        """Requests waiting for a placement: the dispatcher's, and those fair shares hold."""
+        assert self._dispatch is not None
+        held = self.fair.num_held if self.fair is not None else 0
+        return self._dispatch.policy.num_queued() + held
+
+    # ---- fair shares (fair_share.py) ---------------------------------------------------------
+    def _saturated(self) -> bool:
+        """The fleet has no room for more than it holds: the dispatcher queues requests it
+        cannot place yet (``HOLD_PER_INSTANCE`` per instance taking work), or every such
+        instance holds ``QUEUE_DEPTH`` requests beyond what it runs at once (the Gateway API
+        Inference Extension's saturation detector: a queue depth per endpoint)."""
+        stage = self._dispatch
+        assert stage is not None
+        targets = stage.view.accepting()
+        if stage.policy.num_queued() >= HOLD_PER_INSTANCE * max(1, len(targets)):
+            return True
+        return bool(targets) and all(
+            max(v.stats.num_waiting, v.outstanding - v.stats.max_num_seqs) >= QUEUE_DEPTH
+            for v in targets)
+
+    def _release(self) -> None:
+        """Held requests to the dispatcher, in fair order, while there is room."""
+        fair, stage = self.fair, self._dispatch
+        if fair is None or not fair.num_held or stage is None:
+            return
+        now = asyncio.get_running_loop().time()
+        for request in fair.release(self._saturated):
+            stage.enqueue(request, now)
+            stage.schedule()
 
     def forget(self, request_id: str) -> RequestRecord | None:
         """Drop a finished request's record; returns it, or None if unknown or pending."""
@@ -272,9 +328,10 @@ class ControlPlane:
         instance once its abort lands there, with ``ending`` (outcome, reason, error) if given,
         else as aborted."""
         rid = record.request.id
-        if record.instance is None:  # still in the dispatch queue
+        if record.instance is None:  # still in the dispatch queue, or held for its turn
             assert self._dispatch is not None
-            self._dispatch.policy.withdraw(rid)
+            if self.fair is None or not self.fair.withdraw(rid):
+                self._dispatch.policy.withdraw(rid)
             self._finish(record, outcome, asyncio.get_running_loop().time(), error)
             return
         # Remembered until the abort lands: a stream that breaks meanwhile, or an instance
@@ -339,18 +396,19 @@ class ControlPlane:
         for it would wait forever: fail them now with the reason (the gateway answers new ones
         503). A dead decode stage also ends the prefilled requests, aborting them where their
         KV is held."""
+        self._readmit_if_stalled()  # ejection never leaves a pool empty
         stalled = self._stalled_stage()
         if stalled is None:
             return
         why = f"no instance can serve: {self._unserviceable}"
-        now = asyncio.get_running_loop().time()
+        ending = (Outcome.FAILED, None, why)
         for record in list(self.records.values()):
             if record.outcome is not Outcome.PENDING:
                 continue
             if record.instance is None:
-                self._finish(record, Outcome.FAILED, now, why)
+                self._end(record, Outcome.FAILED, why, ending)  # out of the policy's queue too
             elif stalled is Role.DECODE and record.decode_instance is None:
-                self._end(record, Outcome.FAILED, why, (Outcome.FAILED, None, why))
+                self._end(record, Outcome.FAILED, why, ending)
 
     # ---- decisions and events --------------------------------------------------------------
     def _apply(self, decision: Decision, now: float) -> None:
@@ -379,6 +437,7 @@ class ControlPlane:
         self.fleet.on_snapshot(snapshot)
         for stage in self._stages():
             stage.schedule_if_queued()
+        self._release()
 
     def on_events(self, instance_id: int, out: StepOutput) -> None:
         """Sink of every instance's step outputs."""
@@ -393,9 +452,14 @@ class ControlPlane:
         for rid, status in out.transitions:
             if status is RequestStatus.PREFILLED:
                 assert self.migration is not None
+                self.outliers.success(instance_id)
                 self.migration.on_prefilled(rid, now)
                 prefilled = True
                 continue
+            if status is RequestStatus.FINISHED_LOST:
+                self._fault(instance_id, now)  # before it resumes: not onto an ejected one
+            elif status in _WHOLE:
+                self.outliers.success(instance_id)
             record = records[rid]
             self.fleet.count(instance_id, record.request, -1)
             self.fleet.check_drained(instance_id)
@@ -417,6 +481,7 @@ class ControlPlane:
         if finished or prefilled:
             for stage in self._stages():
                 stage.schedule_if_queued()
+            self._release()
 
     def _on_instance_failed(self, instance_id: int, out: StepOutput) -> None:
         """Take the instance out of service, resume what it held elsewhere where that is safe,
@@ -428,6 +493,7 @@ class ControlPlane:
             return  # already gone (released, or between roles)
         self.recovery.num_instance_failures += 1
         self._unserviceable = out.error or self._unserviceable
+        self._forget_ejection(instance_id)
         self.fleet.drain(instance_id)  # no new work there: retries go elsewhere
         for rid, _ in out.transitions:
             record = self.records[rid]
@@ -441,6 +507,78 @@ class ControlPlane:
         self.check_serviceable()
         for stage in self._stages():
             stage.schedule_if_queued()
+
+    # ---- outlier ejection (outliers.py) -----------------------------------------------------
+    def _fault(self, instance_id: int, now: float) -> None:
+        """A stream broke on the instance: eject it if its faults in a row say so and the
+        share bound allows."""
+        fleet = self.fleet
+        role = fleet.role_of(instance_id)
+        if role is None or instance_id in fleet.draining:
+            return
+        pool = [i for i in self.instances
+                if fleet.role_of(i) is role and i not in fleet.draining]
+        until = self.outliers.fault(instance_id, now, pool,
+                                    [i for i in pool if fleet.accepting(i)])
+        if until is None:
+            return
+        log.warning("instance %d: %d broken streams in a row; it takes no new requests for "
+                    "%.0f s (what it runs goes on)", instance_id,
+                    self.outliers.policy.consecutive, until - now)
+        fleet.eject(instance_id)
+        self._ejection_ends(instance_id, until)
+
+    def _ejection_ends(self, instance_id: int, until: float) -> None:
+        self._ejections[instance_id] = asyncio.get_running_loop().create_task(
+            self._eject_until(instance_id, until), name=f"ejected-{instance_id}")
+
+    async def _eject_until(self, instance_id: int, until: float) -> None:
+        """Wait out the ejection; then the instance's health check (where it has one) decides
+        whether it takes work again or waits another base ejection time."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, until - loop.time()))
+        check = getattr(self.instances.get(instance_id), "health_check", None)
+        why = await check() if check is not None else None
+        if not self.outliers.is_ejected(instance_id):
+            return  # re-admitted early, or gone, meanwhile
+        if why is not None:
+            until = self.outliers.extend(instance_id, loop.time())
+            log.warning("instance %d stays ejected for %.0f s more: its health check failed: "
+                        "%s", instance_id, until - loop.time(), why)
+            self._ejection_ends(instance_id, until)
+            return
+        self._ejections.pop(instance_id, None)
+        self._readmit(instance_id)
+
+    def _readmit(self, instance_id: int) -> None:
+        if self.outliers.readmit(instance_id, asyncio.get_running_loop().time()):
+            log.info("instance %d takes new requests again", instance_id)
+            self.fleet.readmit(instance_id)
+            self._release()
+
+    def _forget_ejection(self, instance_id: int) -> None:
+        """The instance leaves (failed, drained): its ejection, if any, with it."""
+        self._forget_task(instance_id)
+        self.outliers.forget(instance_id)
+
+    def _readmit_if_stalled(self) -> None:
+        """Ejection never leaves a pool without an instance taking work: when the last one
+        leaves (failed, drained), the ejected ones of its pool come back at once."""
+        fleet = self.fleet
+        for iid in self.outliers.ejected_now():
+            role = fleet.role_of(iid)
+            if role is None or any(fleet.accepting(i) and fleet.role_of(i) is role
+                                   for i in self.instances):
+                continue
+            log.warning("instance %d is re-admitted before its ejection ends: no other "
+                        "instance of its pool takes work", iid)
+            self._forget_task(iid)
+            self._readmit(iid)
+
+    def _forget_task(self, instance_id: int) -> None:
+        task = self._ejections.pop(instance_id, None)
+        if task is not None:
+            task.cancel()
 
     def _on_lost(self, record: RequestRecord, instance_id: int, now: float,
                  why: str | None) -> None:
@@ -485,6 +623,8 @@ class ControlPlane:
                 error: str | None = None, reason: str | None = None) -> None:
         self.ledger.settle(record, outcome, now, error)
         req = record.request
+        if self.fair is not None:
+            self.fair.finished(req.id, record.num_tokens)
         if self.fleet.prefix is not None:
             self.fleet.prefix.forget(req.id)
         self._ending.pop(req.id, None)  # however it ended
@@ -524,7 +664,9 @@ class ControlPlane:
             yield from self.ledger.awaiting()
 
     def drain(self, instance_id: int) -> None:
+        self._forget_ejection(instance_id)
         self.fleet.drain(instance_id)
+        self._readmit_if_stalled()
 
     def release(self, instance_id: int) -> None:
         self.fleet.release(instance_id)

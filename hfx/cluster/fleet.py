@@ -44,6 +44,7 @@ class Fleet:
         self.stages: dict[Role, Stage] = {}  # the stage each role's instances serve
         self.on_drained: Callable[[int], None] = self.release  # the Scaler may decide instead
         self._draining: set[int] = set()
+        self._ejected: set[int] = set()  # taking no new work for a while (outliers.py)
         self._sink: EventSink | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self.prefix = prefix  # what each instance's prefix cache holds (prefix_index.py)
@@ -96,6 +97,10 @@ class Fleet:
     @property
     def draining(self) -> frozenset[int]:
         return frozenset(self._draining)
+
+    @property
+    def ejected(self) -> frozenset[int]:
+        return frozenset(self._ejected)
 
     def accepting(self, instance_id: int) -> bool:
         view = self.views.get(instance_id)
@@ -154,14 +159,33 @@ class Fleet:
 
     def drain(self, instance_id: int) -> None:
         """Take no new work on this instance; it leaves once it holds nothing."""
+        self._draining.add(instance_id)
+        self._ejected.discard(instance_id)
+        self._stop_taking(instance_id)
+        self.check_drained(instance_id)
+
+    def eject(self, instance_id: int) -> None:
+        """Take no new work on this instance for now; what it runs goes on (outliers.py)."""
+        self._ejected.add(instance_id)
+        self._stop_taking(instance_id)
+
+    def readmit(self, instance_id: int) -> None:
+        """An ejected instance takes work again (unless it drains meanwhile)."""
+        view = self.views.get(instance_id)
+        if instance_id not in self._ejected or view is None:
+            return
+        self._ejected.discard(instance_id)
+        view.accepting = True
+        self._changed()
+        self.stages[view.role].schedule_if_queued()
+
+    def _stop_taking(self, instance_id: int) -> None:
         view = self.views[instance_id]
         view.accepting = False
         self._changed()
-        self._draining.add(instance_id)
         stage = self.stages[view.role]
-        stage.policy.on_instance_removed(instance_id)
+        stage.policy.on_instance_removed(instance_id)  # what it queued for it goes elsewhere
         stage.schedule_if_queued()
-        self.check_drained(instance_id)
 
     def check_drained(self, instance_id: int) -> None:
         if instance_id not in self._draining or self.views[instance_id].outstanding > 0:
@@ -170,6 +194,7 @@ class Fleet:
         self.on_drained(instance_id)
 
     def _leave(self, instance_id: int) -> Instance:
+        self._ejected.discard(instance_id)
         view = self.views.pop(instance_id)
         stage = self.stages[view.role]
         stage.view.instances = [v for v in stage.view.instances if v.id != instance_id]

@@ -23,6 +23,7 @@ from hfx.config.sections import (
     FleetSection,
     GatewaySection,
     ModelConfig,
+    OutlierSection,
     PolicySection,
     ScalerSection,
     Section,
@@ -33,7 +34,7 @@ from hfx.config.sections import (
 __all__ = [
     "DEFAULT_DRAIN_SECONDS", "DEFAULT_STEP_NOISE", "SECTIONS", "AdmissionSection",
     "ClusterConfig", "EngineSection", "FleetSection", "GatewaySection", "ModelConfig",
-    "PolicySection", "ProfileConfig", "ScalerSection", "Section", "ServeConfig", "SimConfig",
-    "VLLMSection", "WorkloadSection", "add_model_args", "flatten_sections", "model_from_args",
-    "parse_params", "section_of",
+    "OutlierSection", "PolicySection", "ProfileConfig", "ScalerSection", "Section",
+    "ServeConfig", "SimConfig", "VLLMSection", "WorkloadSection", "add_model_args",
+    "flatten_sections", "model_from_args", "parse_params", "section_of",
 ]

@@ -15,6 +15,7 @@ from hfx.config.sections import (
     FleetSection,
     GatewaySection,
     ModelConfig,
+    OutlierSection,
     PolicySection,
     ScalerSection,
     VLLMSection,
@@ -91,7 +92,7 @@ class ProfileConfig(ModelConfig, VLLMSection):
     out: str = Field("profile.json", description="where to write the profile JSON")
 
 
-class ServeConfig(ModelConfig, GatewaySection, VLLMSection, ClusterConfig):
+class ServeConfig(ModelConfig, GatewaySection, VLLMSection, OutlierSection, ClusterConfig):
     """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances. The
     cluster sections are ``hfx sim``'s; the defaults below differ where serving needs it."""
 

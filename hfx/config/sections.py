@@ -154,6 +154,39 @@ class AdmissionSection(Section):
     max_wait: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
         "seconds a request may go past its TTFT SLO without a first token before it is shed "
         "(HTTP 503); default: no bound (the seeds' behaviour)"))
+    fair_share: bool = Field(False, description=(
+        "share the fleet between tenants while it is saturated: the next request to the "
+        "dispatcher comes from the tenant served least (virtual token counter; "
+        "hfx/cluster/fair_share.py)"))
+    tenants: str | None = Field(None, description=(
+        "YAML or JSON file of tenants: {name: {weight, requests_per_second, "
+        "tokens_per_minute, api_keys}}; weights shape fair shares, limits answer 429, keys "
+        "name the tenant of a request (hfx/serving/tenants.py)"))
+
+
+class OutlierSection(Section):
+    """Outlier ejection of serving instances whose streams keep breaking (hfx/cluster/
+    outliers.py; Envoy's outlier detection and its defaults)."""
+
+    section: ClassVar[str] = "outliers"
+
+    eject_after: int = Field(5, ge=0, description="broken streams in a row that take an "
+                             "instance out of dispatch for a while (its running streams go "
+                             "on); 0: never")
+    eject_seconds: float = Field(30.0, gt=0, allow_inf_nan=False, description=(
+        "the first ejection's length; each further one is longer by as much"))
+    eject_max_seconds: float = Field(300.0, gt=0, allow_inf_nan=False, description=(
+        "the longest ejection"))
+    eject_max_share: float = Field(0.1, ge=0, le=1, description=(
+        "share of a pool's instances ejected at once at most (one always may be, never the "
+        "last one taking work)"))
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutlierSection:
+        if self.eject_max_seconds < self.eject_seconds:
+            raise ValueError(f"--eject-max-seconds ({self.eject_max_seconds:g}) is below "
+                             f"--eject-seconds ({self.eject_seconds:g})")
+        return self
 
 
 class WorkloadSection(Section):
@@ -342,10 +375,14 @@ class GatewaySection(Section):
     shutdown_timeout: float = Field(30.0, ge=0, description="on SIGTERM/SIGINT, seconds to let "
                                     "in-flight requests finish (new ones get 503); a second "
                                     "signal exits at once")
+    front_timeout: float = Field(10.0, gt=0, allow_inf_nan=False, description=(
+        "--api-workers > 1: seconds a front process may send the control process nothing "
+        "(it beats every 0.5 s) before it is taken for wedged: killed, its requests aborted "
+        "upstream, and replaced"))
 
 
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
     WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection,
-    AdmissionSection, ModelConfig, GatewaySection, VLLMSection)}
+    AdmissionSection, ModelConfig, GatewaySection, VLLMSection, OutlierSection)}
 
 

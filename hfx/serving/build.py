@@ -8,6 +8,7 @@ from hfx.assembly import build_cluster
 from hfx.backends import BACKENDS
 from hfx.backends.base import Backend
 from hfx.cluster.control import ControlPlane
+from hfx.cluster.outliers import EjectionPolicy
 from hfx.config import ServeConfig
 from hfx.evaluation.calibration import ReplayEngine
 from hfx.request import SLO
@@ -26,8 +27,10 @@ def build_server(config: ServeConfig) -> Server:
     served = backend.serve(config)
     config, profile = served.config, served.profile
     try:
+        ejection = EjectionPolicy(config.eject_after, config.eject_seconds,
+                                  config.eject_max_seconds, config.eject_max_share)
         control = build_cluster(config, profile, served.engines, served.placement,
-                                engine_planner=served.replay_planner)
+                                engine_planner=served.replay_planner, ejection=ejection)
         served.prepare(control)
     except BaseException:
         served.close()

@@ -342,6 +342,7 @@ class FrontServer(Intake):
         loop = asyncio.get_running_loop()
         while self.lost is None:
             await asyncio.sleep(WATCH_SECONDS)
+            self._send(["alive"])  # the control process's sign that this loop runs
             if os.getppid() != self.spec.parent:
                 self._control_lost("the control plane exited")
             elif loop.time() - self._heard > CONTROL_SILENCE_SECONDS:

@@ -48,6 +48,7 @@ class FrontHub:
         # vLLM fleets: the fronts have every token already (they read the streams).
         self.tokens_at_front = tokens_at_front
         self.fronts: set[bytes] = set()
+        self.heard: dict[bytes, float] = {}  # front → when its latest message came
         self.owner: dict[str, bytes] = {}  # request id → the front that answers its client
         self.streams: dict[str, Stream] = {}  # request id → its stream here (the record)
         # request id → the instance whose stream a front runs, and that stream's id
@@ -59,7 +60,8 @@ class FrontHub:
 
         self._handlers: dict[str, Callable[..., None]] = {
             "hello": self._hello, "open": self._open, "abort": self._abort,
-            "progress": self._progress, "ended": self._ended, "metrics": self._metrics}
+            "progress": self._progress, "ended": self._ended, "metrics": self._metrics,
+            "alive": self._alive}
 
     async def start(self) -> None:
         await self.socket.start()
@@ -107,8 +109,14 @@ class FrontHub:
         """Abort everything the front owned; its clients are gone with it."""
         self._front_gone(front_identity(index))
 
+    def silent_for(self, front: bytes) -> float | None:
+        """Seconds since the front's latest message; None for one not (yet) connected."""
+        heard = self.heard.get(front)
+        return None if heard is None else asyncio.get_running_loop().time() - heard
+
     def _front_gone(self, front: bytes) -> None:
         self.fronts.discard(front)
+        self.heard.pop(front, None)
         self._out.pop(front, None)
         for rid in [rid for rid, f in self.owner.items() if f == front]:
             stream = self.streams.get(rid)
@@ -119,6 +127,8 @@ class FrontHub:
                 entry[0].on_ended(rid, entry[1], ABORTED)
 
     def _on_messages(self, front: bytes, messages: list[list[Any] | None]) -> None:
+        if front in self.fronts or any(m and m[0] == "hello" for m in messages):
+            self.heard[front] = asyncio.get_running_loop().time()
         for message in messages:
             if message and message[0] != "hello" and front not in self.fronts:
                 # A dead front's message read after its death (or a stranger's): what it
@@ -144,6 +154,9 @@ class FrontHub:
             for front in self.fronts:
                 self.socket.send(front, state)
             await asyncio.sleep(STATE_SECONDS)
+
+    def _alive(self, front: bytes) -> None:
+        """A front's heartbeat: its loop runs (the time was noted on arrival)."""
 
     def _hello(self, front: bytes) -> None:
         self.fronts.add(front)

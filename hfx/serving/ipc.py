@@ -23,6 +23,8 @@ Front → control:
   ``progress``          tokens streamed from vLLM servers: [[rid, ids, times], ...], batched
   ``ended``             a stream from a vLLM server ended: rid, Ending.wire()
   ``metrics``           a /metrics page, please (a nonce to match the answer)
+  ``alive``             every 0.5 s: its loop runs (a front silent past ``--front-timeout``
+                        is killed and replaced)
 Control → front:
   ``opened``/``refused`` the decision on an ``open``: the SLO applied, or the HTTP error
   ``stream``/``cancel`` run (stop) a request's stream from a vLLM server: rid, url, body

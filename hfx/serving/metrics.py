@@ -46,8 +46,9 @@ class _ControlPlaneCollector(Collector):
             yield CounterMetricFamily("hfx_calibrations", "Step-time model fits on served "
                                       "requests (applied or not).",
                                       value=self.calibrator.rounds)
-        yield _gauge("hfx_queued_requests", "Requests in the dispatcher's queue.",
-                     control.policy.num_queued())
+        yield _gauge("hfx_queued_requests", "Requests waiting for a placement (the "
+                     "dispatcher's queue and those held for their tenant's turn).",
+                     control.num_queued())
         ledger = control.ledger
         yield _gauge("hfx_in_flight_requests", "Requests submitted and not ended.",
                      len(ledger.records) - ledger.num_done)
@@ -75,8 +76,11 @@ class _ControlPlaneCollector(Collector):
             yield counter
         yield from self._prefix_index(control)
         states: Tally[tuple[str, str]] = Tally()
+        fleet = control.fleet
         for i, inst in control.instances.items():
-            states[inst.role.value, "draining" if i in control.fleet.draining else "active"] += 1
+            state = ("draining" if i in fleet.draining else
+                     "ejected" if i in fleet.ejected else "active")
+            states[inst.role.value, state] += 1
         for inst in control.retired.values():
             states[inst.role.value, "retired"] += 1
         family = GaugeMetricFamily("hfx_instances", "Instances by role and state.",
@@ -89,6 +93,7 @@ class _ControlPlaneCollector(Collector):
                                   value=control.num_instance_failures)
         yield CounterMetricFamily("hfx_resumed_requests", "Requests resumed on another "
                                   "instance after theirs failed.", value=control.num_resumed)
+        yield from self._outliers(control)
         events = control.scaler.state.events if control.scaler is not None else []
         actions = Tally(e.action for e in events)
         scaling = CounterMetricFamily("hfx_scaling_events", "Scale-out and scale-in decisions.",
@@ -97,6 +102,30 @@ class _ControlPlaneCollector(Collector):
             scaling.add_metric([action], actions[action])
         yield scaling
 
+
+    @staticmethod
+    def _outliers(control: ControlPlane) -> Iterator[Metric]:
+        """Broken upstream streams by kind, and what outlier ejection made of them
+        (hfx/cluster/outliers.py)."""
+        faults = CounterMetricFamily("hfx_upstream_faults", "Upstream streams that broke, by "
+                                     "how (dropped, malformed, error-event, status, no-finish, "
+                                     "stalled, unreachable).", labels=["instance", "kind"])
+        for i, inst in sorted({**control.retired, **control.instances}.items()):
+            for kind, n in sorted(getattr(inst, "faults", {}).items()):
+                faults.add_metric([str(i), kind], n)
+        yield faults
+        detector = control.outliers
+        for name, text, counts in (
+                ("hfx_ejections", "Times broken streams in a row took the instance out of "
+                 "dispatch.", detector.ejected),
+                ("hfx_readmissions", "Times an ejected instance took work again.",
+                 detector.readmitted),
+                ("hfx_ejections_spared", "Ejections the share bound refused (the fleet would "
+                 "have been left short).", detector.spared)):
+            family = CounterMetricFamily(name, text, labels=["instance"])
+            for i, n in sorted(counts.items()):
+                family.add_metric([str(i)], n)
+            yield family
 
     @staticmethod
     def _prefix_index(control: ControlPlane) -> Iterator[Metric]:

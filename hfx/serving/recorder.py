@@ -59,6 +59,7 @@ class Recorder:
         self._sources: dict[str, str] = {}  # request id → where its SLO came from
         self._epoch = 0.0  # wall clock minus the loop's clock, for epoch arrivals
         self._task: asyncio.Task[None] | None = None
+        self._writing: asyncio.Future[None] | None = None  # the write in its thread, if any
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -68,6 +69,8 @@ class Recorder:
 
     async def stop(self) -> None:
         await cancel(self._task)
+        if self._writing is not None:  # a write the cancel interrupted goes on: let it end
+            await asyncio.wait([self._writing])
         await self.flush()
 
     def opened(self, request_id: str, source: str) -> None:
@@ -110,12 +113,26 @@ class Recorder:
         if fit is not None:  # what the simulator does not model: said beside the model
             profile = replace(profile, meta={**profile.meta, "decode_scale": fit.decode_scale,
                                              "token_delivery_seconds": fit.delivery})
+        write = self._writing = asyncio.ensure_future(
+            asyncio.to_thread(self._write, rows, profile.to_json()))
         try:
-            await asyncio.to_thread(self._write, rows, profile.to_json())
+            # Shielded: a cancel (stop) leaves the thread writing these rows, so they must
+            # not go back to be written twice.
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            write.add_done_callback(lambda w: self._wrote(w, rows))
+            raise
         except BaseException:
             self.rows[:0] = rows  # not lost: written with the next flush
             raise
         self.written += len(rows)
+
+    def _wrote(self, write: asyncio.Future[None], rows: list[dict[str, Any]]) -> None:
+        """A write that went on after its flush was cancelled: count its rows, or keep them."""
+        if write.cancelled() or write.exception() is not None:
+            self.rows[:0] = rows
+        else:
+            self.written += len(rows)
 
     def _write(self, rows: list[dict[str, Any]], profile: dict[str, Any]) -> None:
         if rows:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from hfx.serving.front import FrontSpec, run_front
 from hfx.serving.hub import FrontHub
+from hfx.serving.ipc import front_identity
 
 if TYPE_CHECKING:
     from hfx.serving.gateway import Access
@@ -46,8 +47,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 class ProcessTree:
     def __init__(self, server: Server, access: Access, host: str, port: int, workers: int,
-                 shutdown_timeout: float, idle_timeout: float, tokens_at_front: bool) -> None:
+                 shutdown_timeout: float, idle_timeout: float, tokens_at_front: bool,
+                 front_timeout: float = 10.0) -> None:
         self.server = server
+        self.front_timeout = front_timeout  # a front silent this long is wedged
         self.access = access
         self.workers = workers
         self.shutdown_timeout = shutdown_timeout
@@ -113,6 +116,17 @@ class ProcessTree:
                     os.kill(process.pid, signal.SIGTERM if self._stopping == 1 else
                             signal.SIGKILL)
 
+    def _kill_if_wedged(self, index: int, process: BaseProcess) -> None:
+        """A front alive but silent past ``front_timeout`` (stopped, deadlocked, its loop
+        blocked) answers no one: kill it, and the next look finds it dead, aborts what it held
+        (closing its upstream connections: vLLM aborts those requests) and replaces it."""
+        silent = self.hub.silent_for(front_identity(index))
+        if silent is None or silent <= self.front_timeout:
+            return
+        log.error("front %d sent nothing for %.1f s; it is killed and replaced", index, silent)
+        self.hub.heard.pop(front_identity(index), None)  # killed once
+        process.kill()
+
     async def _supervise(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -123,6 +137,7 @@ class ProcessTree:
                 continue
             for index, process in list(self.fronts.items()):
                 if process.is_alive():
+                    self._kill_if_wedged(index, process)
                     continue
                 log.error("front %d exited (%s); its requests are aborted and it restarts",
                           index, process.exitcode)

@@ -49,6 +49,8 @@ class FakeVLLM:
     # "status500", "no-finish" (ends with [DONE] and no finish reason), "stall" (goes
     # silent), "error-event" (vLLM's error chunk).
     faults: dict[int, str] = field(default_factory=dict)
+    # The same, every time and on every fake: a bad request (a buggy client, a bad template).
+    bad_prompts: dict[int, str] = field(default_factory=dict)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -85,7 +87,7 @@ class FakeVLLM:
             rid = request.headers.get("x-request-id", f"r{len(self.bodies)}")
             prompt: list[int] = body["prompt"]
             n = body["max_tokens"]
-            fault = self.faults.pop(prompt[0], None)
+            fault = self.faults.pop(prompt[0], None) or self.bad_prompts.get(prompt[0])
             if fault == "status500":
                 return JSONResponse({"error": {"message": "boom"}}, status_code=500)
 

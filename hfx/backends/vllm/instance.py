@@ -16,10 +16,11 @@ SLO accounting and metrics are the ones every other instance kind feeds.
 - **Faults**: a stream that breaks (dropped, a malformed or error event, a 5xx, no
   finish reason, silent past ``idle_timeout``) costs that request, not the fleet: it is
   reported lost and the control plane resumes it elsewhere from the tokens it already has.
-  The server leaves the fleet only when its health check fails too, after ``MAX_FAULTS``
-  broken streams in a row, or after ``FAILED_SCRAPES`` unanswered scrapes; then every request
-  it held is reported aborted with the reason and resumed elsewhere. An attached server
-  (``--backend``) that is healthy again is re-admitted (``BackendHealer``).
+  Broken streams in a row eject the server from dispatch for a while, never the whole fleet
+  (hfx/cluster/outliers.py); its running streams go on. The server leaves the fleet only when
+  its health check fails too, or after ``FAILED_SCRAPES`` unanswered scrapes; then every
+  request it held is reported aborted with the reason and resumed elsewhere. An attached
+  server (``--backend``) that is healthy again is re-admitted (``BackendHealer``).
 - **Prefix cache** (issue 47): where the server publishes its KV events (``kv_events``, the
   endpoint of its ``--kv-events-config``), the control plane's prefix index follows its blocks
   from them (``watch_cache``, hfx/backends/vllm/kv_events.py). A stream that goes silent while
@@ -40,6 +41,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,7 +65,6 @@ log = logging.getLogger(__name__)
 
 SCRAPE_SECONDS = 0.5  # how stale the vLLM half of stats() may get
 FAILED_SCRAPES = 6  # this many unanswered scrapes in a row: the server is gone
-MAX_FAULTS = 5  # this many broken streams in a row, health check or not: the server is out
 HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 # A KV event stream is given up when the server computed this many prompt blocks (each one it
 # caches is published) and no message came for this long: the publisher's thread sends within
@@ -117,8 +118,7 @@ class VLLMInstance:
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop
         self._probe: asyncio.Future[str | None] | None = None  # a health check under way
         self._checks: set[asyncio.Task[None]] = set()  # broken streams awaiting that check
-        self._faults = 0  # broken streams since the last whole one
-        self.num_faults = 0  # broken streams, all told (for operators)
+        self.faults: Counter[str] = Counter()  # broken streams by how (for operators)
         self._sent: dict[str, _Sent] = {}
         self._held: dict[str, Sequence] = {}  # prefill role: prefilled, KV saved, to migrate
         self._incoming: dict[str, Sequence] = {}  # decode role: reserved, KV on its way
@@ -338,14 +338,13 @@ class VLLMInstance:
         if sent is None or sent.stream_id != stream_id or self._failed is not None:
             return
         if ending.kind == "finished":
-            self._faults = 0
             self._end(rid, self._finished(rid, ending.reason or "stop"), None)
         elif ending.kind == "refused":
             self._end(rid, RequestStatus.FINISHED_FAILED, ending.message)
         elif ending.kind == "fault":
             # The stream broke: this request is lost here. Whether the server is too, its
             # health check says; meanwhile every other stream goes on.
-            self.num_faults += 1
+            self.faults[ending.reason or "unknown"] += 1
             failure = f"instance {self.id} (vLLM at {self.url}): {ending.message}"
             task = asyncio.get_running_loop().create_task(self._lost(rid, stream_id, failure))
             self._checks.add(task)  # held until done: the loop keeps only weak references
@@ -368,20 +367,26 @@ class VLLMInstance:
             return RequestStatus.PREFILLED
         return _FINISHED.get(reason, RequestStatus.FINISHED_STOPPED)
 
+    @property
+    def num_faults(self) -> int:
+        """Broken streams, all told."""
+        return self.faults.total()
+
     async def _still_healthy(self, fault: str) -> bool:
         """After a broken stream: one health check, shared by every stream that broke while it
-        runs. A failed check, or ``MAX_FAULTS`` broken streams in a row, fails the instance."""
-        self._faults += 1
-        if self._faults >= MAX_FAULTS:
-            self._fail(f"{fault}; {self._faults} broken streams in a row")
-            return False
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.ensure_future(self._health())
-        why = await asyncio.shield(self._probe)
+        runs. A failed check fails the instance; faults alone only eject it (outliers.py)."""
+        why = await self.health_check()
         if why is not None:
             self._fail(f"{fault}; its health check failed too: {why}")
             return False
         return self._failed is None
+
+    async def health_check(self) -> str | None:
+        """None if the server answers its health check, else why not; callers at the same
+        time share one check."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._health())
+        return await asyncio.shield(self._probe)
 
     async def _health(self) -> str | None:
         """None if the server answers its health check, else why not."""

@@ -148,7 +148,8 @@ def _event(payload: bytes, on_tokens: OnTokens) -> str | None:
 class Ending:
     """How one relayed stream ended, as the instance that owns the request is told: ``kind`` is
     "finished" (``reason``: vLLM's finish reason), "aborted" (cancelled here), "refused" (the
-    request's own fault, ``message``), or "fault" (the stream broke, ``message``)."""
+    request's own fault, ``message``), or "fault" (the stream broke: ``reason`` names how,
+    ``UpstreamFault.kind`` or "unreachable", and ``message`` says what happened)."""
 
     kind: str
     reason: str | None = None
@@ -179,8 +180,10 @@ async def relay(session: aiohttp.ClientSession, url: str, request_id: str,
         return ABORTED
     except RequestRefused as e:
         return Ending("refused", message=str(e))
-    except (ServerUnreachable, UpstreamFault) as e:
-        return Ending("fault", message=str(e))
+    except ServerUnreachable as e:
+        return Ending("fault", "unreachable", str(e))
+    except UpstreamFault as e:
+        return Ending("fault", e.kind, str(e))
 
 
 def ending_of(task: asyncio.Task[Ending]) -> Ending:
@@ -192,7 +195,7 @@ def ending_of(task: asyncio.Task[Ending]) -> Ending:
     error = task.exception()
     if error is not None:
         log.error("a relayed stream raised", exc_info=error)
-        return Ending("fault", message=f"{type(error).__name__}: {error}")
+        return Ending("fault", "raised", f"{type(error).__name__}: {error}")
     return task.result()
 
 
