@@ -111,10 +111,10 @@ def make_scaler(config: ClusterConfig, profile: Profile, control: ControlPlane,
 
 def fair_share(config: ClusterConfig) -> FairShare | None:
     """``--fair-share``: tenants' shares, weighted as ``--tenants`` says."""
-    if not config.fair_share:
+    if config.fair_share == "off":
         return None
     specs = load_tenants(config.tenants) if config.tenants else {}
-    return FairShare({name: spec.weight for name, spec in specs.items()})
+    return FairShare({name: spec.weight for name, spec in specs.items()}, config.fair_share)
 
 
 def build_cluster(config: ClusterConfig, profile: Profile,

@@ -68,6 +68,9 @@ class Request:
     # Whose it is (an API key's owner, the x-tenant header, a trace's tenant column): the unit
     # of fair shares (hfx/cluster/fair_share.py).
     tenant: str
+    # Its start tag among the tenants' requests (fair_share.py), set at submission when fair
+    # shares are on; a queue that honours it serves a class in tag order. None: arrival order.
+    fair_tag: float | None
 
     # The hot dataclasses write their ``__init__`` out: mypyc compiles it, while the one
     # dataclasses generates runs as Python, ~6x the cost of a construction (docs/performance.md).
@@ -76,7 +79,7 @@ class Request:
                  prompt_token_ids: list[int] | None = None, sampling: SamplingParams = GREEDY,
                  stop_token_ids: frozenset[int] = frozenset(),
                  block_hashes: tuple[int, ...] | None = None, hash_block: int = 16,
-                 tenant: str = DEFAULT_TENANT) -> None:
+                 tenant: str = DEFAULT_TENANT, fair_tag: float | None = None) -> None:
         if prompt_len < 1:
             raise ValueError(f"request {id}: prompt_len must be >= 1, got {prompt_len}")
         if max_tokens < 1:
@@ -96,6 +99,7 @@ class Request:
         self.block_hashes = block_hashes
         self.hash_block = hash_block
         self.tenant = tenant
+        self.fair_tag = fair_tag
 
     def __reduce__(self) -> tuple[type[Request], tuple[object, ...]]:
         # Through the constructor, in one format as Python and compiled (hfx/native.py): it

@@ -1,81 +1,114 @@
-"""Fair shares between tenants (hfx/cluster/fair_share.py): the virtual token counter's order,
-its lift, its correction at the end, and the control plane holding and releasing requests."""
+"""Fair shares between tenants (hfx/cluster/fair_share.py): start tags, the frontier, the
+correction at the end, the held queue of a queueless dispatcher, and Q_R in tag order."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from hfx.clock import run
 from hfx.cluster.fair_share import FairShare
-from hfx.request import SLO, Request
+from hfx.policies.slo_queue import SLOQueue
+from hfx.request import SLO, Outcome, Request
 
 
-def req(rid: str, tenant: str, prompt: int = 10, out: int = 10, priority: int | None = None
-        ) -> Request:
-    return Request(rid, 0.0, prompt, out, SLO(1.0, 0.1), priority=priority, tenant=tenant)
+def req(rid: str, tenant: str, prompt: int = 10, out: int = 10, priority: int | None = None,
+        arrival: float = 0.0, ttft: float = 1.0) -> Request:
+    return Request(rid, arrival, prompt, out, SLO(ttft, 0.1), priority=priority, tenant=tenant)
 
 
-def test_without_saturation_every_request_passes_and_is_charged():
+def test_a_flooding_tenant_runs_ahead_and_a_new_one_starts_at_the_frontier():
     fair = FairShare()
-    assert fair.arrive(req("a1", "a", prompt=10, out=5), saturated=False)
-    assert fair.counters == {"a": 10 + 2 * 5} and fair.num_held == 0
+    tags = [fair.tag(req(f"a{i}", "a"), now=0.0) for i in range(3)]
+    assert tags == [0, 30, 60]  # each charged 10 + 2 x 10
+    # b arrives while a's requests wait: it starts at the frontier (a's oldest waiting, 0),
+    # not behind a's backlog.
+    assert fair.tag(req("b0", "b"), now=0.0) == 0
+    fair.dispatched(req("a0", "a"))  # placed: it no longer holds the frontier
+    assert fair.frontier(0.0) == 0  # b0 (tag 0) still waits
+    fair.dispatched(req("b0", "b"))
+    assert fair.frontier(0.0) == 30
+    assert fair.tag(req("c0", "c"), now=0.0) == 30  # a newcomer banks nothing before V
 
 
-def test_saturated_the_tenant_with_the_least_service_goes_first():
+def test_a_request_whose_ttft_is_lost_does_not_hold_the_frontier_back():
     fair = FairShare()
-    for i in range(3):  # a flood from a, charged as it passed
-        fair.arrive(req(f"a{i}", "a"), saturated=False)
-    for i in range(3):
-        assert not fair.arrive(req(f"a{i + 3}", "a"), saturated=True)
-    assert not fair.arrive(req("b0", "b"), saturated=True)
-    assert not fair.arrive(req("b1", "b"), saturated=True)
-    # b is lifted to a's counter (90: it banks nothing for arriving late); the tie goes by
-    # name, then each release puts its tenant 30 ahead, so they alternate.
-    room = iter([False] * 5 + [True])
-    order = [r.id for r in fair.release(lambda: next(room))]
-    assert order == ["a3", "b0", "a4", "b1", "a5"]
+    fair.tag(req("old", "a", ttft=1.0), now=0.0)
+    fair.tag(req("new", "a", ttft=100.0), now=0.0)
+    assert fair.frontier(0.5) == 0  # "old" waits, its TTFT ahead
+    assert fair.frontier(2.0) == 30  # lost: the dispatcher's best-effort tier, not V
+
+
+def test_a_weight_divides_the_charge_and_the_end_corrects_it():
+    fair = FairShare({"gold": 2.0})
+    fair.tag(req("g0", "gold", prompt=10, out=100), now=0.0)
+    assert fair.finish["gold"] == (10 + 2 * 100) / 2
+    fair.finished("g0", tokens=5)  # it stopped early: charged for 5 output tokens
+    assert fair.finish["gold"] == (10 + 2 * 5) / 2
+    fair.finished("g0", tokens=5)  # once only
+    assert fair.finish["gold"] == 10
+
+
+def test_held_requests_go_by_band_then_tag_and_withdraw_drops_one():
+    fair = FairShare()
+    for r in (req("a0", "a"), req("a1", "a"), req("b0", "b", priority=3),
+              req("c0", "c", priority=0)):
+        fair.tag(r, now=0.0)
+        fair.hold(r)
+    assert fair.held_by() == {"a": 2, "b": 1, "c": 1}
+    assert fair.withdraw("a1") and not fair.withdraw("a1")
+    room = iter([False, False, True])
+    assert [r.id for r in fair.release(lambda: next(room))] == ["a0", "c0"]
+    assert [r.id for r in fair.release(lambda: False)] == ["b0"]
     assert fair.num_held == 0
 
 
-def test_a_weight_divides_the_charge():
-    fair = FairShare({"gold": 2.0})
-    for i in range(4):
-        assert not fair.arrive(req(f"g{i}", "gold"), saturated=True)
-        assert not fair.arrive(req(f"s{i}", "silver"), saturated=True)
-    room = iter([False] * 6 + [True])
-    order = [r.id[0] for r in fair.release(lambda: next(room))]
-    assert order.count("g") == 4 and order.count("s") == 2  # twice the share
-
-
-def test_a_higher_band_goes_first_and_no_request_overtakes_a_held_one():
-    fair = FairShare()
-    assert not fair.arrive(req("low", "a", priority=3), saturated=True)
-    assert not fair.arrive(req("high", "b", priority=0), saturated=True)
-    # Not saturated now, but others wait: it queues behind them rather than overtake.
-    assert not fair.arrive(req("later", "c", priority=3), saturated=False)
-    assert [r.id for r in fair.release(lambda: False)] == ["high", "low", "later"]
-
-
-def test_the_end_corrects_the_charge_and_withdraw_forgets_a_held_request():
-    fair = FairShare()
-    fair.arrive(req("a0", "a", prompt=10, out=100), saturated=False)
-    assert fair.counters["a"] == 210
-    fair.finished("a0", tokens=5)  # it stopped early: charged for 5, not 100
-    assert fair.counters["a"] == 20 and fair.outstanding == {}
-    assert not fair.arrive(req("a1", "a"), saturated=True)
-    assert fair.withdraw("a1") and not fair.withdraw("a1")
-    assert fair.num_held == 0 and list(fair.release(lambda: False)) == []
-
-
-def test_a_tenant_back_from_idle_banks_no_credit():
-    fair = FairShare()
-    fair.arrive(req("b0", "b"), saturated=False)
-    fair.finished("b0", 10)  # b served 30, then idle
-    for i in range(10):
-        fair.arrive(req(f"a{i}", "a"), saturated=False)  # a served 300 meanwhile
-    assert not fair.arrive(req("b1", "b"), saturated=True)
-    assert fair.counters["b"] == 300  # lifted to a's: it does not get 270 tokens ahead
+def test_q_r_serves_a_class_in_tag_order_and_arrival_order_without_tags():
+    queue = SLOQueue()
+    flood = [req(f"f{i}", "flood") for i in range(4)]
+    for i, r in enumerate(flood):
+        r.fair_tag = 100.0 * (i + 1)
+        queue.push(r)
+    calm = req("calm", "calm")
+    calm.fair_tag = 150.0
+    queue.push(calm)
+    assert [r.id for r in queue.scan(10)] == ["f0", "calm", "f1", "f2", "f3"]
+    plain = SLOQueue()
+    for r in (req("x", "a"), req("y", "b"), req("z", "a")):
+        plain.push(r)
+    assert [r.id for r in plain.scan(10)] == ["x", "y", "z"]
 
 
 def test_a_bad_weight_is_refused():
     with pytest.raises(ValueError, match="tenant 'x'"):
         FairShare({"x": 0.0})
+
+
+def test_on_a_saturated_fleet_a_calm_tenant_goes_before_a_flood_that_came_first():
+    """The control plane with HFX's dispatcher on one simulated instance: a flood queued
+    first, then one request of a calm tenant in the same class. With fair shares the calm one
+    starts before the flood's backlog; without, it waits behind it."""
+    from test_control import cluster
+
+    def started_before(fair: bool) -> int:
+        async def main() -> int:
+            from hfx.cluster.fair_share import FairShare as Fair
+
+            cp = cluster("hfx", n=1, fair=Fair() if fair else None)
+            await cp.start()
+            for i in range(60):
+                cp.submit(req(f"f{i}", "flood", prompt=400, out=50, ttft=30.0))
+            await asyncio.sleep(0.01)
+            calm = cp.submit(req("calm", "calm", prompt=400, out=50, ttft=30.0,
+                                 arrival=asyncio.get_running_loop().time()))
+            await cp.wait_idle()
+            await cp.stop()
+            assert calm.outcome is Outcome.FINISHED
+            return sum(r.dispatch_time is not None and r.dispatch_time < calm.dispatch_time
+                       for r in cp.records.values() if r.request.tenant == "flood")
+
+        return run(main(), virtual=True)
+
+    unfair, fair = started_before(False), started_before(True)
+    assert fair <= 2 and unfair >= 50, (fair, unfair)  # measured: 1 and 56

@@ -7,8 +7,8 @@ It composes parts named for their jobs and routes events between them:
   Migrator's stage inside ``Migration`` (migration.py, HyperFlexis §5.1);
 - ``Fleet`` (fleet.py): membership, drain, role switch, views, KV links, cost;
 - ``Recovery`` (recovery.py): what becomes of a failed instance's requests;
-- ``FairShare`` (fair_share.py): which tenant's request goes to the dispatcher next while the
-  fleet is saturated (off unless given);
+- ``FairShare`` (fair_share.py): start tags that order tenants' requests fairly, and the
+  requests it holds for a dispatcher without a queue of its own (off unless given);
 - ``OutlierDetector`` (outliers.py): which instances broken streams take out of dispatch for a
   while, never all of them;
 - HFX-PM (slo_mapper.py): a priority becomes an SLO at arrival (HyperFlexis §5.2);
@@ -45,7 +45,7 @@ from hfx.engine.core import StepOutput
 from hfx.engine.errors import EngineError
 from hfx.engine.sequence import FINISH_REASON, RequestStatus, Role
 from hfx.engine.stats import InstanceStats
-from hfx.policies.base import ClusterView, Decision, Policy
+from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Policy
 from hfx.policies.prefix_index import PrefixIndex
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.stepmodel.latency import Profile, StepTimeModel
@@ -57,9 +57,9 @@ __all__ = ["ControlPlane", "Listener", "ScalerHooks", "TokenEvent"]
 
 log = logging.getLogger(__name__)
 
-# Fair shares' saturation gate (fair_share.py): requests the dispatcher may hold unplaced per
-# instance, and an instance's queue beyond its batch (the Gateway API Inference Extension's
-# default queue-depth threshold, 5).
+# Fair shares' saturation gate for dispatchers that place requests as they come (fair_share.py):
+# requests such a dispatcher may queue per instance, and an instance's queue beyond its batch
+# (the Gateway API Inference Extension's default queue-depth threshold, 5).
 HOLD_PER_INSTANCE, QUEUE_DEPTH = 2, 5
 
 _OUTCOME = {RequestStatus.FINISHED_ABORTED: Outcome.ABORTED,
@@ -270,9 +270,13 @@ class ControlPlane:
                                    request.arrival)
         if self.migration is not None:
             self.migration.sent[request.id] = request
-        if self.fair is not None and not self.fair.arrive(request, self._saturated()):
-            self._release()  # held: it goes when its turn comes and there is room
-            return record
+        if self.fair is not None:
+            self.fair.tag(request, loop.time())
+            self._dispatch.view.fair_eligible = self.fair.eligible(loop.time())
+            if self.fair.num_held or self._must_hold():
+                self.fair.hold(request)  # it goes when its turn comes and there is room
+                self._release()
+                return record
         self._dispatch.enqueue(request, loop.time())
         self._dispatch.schedule()
         return record
@@ -284,13 +288,16 @@ class ControlPlane:
         return self._dispatch.policy.num_queued() + held
 
     # ---- fair shares (fair_share.py) ---------------------------------------------------------
-    def _saturated(self) -> bool:
-        """The fleet has no room for more than it holds: the dispatcher queues requests it
-        cannot place yet (``HOLD_PER_INSTANCE`` per instance taking work), or every such
-        instance holds ``QUEUE_DEPTH`` requests beyond what it runs at once (the Gateway API
-        Inference Extension's saturation detector: a queue depth per endpoint)."""
+    def _must_hold(self) -> bool:
+        """A dispatcher that serves one queue in arrival order (it places requests as they
+        come) is saturated: it queues ``HOLD_PER_INSTANCE`` requests per instance taking work,
+        or every such instance queues ``QUEUE_DEPTH`` beyond what it runs at once (the Gateway
+        API Inference Extension's saturation detector: a queue depth per endpoint). A
+        dispatcher with a queue of its own orders it by start tag instead (SLOQueue)."""
         stage = self._dispatch
         assert stage is not None
+        if not isinstance(stage.policy, ArrivalOrderPolicy):
+            return False
         targets = stage.view.accepting()
         if stage.policy.num_queued() >= HOLD_PER_INSTANCE * max(1, len(targets)):
             return True
@@ -304,7 +311,7 @@ class ControlPlane:
         if fair is None or not fair.num_held or stage is None:
             return
         now = asyncio.get_running_loop().time()
-        for request in fair.release(self._saturated):
+        for request in fair.release(self._must_hold):
             stage.enqueue(request, now)
             stage.schedule()
 
@@ -419,6 +426,10 @@ class ControlPlane:
                 continue  # aborted while queued
             record.dispatch_time = now
             record.instance = d.instance
+            if self.fair is not None:
+                self.fair.dispatched(d.request)
+                assert self._dispatch is not None
+                self._dispatch.view.fair_eligible = self.fair.eligible(now)
             record.best_effort = d.best_effort
             if self.scaler is not None:
                 self.scaler.on_dequeue(Role.PREFILL if self.pd else Role.COLOCATED, now)
@@ -625,6 +636,8 @@ class ControlPlane:
         req = record.request
         if self.fair is not None:
             self.fair.finished(req.id, record.num_tokens)
+            if self._dispatch is not None:
+                self._dispatch.view.fair_eligible = self.fair.eligible(now)
         if self.fleet.prefix is not None:
             self.fleet.prefix.forget(req.id)
         self._ending.pop(req.id, None)  # however it ended

@@ -1,170 +1,164 @@
-"""Fair shares between tenants: who goes next to the dispatcher when the fleet is saturated.
+"""Fair shares between tenants: which tenant's request is served next when the fleet cannot
+serve them all.
 
-A tenant (an API key's owner, or the ``x-tenant`` header) that floods the gateway must not
-take the others' capacity. The rule is the virtual token counter of "Fairness in Serving Large
-Language Models" (Sheng et al., OSDI 2024, §4, Algorithm 2), in the place the Gateway API
-Inference Extension's flow control puts it: in front of the dispatcher, acting only while the
-fleet is saturated.
+A tenant (an API key's owner, or the ``x-tenant`` header) that floods the gateway must not take
+the others' capacity. Each request gets a start tag by start-time fair queueing (Goyal, Vin and
+Cheng, "Start-time Fair Queueing", SIGCOMM 1996), with the cost of "Fairness in Serving Large
+Language Models" (Sheng et al., OSDI 2024, §4: ``input_weight`` per prompt token and
+``output_weight`` per output token, w_p = 1, w_q = 2):
 
-- Each tenant has a counter of the service it received: ``input_weight`` per prompt token and
-  ``output_weight`` per output token (VTC's w_p = 1, w_q = 2: an output token costs a decode
-  step), divided by the tenant's weight. A request is charged its prompt and its ``max_tokens``
-  when it goes to the dispatcher; at its end the charge is corrected to the tokens it really
-  produced.
-- While the fleet is not saturated every request passes at once (its charge counted): fairness
-  costs nothing when there is room for everyone.
-- Saturated (the ``gate`` says so: the dispatcher holds requests it cannot place, or every
-  instance has a queue of its own), arrivals wait here, one FIFO per tenant within each
-  priority band. As room frees, the next request comes from the highest band, and within it
-  from the backlogged tenant with the smallest counter (VTC's selection).
-- A tenant that becomes backlogged has its counter lifted to the smallest counter of the
-  tenants with work outstanding (VTC's lift), so that time away banks no credit.
+- S(r) = max(V, F(tenant)), F(tenant) = S(r) + cost(r) / weight(tenant); V, the virtual time,
+  is the largest start tag dispatched so far. A tenant back from idle starts at V: time away
+  banks no credit (VTC's lift). A request is charged its ``max_tokens``; at its end the tenant's
+  F is corrected to the tokens it really produced.
+- Where a dispatcher keeps a queue, it serves each SLO class in start-tag order instead of
+  arrival order (HFX's Q_R: ``SLOQueue``): a flooding tenant's tags run ahead of V, so a calm
+  tenant's request goes before the flood's backlog in its class, while the flood still gets
+  every bit of capacity nobody else asks for. With one tenant, tags rise with arrivals: arrival
+  order, as without fair shares.
+- Where it keeps none (it places each request on arrival: round robin, least-loaded), requests
+  wait here instead while every instance has a queue of its own (the Gateway API Inference
+  Extension's saturation detector), and go in start-tag order as room frees, the highest
+  priority band first.
 
 Dynamo's router (deficit round robin, weighted by uncached tokens) would serve the same end;
-VTC was chosen for its bound: two backlogged tenants' service differs by at most a constant
-(the paper's Theorem 4.4), whatever their request sizes.
+start tags were chosen because they order a dispatcher's existing queue without holding
+anything back from it: HFX's admission needs the whole queue to find requests that can still
+make their SLO (held back, it served its best-effort tier instead and lost two thirds of its
+goodput under a flood: docs/performance.md "Fair shares").
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 from hfx.request import Request
 
 INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0  # VTC's w_p and w_q (Sheng et al. §4)
-
-
-@dataclass(slots=True)
-class _Band:
-    """One priority band's waiting requests, per tenant, in arrival order."""
-
-    queues: dict[str, deque[Request]] = field(default_factory=dict)
+# Scope "fleet": how far past the frontier a start tag counts as within its tenant's share,
+# about a hundred requests of four-task's mix at VTC's weights.
+WINDOW = 65536.0
+SCOPES = ("class", "fleet")
 
 
 class FairShare:
-    """The tenants' counters and the requests held while the fleet is saturated."""
+    """The tenants' tags, and the requests held while a queueless dispatcher is saturated."""
 
-    def __init__(self, weights: Mapping[str, float] | None = None,
+    def __init__(self, weights: Mapping[str, float] | None = None, scope: str = "class",
                  input_weight: float = INPUT_WEIGHT, output_weight: float = OUTPUT_WEIGHT
                  ) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"unknown fair-share scope {scope!r}; choose one of "
+                             f"{', '.join(SCOPES)}")
+        self.scope = scope
         self.weights = dict(weights or {})
         for tenant, w in self.weights.items():
             if not w > 0:
                 raise ValueError(f"tenant {tenant!r}: weight must be > 0, got {w}")
         self.input_weight = input_weight
         self.output_weight = output_weight
-        self.counters: dict[str, float] = {}  # virtual service received, per tenant
-        self.outstanding: dict[str, int] = {}  # requests passed and not ended, per tenant
-        self._bands: dict[int, _Band] = {}
-        self._where: dict[str, tuple[int, str]] = {}  # held request id → (band, tenant)
-        self._charged: dict[str, tuple[str, int]] = {}  # passed id → (tenant, max_tokens)
+        self.virtual = 0.0  # V, the frontier (``frontier``); never moves back
+        self.finish: dict[str, float] = {}  # F per tenant: the service charged to it
+        self._charged: dict[str, tuple[str, int]] = {}  # request id → (tenant, max_tokens)
+        # (tag, TTFT deadline, id) of the requests waiting for a placement, lazily pruned.
+        self._waiting: list[tuple[float, float, str]] = []
+        self._placed: set[str] = set()
+        # Held: (band, tag, arrival order, request); ids held, for withdraw.
+        self._held: list[tuple[int, float, int, Request]] = []
+        self._held_ids: set[str] = set()
+        self._order = 0
 
-    # ---- what callers read -------------------------------------------------------------------
+    # ---- tags ----------------------------------------------------------------------------
+    def tag(self, request: Request, now: float) -> float:
+        """Give an arriving request its start tag (``request.fair_tag``) and charge it."""
+        tenant = request.tenant
+        start = max(self.frontier(now), self.finish.get(tenant, 0.0))
+        cost = self.input_weight * request.prompt_len + self.output_weight * request.max_tokens
+        self.finish[tenant] = start + cost / self.weights.get(tenant, 1.0)
+        self._charged[request.id] = (tenant, request.max_tokens)
+        request.fair_tag = start
+        slo = request.slo
+        deadline = request.arrival + slo.ttft if slo is not None else float("inf")
+        heapq.heappush(self._waiting, (start, deadline, request.id))
+        return start
+
+    def dispatched(self, request: Request) -> None:
+        """It was placed: it no longer holds the frontier back."""
+        if request.id in self._charged:
+            self._placed.add(request.id)
+
+    def finished(self, request_id: str, tokens: int) -> None:
+        """It ended with ``tokens`` output tokens: its tenant's charge is corrected from
+        ``max_tokens`` to them."""
+        charged = self._charged.pop(request_id, None)
+        self._placed.discard(request_id)
+        if charged is None:
+            return
+        tenant, max_tokens = charged
+        self.finish[tenant] -= (self.output_weight * (max_tokens - tokens)
+                                / self.weights.get(tenant, 1.0))
+
+    def frontier(self, now: float) -> float:
+        """V: the least start tag of a request still waiting for its placement with its TTFT
+        ahead. With several instances serving out of tag order this stands for SFQ's "tag of
+        the request in service"; a request the dispatcher leaves behind (its TTFT lost: HFX's
+        best-effort tier) does not hold it back. It never moves back; with nothing waiting
+        it stays where it was."""
+        waiting = self._waiting
+        while waiting:
+            tag, deadline, rid = waiting[0]
+            if rid in self._charged and rid not in self._placed and deadline > now:
+                if tag > self.virtual:
+                    self.virtual = tag
+                break
+            heapq.heappop(waiting)
+            self._placed.discard(rid)
+        return self.virtual
+
+    def eligible(self, now: float) -> float | None:
+        """Scope "fleet": the start tags served first, ahead of every class, up to ``WINDOW``
+        past the frontier (a tenant within its share has its tags there); None for scope
+        "class"."""
+        return None if self.scope == "class" else self.frontier(now) + WINDOW
+
+    # ---- holding, for dispatchers without a queue ----------------------------------------
     @property
     def num_held(self) -> int:
-        return len(self._where)
+        return len(self._held_ids)
 
     def held_by(self) -> dict[str, int]:
         """Requests held now, per tenant (for /metrics)."""
         out: dict[str, int] = {}
-        for _, tenant in self._where.values():
-            out[tenant] = out.get(tenant, 0) + 1
+        for _, _, _, r in self._held:
+            if r.id in self._held_ids:
+                out[r.tenant] = out.get(r.tenant, 0) + 1
         return out
 
-    # ---- the path of a request ---------------------------------------------------------------
-    def arrive(self, request: Request, saturated: bool) -> bool:
-        """A new request: True if it goes to the dispatcher now (charged), False if it is held
-        (the fleet is saturated, or others of its band wait already: no overtaking)."""
-        band = _band_of(request)
-        if not saturated and not self._bands:
-            self._charge(request)
-            return True
-        tenant = request.tenant
-        queues = self._bands.setdefault(band, _Band()).queues
-        if tenant not in queues:
-            self._lift(tenant)
-            queues[tenant] = deque()
-        queues[tenant].append(request)
-        self._where[request.id] = (band, tenant)
-        return False
+    def hold(self, request: Request) -> None:
+        """Keep a tagged request until ``release`` finds room for it."""
+        assert request.fair_tag is not None, "tag() it first"
+        self._order += 1
+        heapq.heappush(self._held, (_band_of(request), request.fair_tag, self._order, request))
+        self._held_ids.add(request.id)
 
     def release(self, saturated: Callable[[], bool]) -> Iterator[Request]:
-        """Held requests in fair order while ``saturated()`` says there is room; each is
-        charged as it goes. The caller hands each to the dispatcher before asking for the
-        next (that is what fills the room)."""
-        while self._bands and not saturated():
-            band = min(self._bands)
-            queues = self._bands[band].queues
-            tenant = min(queues, key=lambda t: (self.counters.get(t, 0.0), t))
-            queue = queues[tenant]
-            request = queue.popleft()
-            if not queue:
-                del queues[tenant]
-                if not queues:
-                    del self._bands[band]
-            del self._where[request.id]
-            self._charge(request)
-            yield request
+        """Held requests, highest band first and by start tag within it, while
+        ``saturated()`` says there is room. The caller hands each to the dispatcher before
+        asking for the next (that is what fills the room)."""
+        held = self._held
+        while held and not saturated():
+            request = heapq.heappop(held)[3]
+            if request.id in self._held_ids:
+                self._held_ids.discard(request.id)
+                yield request
 
     def withdraw(self, request_id: str) -> bool:
         """A held request ends before its turn (aborted, shed); False if it is not held."""
-        where = self._where.pop(request_id, None)
-        if where is None:
+        if request_id not in self._held_ids:
             return False
-        band, tenant = where
-        queues = self._bands[band].queues
-        queue = queues[tenant]
-        for i, r in enumerate(queue):
-            if r.id == request_id:
-                del queue[i]
-                break
-        if not queue:
-            del queues[tenant]
-            if not queues:
-                del self._bands[band]
+        self._held_ids.discard(request_id)  # its heap entry is skipped when it surfaces
         return True
-
-    def finished(self, request_id: str, tokens: int) -> None:
-        """A request that passed ended with ``tokens`` output tokens: its charge is corrected
-        from ``max_tokens`` to them."""
-        charged = self._charged.pop(request_id, None)
-        if charged is None:
-            return
-        tenant, max_tokens = charged
-        self.counters[tenant] += self.output_weight * (tokens - max_tokens) / self._weight(tenant)
-        n = self.outstanding[tenant] - 1
-        if n:
-            self.outstanding[tenant] = n
-        else:
-            del self.outstanding[tenant]
-
-    # ---- counters ----------------------------------------------------------------------------
-    def _weight(self, tenant: str) -> float:
-        return self.weights.get(tenant, 1.0)
-
-    def _charge(self, request: Request) -> None:
-        tenant = request.tenant
-        if tenant not in self.outstanding and not self._backlogged(tenant):
-            self._lift(tenant)
-        cost = (self.input_weight * request.prompt_len
-                + self.output_weight * request.max_tokens) / self._weight(tenant)
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
-        self.outstanding[tenant] = self.outstanding.get(tenant, 0) + 1
-        self._charged[request.id] = (tenant, request.max_tokens)
-
-    def _backlogged(self, tenant: str) -> bool:
-        return any(tenant in b.queues for b in self._bands.values())
-
-    def _lift(self, tenant: str) -> None:
-        """VTC's lift: a tenant that comes back starts at the smallest counter of those with
-        work outstanding or waiting, never below its own."""
-        active = {*self.outstanding, *(t for b in self._bands.values() for t in b.queues)}
-        active.discard(tenant)
-        if active:
-            floor = min(self.counters.get(t, 0.0) for t in active)
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
 
 
 def _band_of(request: Request) -> int:

@@ -154,10 +154,12 @@ class AdmissionSection(Section):
     max_wait: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
         "seconds a request may go past its TTFT SLO without a first token before it is shed "
         "(HTTP 503); default: no bound (the seeds' behaviour)"))
-    fair_share: bool = Field(False, description=(
-        "share the fleet between tenants while it is saturated: the next request to the "
-        "dispatcher comes from the tenant served least (virtual token counter; "
-        "hfx/cluster/fair_share.py)"))
+    fair_share: Literal["off", "class", "fleet"] = Field("off", description=(
+        "share the fleet between tenants (start-time fair queueing at VTC's token costs; "
+        "hfx/cluster/fair_share.py): class: within each SLO class (and priority band), a "
+        "tenant past its share waits behind the others; fleet: across classes too (a tenant "
+        "within its share is served first whatever its class: the strictest protection, at "
+        "the cost of throughput under a flood: docs/performance.md 'Fair shares')"))
     tenants: str | None = Field(None, description=(
         "YAML or JSON file of tenants: {name: {weight, requests_per_second, "
         "tokens_per_minute, api_keys}}; weights shape fair shares, limits answer 429, keys "

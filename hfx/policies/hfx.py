@@ -205,6 +205,7 @@ class HFXDispatcher(Policy):
         # The decision's view, and each queued request's cached prompt tokens per instance
         # (ClusterView.cached) with when they were read: read again once MATCH_TTL old.
         self._view: ClusterView | None = None
+        self._eligible: float | None = None  # ClusterView.fair_eligible, per decision
         self._matches: dict[str, _Match] = {}
         self._parked = Parking(MATCH_TTL)  # deferrals other instances' scans skip
 
@@ -233,6 +234,7 @@ class HFXDispatcher(Policy):
         now, model = view.now, view.step_model
         targets = view.accepting()
         self._view = view if view.prefix is not None else None
+        self._eligible = view.fair_eligible
         if len(self._matches) > MATCHES_KEPT:  # requests that left the queue: read again
             self._matches = {}
             self._parked.clear()
@@ -422,7 +424,7 @@ class HFXDispatcher(Policy):
         view = self._view
         skip = (self._parked.skip(iid, now, self.shadow, self.maturity, mixed, model)
                 if view is not None else None)
-        for req in self.queue.scan(self.max_scan, skip):
+        for req in self.queue.scan(self.max_scan, skip, self._eligible):
             assert req.slo is not None
             own = req.arrival + req.slo.ttft
             if view is None:
@@ -463,7 +465,7 @@ class HFXDispatcher(Policy):
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next((r for r in self.queue.scan(self.max_scan, skip)
+            head = next((r for r in self.queue.scan(self.max_scan, skip, self._eligible)
                          if r.id not in deferred),
                         None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():

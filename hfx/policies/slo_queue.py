@@ -1,8 +1,9 @@
 """Q_R: requests ordered by (TPOT, arrival) — stricter TPOT first (HyperFlexis Algorithm 1).
 
-One FIFO per TPOT target, scanned from the strictest target up. Taking a request from the middle
-only marks it; marked requests are dropped when they reach the head, so a scan never rebuilds a
-deep queue.
+One FIFO per TPOT target, scanned from the strictest target up. With fair shares between
+tenants each FIFO is in start-tag order instead (hfx/cluster/fair_share.py; with one tenant that
+is arrival order). Taking a request from the middle only marks it; marked requests are dropped
+when they reach the head, so a scan never rebuilds a deep queue.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from hfx.request import Request
 from hfx.tally import Tally
 
 _NOTHING: frozenset[str] = frozenset()
+
+
+def _after(queued: Request, tag: float) -> bool:
+    """Whether a request with start tag ``tag`` may queue behind ``queued``."""
+    return queued.fair_tag is None or queued.fair_tag <= tag
 
 
 class SLOQueue:
@@ -39,7 +45,11 @@ class SLOQueue:
         if fifo is None:
             fifo = self._classes[tpot] = deque()
             bisect.insort(self._tpots, tpot)
-        fifo.append(request)
+        tag = request.fair_tag
+        if tag is None or not fifo or _after(fifo[-1], tag):
+            fifo.append(request)
+        else:  # fair shares (hfx/cluster/fair_share.py): before the first with a later tag
+            fifo.insert(next(i for i, r in enumerate(fifo) if not _after(r, tag)), request)
         self._queued[request.id] = request
         self._ttfts.add(request.slo.ttft)
         self._size += 1
@@ -66,10 +76,27 @@ class SLOQueue:
     def min_tpot(self) -> float | None:
         return self._tpots[0] if self._tpots else None
 
-    def scan(self, limit: int, skip: set[str] | None = None) -> Iterator[Request]:
-        """Requests in (TPOT, arrival) order, at most ``limit`` of them, but those whose ids
-        are in ``skip`` (not counted). The caller may ``take`` what it is given while
-        scanning."""
+    def scan(self, limit: int, skip: set[str] | None = None,
+             eligible: float | None = None) -> Iterator[Request]:
+        """Requests in (TPOT, arrival) order (start-tag order with fair shares), at most
+        ``limit`` of them, but those whose ids are in ``skip`` (not counted). The caller may
+        ``take`` what it is given while scanning. With fair shares, ``eligible``
+        (ClusterView.fair_eligible): the requests whose start tag is within it come first, in
+        (TPOT, tag) order, then the rest (a tenant far past its share)."""
+        if eligible is None:
+            yield from self._scan(limit, skip, None, True)
+            return
+        seen = 0
+        for within in (True, False):
+            for req in self._scan(limit - seen, skip, eligible, within):
+                yield req
+                seen += 1
+            if seen >= limit:
+                return
+
+    def _scan(self, limit: int, skip: set[str] | None, eligible: float | None,
+              within: bool) -> Iterator[Request]:
+        """``scan``'s pass over the requests within ``eligible`` (``within``) or past it."""
         seen = 0
         taken, skipped = self._taken, skip if skip is not None else _NOTHING
         for tpot in list(self._tpots):
@@ -82,6 +109,12 @@ class SLOQueue:
                 continue
             # Taking a request only marks it, so the FIFO is not mutated while we iterate.
             for req in fifo:
+                if eligible is not None:
+                    tag = req.fair_tag
+                    if (tag is None or tag <= eligible) != within:
+                        if within:
+                            break  # in tag order: the rest of this FIFO is past it too
+                        continue
                 if req.id in taken or req.id in skipped:
                     continue
                 yield req

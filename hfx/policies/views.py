@@ -68,6 +68,9 @@ class ClusterView:
     version: int
     # What each instance's prefix cache holds (None: prefix caching is off).
     prefix: CacheMatch | None
+    # Fair shares between tenants (hfx/cluster/fair_share.py): start tags up to this are served
+    # first in each class; None: no fair shares.
+    fair_eligible: float | None
 
     def __init__(self, now: float, instances: list[InstanceView], step_model: StepTimeModel,
                  profile: Profile, mixed_steps: bool = False, version: int = 0,
@@ -79,6 +82,7 @@ class ClusterView:
         self.mixed_steps = mixed_steps
         self.version = version
         self.prefix = prefix
+        self.fair_eligible: float | None = None
         self._accepting: dict[Role | None, tuple[int, list[InstanceView]]] = {}
 
     def accepting(self, role: Role | None = None) -> list[InstanceView]:
