@@ -546,9 +546,10 @@ def test_with_two_fronts_a_burst_of_bad_streams_ejects_at_most_one_server_and_ga
                 limits = httpx.Limits(max_keepalive_connections=0)
                 async with httpx.AsyncClient(base_url=tree.url, timeout=60,
                                              limits=limits) as client:
-                    return await asyncio.gather(*(client.post("/v1/completions", json={
-                        "model": tree.model, "prompt": p, "max_tokens": 48,
-                        "ignore_eos": True}) for p in [*faulty, *healthy]))
+                    return await asyncio.gather(*(client.post(
+                        "/v1/completions", headers={"x-tenant": "team-" + p[0]}, json={
+                            "model": tree.model, "prompt": p, "max_tokens": 48,
+                            "ignore_eos": True}) for p in [*faulty, *healthy]))
 
             results = dict(zip([*faulty, *healthy], asyncio.run(burst()), strict=True))
             for p in healthy:
@@ -563,6 +564,9 @@ def test_with_two_fronts_a_burst_of_bad_streams_ejects_at_most_one_server_and_ga
             assert ejected and ejected[0].endswith(" 1.0"), ejected  # one of two, for 60 s
             assert "hfx_queued_requests 0.0" in metrics
             assert "hfx_in_flight_requests 0.0" in metrics
+            # Each request's tenant came through its front with it.
+            assert ('hfx_tenant_requests_total{outcome="finished",tenant="team-h"} 16.0'
+                    in metrics)
             after = asyncio.run(_ask(tree.url, tree.model, PROMPTS[:4], False))
             assert len(after) == 4  # the other server serves on
     finally:

@@ -132,7 +132,7 @@ def main() -> int:
     result = {"command": "python bench/experiments/tenants.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                   if k not in ("json", "jobs")),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+              "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
                                        capture_output=True, text=True).stdout.strip(),
               "runs": runs, "summary": summary(runs)}
     print(json.dumps(result["summary"], indent=1))

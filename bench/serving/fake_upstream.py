@@ -12,6 +12,9 @@ built once, so that a streamed token costs it far less than it costs the relay i
   each still its own event and its own HTTP chunk (as vLLM's events arrive under load: several
   together). ``X-Request-Id`` is echoed and names the completion (``cmpl-ID``), as in vLLM.
   Without ``"stream": true``: one JSON body with every token.
+- ``--faults``: a prompt whose first token id is one of ``FAULTS``' keys meets that fault on
+  every server, after ``FAULT_AFTER`` tokens: the connection dropped, a malformed event, a 500,
+  the end without a finish reason, or silence (bench/serving/fault_mix.py).
 
     python bench/serving/fake_upstream.py --port 8100 --model bench-model
 """
@@ -28,6 +31,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 MAX_MODEL_LEN = 4096
+# --faults: the prompt's first token id (a byte, as HFX's byte tokenizer encodes) → the fault.
+FAULTS = {ord("#"): "drop", ord("$"): "malformed", ord("%"): "status500",
+          ord("&"): "no-finish", ord("*"): "stall"}
+FAULT_AFTER = 3  # tokens streamed before the fault
 
 
 class Templates:
@@ -99,9 +106,10 @@ def response(status: str, body: bytes, content_type: bytes = b"application/json"
 
 
 class Upstream:
-    def __init__(self, templates: Templates, tick: float) -> None:
+    def __init__(self, templates: Templates, tick: float, faults: bool = False) -> None:
         self.t = templates
         self.tick = tick
+        self.faults = faults
         self.running = 0
         self.ids = 0
 
@@ -150,6 +158,9 @@ class Upstream:
                 req = json.loads(body)
                 max_tokens = int(req.get("max_tokens") or 16)
                 stream = bool(req.get("stream"))
+                prompt = req.get("prompt")
+                fault = (FAULTS.get(prompt[0]) if self.faults and isinstance(prompt, list)
+                         and prompt else None)
             except (ValueError, TypeError, AttributeError) as e:
                 msg = json.dumps({"error": {"message": str(e), "type": "BadRequestError"}})
                 writer.write(response("400 Bad Request", msg.encode()))
@@ -160,9 +171,15 @@ class Upstream:
             if rid is None:
                 self.ids += 1
                 rid = b"%d" % self.ids
+            if fault == "status500":
+                writer.write(response("500 Internal Server Error", b'{"error":"boom"}'))
+                return
             if not stream:
                 writer.write(response("200 OK", t.completion(rid, max_tokens),
                                       extra=b"x-request-id: " + rid + b"\r\n"))
+                return
+            if fault is not None:
+                await self.misbehave(rid, fault, writer)
                 return
             await self.stream(rid, max_tokens, writer)
         elif target == b"/health":
@@ -178,6 +195,23 @@ class Upstream:
                                   b"text/plain; version=0.0.4; charset=utf-8"))
         else:
             writer.write(response("404 Not Found", b'{"detail":"Not Found"}'))
+
+    async def misbehave(self, rid: bytes, fault: str, writer: asyncio.StreamWriter) -> None:
+        """A stream that breaks after ``FAULT_AFTER`` tokens, as ``fault`` says."""
+        t = self.t
+        writer.write(t.stream_head(rid))
+        for _ in range(FAULT_AFTER):
+            await asyncio.sleep(self.tick)
+            writer.write(chunk(t.head + rid + t.mid))
+        await writer.drain()
+        if fault == "drop":
+            writer.transport.abort()  # the connection closes mid-response
+        elif fault == "malformed":
+            writer.write(chunk(b"data: {not json\n\n") + t.done)
+        elif fault == "no-finish":
+            writer.write(t.done)
+        elif fault == "stall":
+            await asyncio.sleep(3600)
 
     async def stream(self, rid: bytes, max_tokens: int, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
@@ -200,7 +234,7 @@ class Upstream:
 
 async def main(args: argparse.Namespace) -> None:
     t = Templates(args.model, args.token_id, args.text, args.tokens_per_tick)
-    up = Upstream(t, args.tick_ms / 1e3)
+    up = Upstream(t, args.tick_ms / 1e3, args.faults)
     server = await asyncio.start_server(up.handle, args.host, args.port, backlog=4096)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -222,6 +256,8 @@ def cli() -> None:
     p.add_argument("--token-id", type=int, default=1234, help="the id every token carries")
     p.add_argument("--text", default=" tok", help="the text every token carries")
     p.add_argument("--no-uvloop", action="store_true", help="plain asyncio even if uvloop is")
+    p.add_argument("--faults", action="store_true", help="prompts starting with # $ %% & * "
+                   "meet a fault (FAULTS)")
     args = p.parse_args()
     if args.tokens_per_tick < 1:
         p.error("--tokens-per-tick must be at least 1")

@@ -108,6 +108,10 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, OutlierSection, Clus
     max_wait: float | None = Field(30.0, ge=0, allow_inf_nan=False, description=(
         "seconds a request may go past its TTFT SLO without a first token before it is shed "
         "(HTTP 503)"))
+    fair_share: Literal["off", "class", "fleet"] = Field("class", description=(
+        "share the fleet between tenants (x-tenant, API keys of --tenants): class: within "
+        "each SLO class a tenant past its share waits behind the others; fleet: across "
+        "classes too; off: arrival order (hfx/cluster/fair_share.py)"))
     priorities: int = Field(4, ge=1, le=4, description="priority levels HFX-PM maps (0 = most "
                             "important), from Table 1's four-task SLOs (HyperFlexis §7.3)")
     profile: str | None = Field(None, description="step-time profile for the dispatcher (and "

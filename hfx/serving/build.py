@@ -9,6 +9,7 @@ from hfx.backends import BACKENDS
 from hfx.backends.base import Backend
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.outliers import EjectionPolicy
+from hfx.cluster.tenants import load_tenants
 from hfx.config import ServeConfig
 from hfx.evaluation.calibration import ReplayEngine
 from hfx.request import SLO
@@ -24,6 +25,8 @@ def build_server(config: ServeConfig) -> Server:
     """The backend's fleet (``--engine``, hfx/backends/), the control plane over it, and the
     serving core the gateway answers from."""
     backend: Backend = BACKENDS.get_or_raise(config.engine)
+    # Read first: a bad entry stops the server before any engine starts, naming it.
+    tenants = load_tenants(config.tenants) if config.tenants else {}
     served = backend.serve(config)
     config, profile = served.config, served.profile
     try:
@@ -40,14 +43,15 @@ def build_server(config: ServeConfig) -> Server:
         default_slo=SLO(config.default_ttft_ms / 1e3, config.default_tpot_ms / 1e3),
         tasks={t.name: t.slo for t in TASKS.values()}, vocab_size=served.vocab_size,
         placeholder_text=served.placeholder_text, eos_token_id=served.eos_token_id,
-        priority_levels=config.priorities, stream_interval=config.stream_interval)
+        priority_levels=config.priorities, stream_interval=config.stream_interval,
+        tenant_keys={key: spec.name for spec in tenants.values() for key in spec.api_keys})
     calibrator = None
     if served.calibrate:
         engine = ReplayEngine(served.replay_planner or config.planner or control.policy.planner,
                               served.replay_token_budget or config.max_num_batched_tokens,
                               config.max_num_seqs, profile.kv_capacity_tokens, profile.block_size)
         calibrator = _calibrator(config, control, profile, engine)
-    server = Server(control, served.tokenizer, options, calibrator)
+    server = Server(control, served.tokenizer, options, calibrator, tenants)
     server.placement = served.placement
     server.services += served.services(control)
     _record(config, server)

@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -186,7 +186,7 @@ class FrontServer(Intake):
         request = Request(id=rid, arrival=loop.time(), prompt_len=len(prompt_ids),
                           max_tokens=max_tokens, slo=applied.slo, task=applied.task,
                           priority=applied.priority, prompt_token_ids=prompt_ids,
-                          sampling=sampling)
+                          sampling=sampling, tenant=applied.tenant)
         stream = Stream(request, FrontRecord(), applied)
         self.streams[rid] = stream  # before asking: a ``stream`` may come before ``opened``
         slo = None if applied.slo is None else [applied.slo.ttft, applied.slo.tpot]
@@ -194,7 +194,7 @@ class FrontServer(Intake):
             answer = await self._ask(rid, [
                 "open", rid, kind, model, prompt_ids, max_tokens,
                 [sampling.temperature, sampling.top_p, sampling.seed], slo, applied.priority,
-                applied.task, applied.source, ignore_eos])
+                applied.task, applied.source, ignore_eos, applied.tenant])
         except BaseException:
             self.streams.pop(rid, None)
             self._send(["abort", rid, False])  # in case the control process took it
@@ -208,7 +208,7 @@ class FrontServer(Intake):
                            headers)
         _, _, slo, source = answer
         if slo is not None and applied.slo is None:  # mapped from its priority
-            stream.applied = AppliedSLO(SLO(*slo), applied.priority, applied.task, source)
+            stream.applied = replace(applied, slo=SLO(*slo), source=source)
         return stream
 
     def abort(self, stream: Stream) -> None:
@@ -285,7 +285,7 @@ class FrontServer(Intake):
         record.cached_tokens = int(cached)
         if mapped is not None and stream.applied.slo is None:
             a = stream.applied
-            stream.applied = AppliedSLO(mapped, a.priority, a.task, "priority")
+            stream.applied = replace(a, slo=mapped, source="priority")
         stream.queue.put_nowait(TokenEvent(None, reason, error))
 
     # ---- streams from vLLM servers -----------------------------------------------------------

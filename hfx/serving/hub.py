@@ -32,7 +32,7 @@ from typing import Any
 from hfx.backends.vllm.upstream import ABORTED, Ending, RelayOwner
 from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
-from hfx.request import SLO
+from hfx.request import DEFAULT_TENANT, SLO
 from hfx.sampling import SamplingParams
 from hfx.serving.ipc import STATE_SECONDS, ControlSocket, front_identity
 from hfx.serving.protocol import APIError
@@ -164,8 +164,10 @@ class FrontHub:
 
     def _open(self, front: bytes, rid: str, kind: str, model: str, ids: list[int],
               max_tokens: int, sampling: list[Any], slo: list[float] | None,
-              priority: int | None, task: str, source: str, ignore_eos: bool) -> None:
-        applied = AppliedSLO(None if slo is None else SLO(*slo), priority, task, source)
+              priority: int | None, task: str, source: str, ignore_eos: bool,
+              tenant: str = DEFAULT_TENANT) -> None:
+        applied = AppliedSLO(None if slo is None else SLO(*slo), priority, task, source,
+                             str(tenant))
         self.owner[rid] = front  # before submitting: it may be dispatched at once
         try:
             stream = self.server.open(kind, model, ids, max_tokens, SamplingParams(*sampling),

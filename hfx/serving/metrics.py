@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from hfx.cluster.control import ControlPlane
 from hfx.request import Outcome, RequestRecord
 from hfx.serving.calibrator import LiveCalibrator
+from hfx.serving.tenancy import RateLimits, TenantLabels
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds; spans sub-ms CPU steps to multi-second queues.
@@ -29,9 +30,12 @@ SCALING_ACTIONS = ("scale_out", "scale_in", "switch_role", "launch_failed")
 class _ControlPlaneCollector(Collector):
     """What the control plane knows at scrape time."""
 
-    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None) -> None:
+    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None,
+                 limits: RateLimits | None, tenant_label: TenantLabels) -> None:
         self.control = control
         self.calibrator = calibrator
+        self.limits = limits
+        self.tenant_label = tenant_label
 
     def collect(self) -> Iterator[Metric]:
         control = self.control
@@ -94,6 +98,7 @@ class _ControlPlaneCollector(Collector):
         yield CounterMetricFamily("hfx_resumed_requests", "Requests resumed on another "
                                   "instance after theirs failed.", value=control.num_resumed)
         yield from self._outliers(control)
+        yield from self._tenants(control)
         events = control.scaler.state.events if control.scaler is not None else []
         actions = Tally(e.action for e in events)
         scaling = CounterMetricFamily("hfx_scaling_events", "Scale-out and scale-in decisions.",
@@ -102,6 +107,28 @@ class _ControlPlaneCollector(Collector):
             scaling.add_metric([action], actions[action])
         yield scaling
 
+
+    def _tenants(self, control: ControlPlane) -> Iterator[Metric]:
+        """Requests fair shares hold for their turn, and those rate limits refused, by
+        tenant."""
+        held = GaugeMetricFamily("hfx_tenant_held_requests", "Requests fair shares hold for "
+                                 "their turn (a dispatcher that places on arrival, saturated).",
+                                 labels=["tenant"])
+        counts: Tally[str] = Tally()
+        if control.fair is not None:
+            for tenant, n in control.fair.held_by().items():
+                counts[self.tenant_label(tenant)] += n
+        for tenant, n in sorted(counts.items()):
+            held.add_metric([tenant], n)
+        yield held
+        refused = CounterMetricFamily("hfx_tenant_rate_limited", "Requests refused (429) "
+                                      "for their tenant's rate limit.", labels=["tenant"])
+        limited: Tally[str] = Tally()
+        for tenant, n in (self.limits.refused.items() if self.limits is not None else ()):
+            limited[self.tenant_label(tenant)] += n
+        for tenant, n in sorted(limited.items()):
+            refused.add_metric([tenant], n)
+        yield refused
 
     @staticmethod
     def _outliers(control: ControlPlane) -> Iterator[Metric]:
@@ -167,10 +194,18 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
 
 
 class Metrics:
-    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None = None
+    def __init__(self, control: ControlPlane, calibrator: LiveCalibrator | None = None,
+                 limits: RateLimits | None = None, tenants: frozenset[str] = frozenset()
                  ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.tenant_label = TenantLabels(tenants)  # bounded: header values are the client's
+        self._tenant_requests = Counter("hfx_tenant_requests", "Requests ended, by tenant and "
+                                        "outcome.", ["tenant", "outcome"], registry=r)
+        self._tenant_slo = Counter("hfx_tenant_slo", "Finished requests that met or missed "
+                                   "their SLO, by tenant.", ["tenant", "result"], registry=r)
+        self._tenant_tokens = Counter("hfx_tenant_tokens", "Prompt and output tokens of "
+                                      "ended requests, by tenant.", ["tenant"], registry=r)
         self._requests = Counter("hfx_requests", "Requests ended, by task and outcome "
                                  "(finished, rejected, shed, aborted, failed).",
                                  ["outcome", "task"], registry=r)
@@ -189,12 +224,17 @@ class Metrics:
                                  ("tpot", "Time per output token"),
                                  ("e2e", "End-to-end latency"),
                                  ("queue", "Time from arrival to dispatch"))}
-        r.register(_ControlPlaneCollector(control, calibrator))
+        r.register(_ControlPlaneCollector(control, calibrator, limits, self.tenant_label))
 
     def observe(self, record: RequestRecord) -> None:
         """A request ended: count it, and its latencies if it finished."""
         task = record.request.task
         self._requests.labels(record.outcome.value, task).inc()
+        tenant = self.tenant_label(record.request.tenant)
+        self._tenant_requests.labels(tenant, record.outcome.value).inc()
+        self._tenant_tokens.labels(tenant).inc(record.request.prompt_len + record.num_tokens)
+        if record.outcome is Outcome.FINISHED:
+            self._tenant_slo.labels(tenant, "met" if record.meets_slo() else "missed").inc()
         if record.outcome is Outcome.FINISHED:
             self._slo.labels("met" if record.meets_slo() else "missed", task).inc()
             for metric in ("ttft", "tpot", "e2e"):

@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from hfx.backends.base import Service
 from hfx.cluster.control import ControlPlane, Listener, TokenEvent
+from hfx.cluster.tenants import TenantSpec
 from hfx.model.tokenizer import Tokenizer
-from hfx.request import SLO, Outcome, Request
+from hfx.request import DEFAULT_TENANT, SLO, Outcome, Request
 from hfx.sampling import SamplingParams
 from hfx.serving.calibrator import LiveCalibrator
 from hfx.serving.metrics import Metrics
 from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError, SLOBody
 from hfx.serving.recorder import Recorder
+from hfx.serving.tenancy import RateLimits, tenant_of
 from hfx.stepmodel.latency import StepTimeModel
 
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the names llm-d uses
@@ -35,6 +37,7 @@ class AppliedSLO:
     priority: int | None
     task: str
     source: str  # body, header, priority, task, default
+    tenant: str = DEFAULT_TENANT  # whose it is (hfx/serving/tenancy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,7 @@ class ServeOptions:
     eos_token_id: int | None = None
     priority_levels: int = 0  # 0: priorities are refused
     stream_interval: int = 1  # tokens per SSE chunk (vLLM's --stream-interval); 1: each token
+    tenant_keys: Mapping[str, str] = field(default_factory=dict)  # API key → tenant
 
 
 class RecordView(Protocol):
@@ -168,9 +172,10 @@ class Intake:
             raise APIError(400, f"unknown task {task_name!r}; configured: "
                            f"{', '.join(self.options.tasks)}", param="task")
         label = task_name or "default"
+        tenant = tenant_of(headers, self.options.tenant_keys)
         if body_slo is not None:
             return AppliedSLO(SLO(body_slo.ttft_ms / 1e3, body_slo.tpot_ms / 1e3), priority,
-                              label, "body")
+                              label, "body", tenant)
         ttft, tpot = (headers.get(h) for h in SLO_HEADERS)
         if ttft is not None or tpot is not None:
             if ttft is None or tpot is None:
@@ -182,7 +187,7 @@ class Intake:
                                param="slo") from None
             if not (slo.ttft > 0 and slo.tpot > 0):
                 raise APIError(400, "SLO milliseconds must be positive", param="slo")
-            return AppliedSLO(slo, priority, label, "header")
+            return AppliedSLO(slo, priority, label, "header", tenant)
         if priority is None and PRIORITY_HEADER in headers:
             try:
                 priority = int(headers[PRIORITY_HEADER])
@@ -192,10 +197,10 @@ class Intake:
             if not 0 <= priority < self.options.priority_levels:
                 raise APIError(400, f"priority must be in [0, {self.options.priority_levels}) "
                                "(0 is the most important)", param="priority")
-            return AppliedSLO(None, priority, label, "priority")
+            return AppliedSLO(None, priority, label, "priority", tenant)
         if task_name is not None:
-            return AppliedSLO(self.options.tasks[task_name], None, label, "task")
-        return AppliedSLO(self.options.default_slo, None, label, "default")
+            return AppliedSLO(self.options.tasks[task_name], None, label, "task", tenant)
+        return AppliedSLO(self.options.default_slo, None, label, "default", tenant)
 
     # ---- requests --------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -235,12 +240,15 @@ class Server(Intake):
     """The serving core with the control plane in this process."""
 
     def __init__(self, control: ControlPlane, tokenizer: Tokenizer, options: ServeOptions,
-                 calibrator: LiveCalibrator | None = None) -> None:
+                 calibrator: LiveCalibrator | None = None,
+                 tenants: Mapping[str, TenantSpec] | None = None) -> None:
         super().__init__(tokenizer, options)
         self.control = control
+        # Per-tenant request and token rates (--tenants), for every front alike.
+        self.limits = RateLimits(tenants or {})
         # Keeps the dispatcher's step-time model calibrated on what is served (real engines).
         self.calibrator = calibrator
-        self.metrics = Metrics(control, calibrator)
+        self.metrics = Metrics(control, calibrator, self.limits, frozenset(tenants or ()))
         # Where the instances run, when it holds more than they do (vLLM's warm pool): for
         # operators and tests; its close() runs after the control plane stops.
         self.placement: Any = None
@@ -322,11 +330,13 @@ class Server(Intake):
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         eos = self.options.eos_token_id
         loop = asyncio.get_running_loop()
+        self.limits.admit(applied.tenant, len(prompt_ids) + max_tokens, loop.time())
         request = Request(
             id=request_id or f"{kind}-{next(self._ids)}", arrival=loop.time(),
             prompt_len=len(prompt_ids), max_tokens=max_tokens, slo=applied.slo, task=applied.task,
             priority=applied.priority, prompt_token_ids=prompt_ids, sampling=sampling,
-            stop_token_ids=frozenset() if ignore_eos or eos is None else frozenset({eos}))
+            stop_token_ids=frozenset() if ignore_eos or eos is None else frozenset({eos}),
+            tenant=applied.tenant)
         queue = TokenQueue()
 
         hear = listener or queue.put_nowait
@@ -343,7 +353,7 @@ class Server(Intake):
             raise APIError(429, f"overloaded: {record.error}", kind="server_error",
                            code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         if record.slo is not None and applied.slo is None:  # mapped from the priority
-            applied = AppliedSLO(record.slo, applied.priority, applied.task, "priority")
+            applied = replace(applied, slo=record.slo, source="priority")
         return Stream(request, record, applied, queue)
 
     def _ended(self, request_id: str) -> None:

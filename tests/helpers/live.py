@@ -18,15 +18,17 @@ import uvicorn
 from hfx.config import ServeConfig
 from hfx.serving.build import build_server
 from hfx.serving.gateway import create_app
+from hfx.serving.gateway.access import Access
 
 
 class Running:
     """A gateway on a free loopback port, served from a background thread."""
 
     def __init__(self, **options) -> None:
-        self.server = build_server(ServeConfig(port=0, **options))
-        config = uvicorn.Config(create_app(self.server), host="127.0.0.1", port=0,
-                                log_level="warning")
+        config = ServeConfig(port=0, **options)
+        self.server = build_server(config)
+        config = uvicorn.Config(create_app(self.server, Access.of(config)), host="127.0.0.1",
+                                port=0, log_level="warning")
         self.uv = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
         self.thread.start()

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from hfx.cluster.tenants import load_tenants
 from hfx.serving.protocol import APIError
 
 if TYPE_CHECKING:
-    from hfx.config import GatewaySection
+    from hfx.config import GatewaySection, ServeConfig
 
 __all__ = ["Access", "Receive", "Scope", "Send", "header_dict", "respond", "respond_json"]
 
@@ -28,15 +29,19 @@ class Access:
     auth_health: bool = False
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 8 << 20
+    tenant_keys: frozenset[str] = frozenset()  # --tenants' API keys: each one valid too
 
     @classmethod
-    def of(cls, config: GatewaySection) -> Access:
+    def of(cls, config: GatewaySection | ServeConfig) -> Access:
         origins = tuple(o.strip() for o in (config.cors_origins or "").split(",") if o.strip())
+        tenants = getattr(config, "tenants", None)
+        keys = frozenset(k for spec in (load_tenants(tenants).values() if tenants else ())
+                         for k in spec.api_keys)
         return cls(config.api_key, config.auth_metrics, config.auth_health, origins,
-                   config.max_body_bytes)
+                   config.max_body_bytes, keys)
 
     def guards(self, path: str) -> bool:
-        if self.api_key is None:
+        if self.api_key is None and not self.tenant_keys:
             return False
         if path.startswith("/v1/"):
             return True
@@ -46,14 +51,18 @@ class Access:
     def refusal(self, path: str, headers: dict[str, str]) -> APIError | None:
         """Why a request may not be served before its body is read: no valid key, or a
         Content-Length over the limit."""
-        if self.guards(path) and not _authorized(headers.get("authorization", ""),
-                                                 self.api_key or ""):
+        if self.guards(path) and not self._authorized(headers.get("authorization", "")):
             return APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
                             code="invalid_api_key")
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return self.too_large()
         return None
+
+    def _authorized(self, header: str) -> bool:
+        keys = [self.api_key] if self.api_key is not None else []
+        # Every key compared (in constant time each): which one matched is not timed.
+        return any([_authorized(header, key) for key in (*keys, *sorted(self.tenant_keys))])
 
     def too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes",

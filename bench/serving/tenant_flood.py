@@ -1,0 +1,121 @@
+"""A flood from one tenant against a live ``hfx serve`` (issue 50), fair shares off and on.
+
+``hfx serve --executor sim`` (one instance, 16 sequences, at qwen2.5-7b@ascend-910b's speed)
+as a subprocess. A modest tenant (``x-tenant: modest``) sends a 30-token streamed request every half
+second; in the flood runs another tenant (``x-tenant: flood``) keeps 192 connections busy with
+the same requests. Three runs: the modest tenant alone; with the flood, ``--fair-share off``;
+with the flood, ``--fair-share class`` (the default). Reported per run: the modest tenant's
+median and p90 TTFT (the server's, from the stream's last chunk), its answers by status, its SLO
+attainment (the server's ``hfx_tenant_slo_total``), and the flood's requests served and refused.
+
+    python bench/serving/tenant_flood.py --json docs/data/tenants/live.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from hfx.evaluation import write_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.common import hfx_serve, scrape
+
+PROMPT = "summarise the meeting notes of the week in a few words"
+
+
+async def one(client: httpx.AsyncClient, model: str, tenant: str, tokens: int
+              ) -> tuple[int, float | None]:
+    """(status, its TTFT in seconds as the server measured it: the load generator shares
+    the machine, so a client-side clock would time its own event loop)."""
+    try:
+        async with client.stream("POST", "/v1/completions", headers={"x-tenant": tenant},
+                                 json={"model": model, "prompt": PROMPT, "max_tokens": tokens,
+                                       "stream": True, "ignore_eos": True}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return r.status_code, None
+            ttft = None
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"timing"' in line:
+                    timing = json.loads(line[6:]).get("timing") or {}
+                    if timing.get("ttft_ms") is not None:
+                        ttft = timing["ttft_ms"] / 1e3
+            return 200, ttft
+    except httpx.HTTPError:
+        return -1, None
+
+
+async def drive(url: str, model: str, seconds: float, flood: int, tokens: int) -> dict:
+    limits = httpx.Limits(max_connections=flood + 64, max_keepalive_connections=flood + 64)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        stop = time.monotonic() + seconds
+        flood_status: collections.Counter[int] = collections.Counter()
+
+        async def flooder() -> None:
+            while time.monotonic() < stop:
+                status, _ = await one(client, model, "flood", tokens)
+                flood_status[status] += 1
+                if status != 200:
+                    await asyncio.sleep(0.05)  # a refused client backs off a little
+
+        floods = [asyncio.ensure_future(flooder()) for _ in range(flood)]
+        modest: list[asyncio.Future[tuple[int, float | None]]] = []
+        while time.monotonic() < stop:
+            modest.append(asyncio.ensure_future(one(client, model, "modest", tokens)))
+            await asyncio.sleep(0.5)
+        results = await asyncio.gather(*modest)
+        await asyncio.gather(*floods)
+    ttfts = sorted(t for s, t in results if s == 200 and t is not None)
+    return {"modest_requests": len(results),
+            "modest_status": dict(collections.Counter(s for s, _ in results)),
+            "modest_median_ttft": statistics.median(ttfts) if ttfts else None,
+            "modest_p90_ttft": ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
+            "flood_status": dict(flood_status)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--flood", type=int, default=192, help="the flood's connections")
+    ap.add_argument("--tokens", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    runs = {}
+    for name, flood, fair in (("alone", 0, "class"), ("flood, fair off", args.flood, "off"),
+                              ("flood, fair class", args.flood, "class")):
+        with hfx_serve("--executor", "sim", "--instances", "1",
+                       "--max-num-seqs", "16", "--fair-share", fair) as live:
+            run = asyncio.run(drive(live.url, live.model, args.seconds, flood, args.tokens))
+            samples = scrape(live.url)
+            slo = {result: samples.get(("hfx_tenant_slo_total",
+                                        (("result", result), ("tenant", "modest"))), 0.0)
+                   for result in ("met", "missed")}
+            total = sum(slo.values())
+            run["modest_attainment"] = slo["met"] / total if total else None
+        runs[name] = run
+        print(name, run)
+    alone = runs["alone"]["modest_median_ttft"]
+    result = {"command": "python bench/serving/tenant_flood.py " + " ".join(
+                  f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+              "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
+                                       capture_output=True, text=True).stdout.strip(),
+              "runs": runs,
+              "median_ttft_vs_alone": {k: (r["modest_median_ttft"] or 0) / alone
+                                       for k, r in runs.items()} if alone else None}
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
