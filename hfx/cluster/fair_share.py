@@ -24,8 +24,9 @@ Language Models" (Sheng et al., OSDI 2024, §4: ``input_weight`` per prompt toke
 Dynamo's router (deficit round robin, weighted by uncached tokens) would serve the same end;
 start tags were chosen because they order a dispatcher's existing queue without holding
 anything back from it: HFX's admission needs the whole queue to find requests that can still
-make their SLO (held back, it served its best-effort tier instead and lost two thirds of its
-goodput under a flood: docs/performance.md "Fair shares").
+make their SLO (held back behind a gate, it served its best-effort tier instead and lost two
+thirds of its goodput under a flood: docs/log/2026-11-28-faults-and-floods.md). Measured:
+docs/results.md "Faults and floods".
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class AdmissionSection(Section):
         "hfx/cluster/fair_share.py): class: within each SLO class (and priority band), a "
         "tenant past its share waits behind the others; fleet: across classes too (a tenant "
         "within its share is served first whatever its class: the strictest protection, at "
-        "the cost of throughput under a flood: docs/performance.md 'Fair shares')"))
+        "the cost of throughput under a flood: docs/results.md 'Faults and floods')"))
     tenants: str | None = Field(None, description=(
         "YAML or JSON file of tenants: {name: {weight, requests_per_second, "
         "tokens_per_minute, api_keys}}; weights shape fair shares, limits answer 429, keys "
