@@ -73,6 +73,9 @@ def test_a_broken_stream_resumes_alone_and_the_fleet_stays_whole(checkpoint, fau
         assert sorted(control.instances) == [0, 1]
         assert all(control.accepting(i) for i in control.instances)
         assert sum(i.num_faults for i in control.instances.values()) == 1
+        # The gauges hold what is really there: nothing queued, nothing in flight.
+        assert gw.call(lambda: (control.num_queued(), len(control.records)
+                                - control.ledger.num_done)) == (0, 0)
         # Nothing is left running at the servers, and the fleet serves on.
         after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
         assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
