@@ -9,7 +9,7 @@ import pytest
 
 from hfx.request import SLO
 from hfx.workloads.load import TraceError, load_trace
-from hfx.workloads.tasks import TASKS
+from hfx.workloads.tasks import DEFAULT_SLO, TASKS
 from hfx.workloads.traces import (
     FORMATS,
     SLOMap,
@@ -267,10 +267,17 @@ def test_slo_precedence_own_then_map_then_table1_then_priority(tmp_path):
     assert read_trace(path, slo_map=DEFAULT)[2].slo == SLO(2.0, 0.5)
 
 
-def test_no_slo_asks_for_an_slo_map(tmp_path):
-    message = r"request trace-0 \(task 'azure-conv'\) has no SLO: .* or --slo-map"
-    with pytest.raises(TraceError, match=message):
-        read_trace(write(tmp_path / "AzureLLMInferenceTrace_conv.csv", AZURE))
+def test_a_trace_without_slos_gets_the_serving_default_and_says_so(tmp_path, caplog):
+    path = write(tmp_path / "AzureLLMInferenceTrace_conv.csv", AZURE)
+    with caplog.at_level("WARNING", logger="hfx.workloads.traces"):
+        requests = read_trace(path)
+    assert {r.slo for r in requests} == {SLO(2.0, 0.5)} == {DEFAULT_SLO}
+    assert f"{len(requests)} of {len(requests)} requests carry no SLO" in caplog.text
+    assert "TTFT 2000 ms, TPOT 500 ms" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hfx.workloads.traces"):  # the map still decides
+        mapped = read_trace(path, slo_map=parse_slo_map("default=800:80"))
+    assert {r.slo for r in mapped} == {SLO(0.8, 0.08)} and not caplog.text
 
 
 # ---- time scaling -----------------------------------------------------------------------------

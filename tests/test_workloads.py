@@ -73,7 +73,6 @@ def test_jsonl_and_csv_traces(tmp_path):
     ('{"arrival": -1, "input_len": 1, "output_len": 1, "task": "gsm8k"}', ">= 0"),
     ('{"arrival": 0, "input_len": 0, "output_len": 1, "task": "gsm8k"}', ">= 1"),
     ('{"arrival": 0, "input_len": 1, "output_len": 1, "ttft": 1}', "both ttft and tpot"),
-    ('{"arrival": 0, "input_len": 1, "output_len": 1}', "no SLO"),
     ('{"arrival": 0, "input_len": 1, "output_len": 1, "task": "gsm8k", "x": 1}', "unknown field"),
     ('{"arrival": 0, "input_len": 1,', "not valid JSON"),
     ("[1, 2]", "expected a JSON object"),

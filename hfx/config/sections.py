@@ -13,7 +13,7 @@ from hfx.engine.planners import PLANNERS
 from hfx.policies import PD_POLICIES, POLICIES
 from hfx.workloads.kinds import describe as describe_workloads
 from hfx.workloads.kinds import kind_of
-from hfx.workloads.tasks import DEFAULT_REQUESTS_PER_TASK
+from hfx.workloads.tasks import DEFAULT_REQUESTS_PER_TASK, DEFAULT_SLO
 
 DEFAULT_DRAIN_SECONDS = 60.0  # a steady-state run's bound on the drain
 # The real engine's median step-time CV between repeats, qwen2.5-0.5b on CPU
@@ -217,7 +217,8 @@ class WorkloadSection(Section):
         "mooncake"))
     slo_map: str | None = Field(None, description=(
         "SLOs for trace rows that carry none, milliseconds: 'default=2000:500,GPT-4=1000:100,"
-        "input<=512=800:80' (a task name, then length classes in order, then default)"))
+        "input<=512=800:80' (a task name, then length classes in order, then default); a row "
+        "with none left gets hfx serve's default SLO (2000:500), and a warning says so"))
     time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
         "replay a trace this many times faster (its arrivals divided by it)"))
     trace_qps: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
@@ -334,10 +335,11 @@ class GatewaySection(Section):
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free one)")
     executor: Literal["torch", "sim"] = Field("torch", description="torch: the real model; "
                                               "sim: placeholder text at the profile's speed")
-    default_ttft_ms: float = Field(2000.0, gt=0, description="SLO of a request that names none"
-                                   " (Table 1's sharegpt: 2 s)")
-    default_tpot_ms: float = Field(500.0, gt=0, description="SLO of a request that names none "
-                                   "(Table 1's sharegpt: 0.5 s)")
+    default_ttft_ms: float = Field(DEFAULT_SLO.ttft * 1e3, gt=0, description=(
+        "SLO of a request that names none (Table 1's sharegpt: 2 s; a trace replayed by hfx "
+        "sim gets the same)"))
+    default_tpot_ms: float = Field(DEFAULT_SLO.tpot * 1e3, gt=0, description=(
+        "SLO of a request that names none (Table 1's sharegpt: 0.5 s)"))
     max_model_len: int = Field(4096, ge=16, description="prompt + output tokens per request "
                                "(capped by the model's positions)")
     ray: bool = Field(False, description="run every instance as a Ray actor (with --engine "

@@ -38,6 +38,11 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+# The SLO of a request that names none, in hfx serve (--default-ttft-ms, --default-tpot-ms) and
+# in a trace replayed by hfx sim / hfx whatif: Table 1's sharegpt, general chat.
+DEFAULT_SLO = TASKS["sharegpt"].slo
+
+
 def _with_slo(task: TaskSpec, slo: SLO) -> TaskSpec:
     return TaskSpec(task.name, slo, task.input_mean, task.input_std, task.output_mean,
                     task.output_std)

@@ -14,7 +14,9 @@ to start at 0, optionally sped up or rescaled to a target rate (content hashes k
   ``conversation_trace.jsonl``, ``toolagent_trace.jsonl``).
 
 The public traces carry no SLOs: give an ``SLOMap`` (``--slo-map``), e.g.
-``default=2000:500,GPT-4=1000:100,input<=512=800:80`` (milliseconds TTFT:TPOT). In them, a row
+``default=2000:500,GPT-4=1000:100,input<=512=800:80`` (milliseconds TTFT:TPOT); a row that
+still has none gets hfx serve's default (``DEFAULT_SLO``, Table 1's sharegpt: 2 s / 0.5 s), and
+a warning says how many did. In them, a row
 with 0 output tokens (a failed request) cannot be replayed by length: it is skipped and counted
 (``TraceReport.skipped``).
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -43,7 +46,9 @@ from typing import Literal, overload
 
 from hfx.request import SLO, Request, check_block_hashes
 from hfx.workloads.load import TRACE_FIELDS, TraceError
-from hfx.workloads.tasks import TASKS
+from hfx.workloads.tasks import DEFAULT_SLO, TASKS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +459,7 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
                              "rescale it")
         divisor = target_qps * span / len(rows)
     requests = []
+    defaulted = 0
     for i, row in enumerate(rows):
         rid = row.id or f"trace-{i}"
         slo = row.slo
@@ -462,9 +468,7 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
             if slo is None and row.task in TASKS:
                 slo = TASKS[row.task].slo
         if slo is None and row.priority is None:
-            raise TraceError(f"{row.where or path}: request {rid} (task {row.task!r}) has no "
-                             f"SLO: give ttft and tpot, a priority, a Table 1 task name "
-                             f"({', '.join(TASKS)}), or --slo-map, e.g. default=2000:500")
+            slo, defaulted = DEFAULT_SLO, defaulted + 1  # as hfx serve gives one without
         requests.append(Request(id=rid, arrival=(row.arrival - origin) / divisor,
                                 prompt_len=row.input_len, max_tokens=row.output_len, slo=slo,
                                 task=row.task or "default", priority=row.priority,
@@ -472,6 +476,11 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
     ids = {r.id for r in requests}
     if len(ids) != len(requests):
         raise TraceError(f"{path}: request ids are not unique")
+    if defaulted:
+        log.warning("%s: %d of %d requests carry no SLO of their own (no ttft/tpot, priority, "
+                    "Table 1 task or --slo-map entry): applied hfx serve's default, TTFT %g ms, "
+                    "TPOT %g ms; --slo-map default=TTFT_MS:TPOT_MS sets another", path,
+                    defaulted, len(requests), DEFAULT_SLO.ttft * 1e3, DEFAULT_SLO.tpot * 1e3)
     requests.sort(key=lambda r: r.arrival)
     return requests
 
