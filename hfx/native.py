@@ -22,7 +22,8 @@ request stream's ``Sequence`` (an ABC), the virtual loop's class (it derives fro
 Python classes). A compiled dataclass writes its ``__init__`` out where it is made per request
 or per step: the one dataclasses generates is Python (tests/test_native.py checks the hot ones).
 Results are bit-identical to plain Python (the golden runs, in CI); speed: docs/performance.md,
-"Compiled".
+"Compiled". Each module of ``MODULES`` says so in its first line (``MARK``; checked by
+tests/test_native_marks.py), so that whoever edits one knows these rules hold there.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ MODULES = (
     "hfx/policies/aladdin.py", "hfx/policies/slos_serve.py", "hfx/policies/scorpio.py",
     "hfx/policies/polyserve.py", "hfx/policies/sa.py", "hfx/tally.py", "hfx/policies/hfx_pd.py",
 )
+MARK = "# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring."
 _MANIFEST = "manifest.json"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Domain model: SLOs, requests, and the record of what happened to each request.
 
 Attainment follows HyperFlexis Eq. 4: a request meets its SLO when its TTFT is met AND its mean

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``Tally``: how many requests hold each SLO target, the tightest of them and Σ n/target.
 
 A decode cohort's members (hfx/engine/cohort.py), a shadow's in-flight requests and HFX's

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The virtual loop's clock, timers and iteration: the part of ``VirtualTimeLoop`` that runs
 per event, compiled with the engine (hfx/native.py).
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The local backend: engines driven by tasks on this process's event loop — the simulator's
 (``SimExecutor``) and the own PyTorch engine's (``TorchExecutor``)."""
 

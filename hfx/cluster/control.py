@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The control plane: the global request path from arrival to the last token.
 
 It composes parts named for their jobs and routes events between them:

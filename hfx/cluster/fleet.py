@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The fleet: which instances serve, in which role, what each holds, and what each costs.
 
 Membership (the initial fleet, an instance joining, draining, leaving, switching role in P/D),

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The request ledger: each request's record from arrival to outcome, and who hears its tokens.
 
 The ledger owns the records (dispatch, every token time, finish, outcome), the token listeners

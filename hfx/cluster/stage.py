@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """A scheduling stage: one policy, the instances it sees, its wake-up timer.
 
 Colocated serving has one stage (dispatch). P/D has two (HyperFlexis §5.1): the P-stage dispatcher

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """What a request must satisfy to ever run on an engine (its size against the model's context
 and the KV cache, its token ids). A module of its own: it travels to remote instances' proxies
 (pickled), and the engine core does not. Compiled with it (hfx/native.py): every submit checks.

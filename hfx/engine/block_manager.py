@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Paged KV-cache accounting: fixed-size blocks, a free list, a block table per sequence, and
 the prefix cache (prefix_cache.py).
 

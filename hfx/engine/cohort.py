@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The decode cohort: the running sequences that decode one token on every decode step, advanced
 by one counter instead of an update per sequence.
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """EngineCore: one instance's queues, KV accounting and step loop.
 
 ``step()`` = plan (``begin_step``) → execute → advance (``end_step``) → emit token events; a

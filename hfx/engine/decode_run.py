@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """A decode run: several steps of the decode cohort advanced as one timer.
 
 When nothing can change an engine's plan for a while — nothing waits, no prompt is under way,

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Prefix caching's names for KV: blocks named by a chained hash of their content.
 
 As vLLM v1 keeps them (``vllm/v1/core/kv_cache_utils.py`` ``hash_block_tokens``,

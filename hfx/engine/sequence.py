@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Per-request engine state.
 
 As in vLLM v1, a sequence carries ``num_computed_tokens`` that catches up with ``num_tokens``

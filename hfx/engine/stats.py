@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """InstanceStats: a snapshot of one instance's engine, as the Monitor collects it.
 
 A shared type: instances report it, the Monitor carries it, policies and the Scaler read it.

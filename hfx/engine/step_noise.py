@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Multiplicative step-time noise for the simulated executor, drawn once a simulated step.
 
 In the compiled set (hfx/native.py): a step's draw went through four Python frames (the draw,

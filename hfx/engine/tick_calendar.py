@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Calendars of ticks: which members of a decode cohort have an event due at which tick.
 
 The cohort's ticks count up by one, and an event (a block crossing, a finish) is due at a tick

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The queue of sequences waiting for KV, with the blocks they will need kept as a total.
 
 A deque with a running sum: in overload the queue grows without bound, and a sum over it on

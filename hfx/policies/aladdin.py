@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``aladdin``: Aladdin (arXiv 2405.06856) request placement, with a fixed fleet.
 
 Our reading of the paper's placement (its scaling half is out of scope here): each arriving

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The policy interface: how a dispatch policy sees the cluster and what it decides.
 
 A policy keeps its own queue and state. The control plane calls ``enqueue`` on arrival and

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """SCORPIO's per-instance waiting queue (hfx/policies/scorpio.py), in TTFT-deadline order, and
 its TTFT guard. Compiled with the engine (hfx/native.py).
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``hfx``: the HFX multi-SLO dispatcher, colocated mode (HyperFlexis §5.1, Algorithm 1, Eq. 5,
 Appendix B; HFX paper §3.3.1).
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """HFX in P/D-disaggregated mode (HyperFlexis §5.1 "PD-Disaggregated Architecture"; HFX paper
 §3.3.1 "Disaggregated Mode"): the four dispatching steps run twice, once per stage.
 

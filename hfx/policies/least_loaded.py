@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``least-loaded``: at arrival, the accepting instance with the fewest outstanding tokens.
 
 Load is the control plane's live tally of prompt + max tokens dispatched to an instance and not

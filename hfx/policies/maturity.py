@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Q_W, HFX's instances ordered by maturity time (HyperFlexis Algorithm 1).
 
 A heap of (maturity, instance) with lazy deletion: setting a time pushes a new entry and the old

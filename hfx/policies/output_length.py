@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Output-length prediction, shared by the policies that need it (SCORPIO, SA, Aladdin, HFX's
 KV reservation).
 

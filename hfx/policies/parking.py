@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Requests HFX's dispatcher has left for the instance that holds most of their prompt cached,
 kept out of other instances' scans of Q_R while that verdict stands (``HFXDispatcher.elsewhere``).
 

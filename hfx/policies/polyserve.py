@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``polyserve``: PolyServe (PolyServe) as a policy, colocated mode.
 
 - Binning (§4.2): one queue per TPOT tier, earliest deadline (arrival + TTFT) first. TPOTs

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The control plane's index of every instance's prefix cache (issue 47): which instance holds
 which cached unit, so that a policy sees how much of a request's prompt each instance has cached.
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``rr``: round robin at arrival (the seeds' "RR", Llumnix with round-robin dispatch;
 HyperFlexis §7.4). Every request goes to the next accepting instance the moment it arrives."""
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``sa``: the SLO-aware scheduler with simulated annealing (SA).
 
 - Instance assignment (SA §4.4): round robin, each request to the instance with the largest

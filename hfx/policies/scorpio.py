@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``scorpio``: SCORPIO (arXiv 2505.23022) extended with round robin across instances, as
 HyperFlexis §7.4 runs it.
 

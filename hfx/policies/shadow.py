@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The dispatcher's shadow of one instance: what it sent there and what it expects.
 
 Policies never read engines. They keep this estimate instead, updated on each dispatch and each

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """``slos-serve``: SLOs-Serve (SLOs-Serve) as a policy: soft admission control by dynamic
 programming, SLO-driven routing, and a best-effort tier.
 

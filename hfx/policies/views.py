@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """What a policy sees (``InstanceView``, ``ClusterView``) and what it returns (``Decision``,
 ``Dispatch``), compiled with the engine (hfx/native.py; re-exported by hfx/policies/base.py).
 

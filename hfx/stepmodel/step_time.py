@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The step-time model's arithmetic (HyperFlexis §3, Eq. 1 and Eq. 2): a planned step's shape
 and its predicted time. Every simulated step asks it once, so it is in the compiled set
 (hfx/native.py); fitting and profiles are in latency.py, which describes the model's form.

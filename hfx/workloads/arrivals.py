@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Requests submitted at their arrival times on the virtual loop, compiled with the engine
 (hfx/native.py): each arrival's timer submits its request and every later one already due,
 then sets the timer of the first that is not — one timer per request, no task woken per

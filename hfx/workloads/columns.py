@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Request records as columns: what the metrics read of each record, a few numbers a request.
 
 A simulated run's records hold every token time (~1 KB a request); the metrics need fifteen

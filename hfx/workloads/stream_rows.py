@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """A request stream's rows, and a ``Request`` built from one: the per-request part of
 ``RequestStream`` (hfx/workloads/load.py), compiled with the engine (hfx/native.py).
 

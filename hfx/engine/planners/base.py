@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The batch-planner interface: one ``plan()`` per engine step.
 
 A planner decides which sequences compute how many tokens in the next step ({sequence: tokens},

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Chunked-prefill planning (Sarathi-Serve; vLLM v1's default).
 
 Each step has a token budget. Running sequences go first in admission order: a decode takes one

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Credit-based decode batching (SCORPIO, arXiv 2505.23022, as HFX's HyperFlexis §7.4 runs it).
 
 Prefills are planned as in prefill-first. For decodes, each running sequence earns a credit of

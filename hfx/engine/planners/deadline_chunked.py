@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """HFX's engine (ours): PolyServe's TPOT-aware chunked prefill (PolyServe §4.5, §4.7)
 that does not let chunking cost a prompt its TTFT.
 

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """The arithmetic of TPOT-paced chunking (PolyServe §4.5, §4.7) and of HFX's deadline
 override (deadline_chunked.py), apart from any engine: HFX's own planners and HFX's scheduler
 inside vLLM (hfx/backends/vllm/scheduler.py) both decide with these, and the latter imports

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Prefill-first planning (vLLM v0 and vLLM-Ascend's default, the seeds' engine).
 
 When waiting requests can be admitted, the step is prefill-only: FCFS from the waiting queue

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """SLOs-Serve batch formation with dynamic batch size (SLOs-Serve §3.2.2, Algorithm 2; §4.1).
 
 Each step lasts at most t0, the tightest TPOT among decoding SLO requests, and carries the largest

@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """PolyServe's continuous batching with dynamic chunking (PolyServe §4.5, §4.7).
 
 Every running sequence decodes each step. The prefill token budget is what keeps the step within

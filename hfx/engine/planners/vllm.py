@@ -1,3 +1,4 @@
+# Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """vLLM v1's scheduler as ``hfx serve --engine vllm`` starts it: the simulator's, the
 calibration's and the replay's model of a vLLM server (``Served.replay_planner``).
 
