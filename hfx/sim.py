@@ -28,14 +28,8 @@ from hfx.request import Outcome, Request
 from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.arrivals import Arrivals
 from hfx.workloads.columns import FoldFinished, RecordFold, count_outcome
-from hfx.workloads.load import (
-    RequestStream,
-    load_workload,
-    priority_levels,
-    stream,
-    with_priorities,
-    workload_tasks,
-)
+from hfx.workloads.kinds import load_workload, workload_tasks
+from hfx.workloads.load import RequestStream, priority_levels, stream, with_priorities
 from hfx.workloads.metrics import distribution, longest_wait, summarize_columns
 from hfx.workloads.streaming import StreamingFold
 from hfx.workloads.tasks import WORKLOADS

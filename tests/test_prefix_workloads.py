@@ -105,8 +105,7 @@ def test_qps_moves_units_starts_not_their_content(kind):
 
 
 def test_task_specs_name_the_kinds_and_summarise_them():
-    from hfx.workloads.kinds import Repeating, kind_of
-    from hfx.workloads.load import load_workload, workload_tasks
+    from hfx.workloads.kinds import Repeating, kind_of, load_workload, workload_tasks
 
     for kind in KINDS:
         assert isinstance(kind_of(kind), Repeating)

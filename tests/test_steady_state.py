@@ -12,7 +12,8 @@ from hfx.config import SimConfig
 from hfx.engine.executor import StepNoise
 from hfx.evaluation.capacity import capacity, seed_capacity, unreachable
 from hfx.sim import simulate
-from hfx.workloads.load import generate, load_workload
+from hfx.workloads.kinds import load_workload
+from hfx.workloads.load import generate
 
 
 def test_a_duration_gives_poisson_arrivals_for_that_long_per_task():

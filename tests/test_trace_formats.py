@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from hfx.request import SLO
-from hfx.workloads.load import TraceError, load_trace
+from hfx.workloads.load import load_trace
 from hfx.workloads.tasks import DEFAULT_SLO, TASKS
 from hfx.workloads.traces import (
     FORMATS,
     SLOMap,
+    TraceError,
     TraceRow,
     detect_format,
     load_rows,

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from hfx.request import SLO
-from hfx.workloads.load import TraceError, generate, load_trace, lognormal_lengths
+from hfx.workloads.load import generate, load_trace
+from hfx.workloads.task_draws import lognormal_lengths
 from hfx.workloads.tasks import TASKS
+from hfx.workloads.traces import TraceError
 
 
 def test_four_task_set_equal_shares_and_table1_slos():
@@ -111,7 +113,7 @@ def test_each_workload_name_is_taken_by_its_kind_and_unknown_ones_list_every_kin
 
 
 def test_kinds_that_set_their_own_arrivals_refuse_a_duration():
-    from hfx.workloads.load import load_workload
+    from hfx.workloads.kinds import load_workload
 
     for name in ("ramp", "trace.jsonl"):
         with pytest.raises(ValueError, match="--duration applies to task sets"):

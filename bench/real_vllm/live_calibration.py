@@ -42,7 +42,8 @@ from hfx.evaluation.calibration import ReplayEngine, Served, fit_served, replay
 from hfx.model.build import write_random_checkpoint
 from hfx.request import Outcome, Request
 from hfx.serving.calibrator import LiveCalibrator, served
-from hfx.workloads.load import generate, workload_tasks
+from hfx.workloads.kinds import workload_tasks
+from hfx.workloads.load import generate
 from hfx.workloads.metrics import summarize
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.

@@ -57,7 +57,8 @@ from hfx.evaluation.calibration import Calibration, fit_calibration
 from hfx.model.build import write_random_checkpoint
 from hfx.request import Request
 from hfx.sim import drive, run_cluster
-from hfx.workloads.load import generate, workload_tasks
+from hfx.workloads.kinds import workload_tasks
+from hfx.workloads.load import generate
 from hfx.workloads.metrics import summarize
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.

@@ -32,7 +32,7 @@ import numpy as np
 from hfx.backends.vllm.process import free_port
 from hfx.evaluation import write_json
 from hfx.evaluation.client import drive
-from hfx.workloads.load import load_workload
+from hfx.workloads.kinds import load_workload
 
 
 def start_server(port: int, instances: int, profile: str) -> subprocess.Popen:

@@ -1,4 +1,4 @@
-"""What a backend gives ``hfx serve`` and ``hfx profile``; ``BACKENDS`` (hfx/backends/__init__.py)
+"""What a backend gives ``hfx serve`` and ``hfx profile``; ``BACKENDS`` (hfx/engines.py)
 names each by its ``--engine`` value."""
 
 from __future__ import annotations

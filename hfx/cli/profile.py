@@ -22,8 +22,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hfx.backends import BACKENDS
     from hfx.backends.base import Backend
+    from hfx.engines import BACKENDS
 
     config = config_of(ProfileConfig, args, args.config)
     backend: Backend = BACKENDS.get_or_raise(config.engine)

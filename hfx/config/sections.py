@@ -8,8 +8,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hfx.backends import BACKENDS
 from hfx.engine.planners import PLANNERS
+from hfx.engines import BACKENDS
 from hfx.policies import PD_POLICIES, POLICIES
 from hfx.workloads.kinds import describe as describe_workloads
 from hfx.workloads.kinds import kind_of

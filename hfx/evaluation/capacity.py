@@ -22,7 +22,7 @@ from collections.abc import Callable
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
 from hfx.sim import resolve_profile, simulate
-from hfx.workloads.load import workload_tasks
+from hfx.workloads.kinds import workload_tasks
 from hfx.workloads.tasks import TIERED, TIERS, TTFTS
 
 DEFAULT_DURATION = 300.0  # seconds of arrivals per probe, when the config gives none

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hfx.request import Outcome, Request, RequestRecord
-from hfx.workloads.load import load_workload
+from hfx.workloads.kinds import load_workload
 from hfx.workloads.metrics import summarize
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hfx.assembly import build_cluster
-from hfx.backends import BACKENDS
 from hfx.backends.base import Backend
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.outliers import EjectionPolicy
 from hfx.cluster.tenants import load_tenants
 from hfx.config import ServeConfig
+from hfx.engines import BACKENDS
 from hfx.evaluation.calibration import ReplayEngine
 from hfx.request import SLO
 from hfx.serving.calibrator import LiveCalibrator

@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from hfx.workloads.tasks import BURSTY, TASKS, TIERED, WORKLOADS, TaskSpec
+from hfx.workloads.tasks import (
+    BURSTY,
+    DEFAULT_REQUESTS_PER_TASK,
+    TASKS,
+    TIERED,
+    WORKLOADS,
+    TaskSpec,
+)
 
 if TYPE_CHECKING:
     from hfx.request import Request
@@ -189,3 +196,21 @@ def kind_of(workload: str) -> Kind:
 def describe() -> str:
     """Every kind, for --help and errors."""
     return ", ".join(kind.describe() for kind in KINDS[:-1]) + ", or " + KINDS[-1].describe()
+
+
+def load_workload(workload: str, qps: float, seed: int,
+                  requests_per_task: int = DEFAULT_REQUESTS_PER_TASK,
+                  duration: float | None = None, trace_format: str = "auto",
+                  slo_map: str | None = None, time_scale: float = 1.0,
+                  trace_qps: float | None = None) -> list[Request]:
+    """The requests of any kind of workload: a task set (with ``duration``, a steady-state
+    stream of that many seconds), the priority ramp, a tiered or bursty set, sessions, or a
+    trace file."""
+    draw = Draw(qps, seed, requests_per_task, duration, trace_format, slo_map, time_scale,
+                trace_qps)
+    return kind_of(workload).requests(workload, draw)
+
+
+def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:
+    """The Table 1 tasks a workload draws from (all six for a trace file)."""
+    return kind_of(workload).tasks(workload)

@@ -15,7 +15,6 @@ set does not change the others.
 from __future__ import annotations
 
 import copy
-import math
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
@@ -25,7 +24,6 @@ from typing import overload
 import numpy as np
 
 from hfx.request import SLO, Request
-from hfx.workloads.kinds import Draw, kind_of
 from hfx.workloads.stream_rows import StreamRows
 from hfx.workloads.task_draws import (
     DRAW,
@@ -33,30 +31,19 @@ from hfx.workloads.task_draws import (
     MergedRows,
     TaskDraws,
     counted_chunks,
+    lognormal_lengths,
     poisson_chunks,
 )
 from hfx.workloads.tasks import (
     BURSTY,
     DEFAULT_REQUESTS_PER_TASK,
-    MAX_LEN,
     TIERED,
     TIERS,
     TTFTS,
     WORKLOADS,
     TaskSpec,
 )
-
-
-class TraceError(ValueError):
-    """A malformed trace file; the message names the file and line."""
-
-
-def lognormal_lengths(rng: np.random.Generator, mean: float, std: float, n: int) -> np.ndarray:
-    """``n`` integer lengths from the log-normal with this mean and std, clipped to [1, MAX_LEN]."""
-    sigma2 = math.log1p((std / mean) ** 2)
-    mu = math.log(mean) - sigma2 / 2
-    x = rng.lognormal(mu, math.sqrt(sigma2), n)
-    return np.clip(np.rint(x), 1, MAX_LEN).astype(np.int64)
+from hfx.workloads.traces import read_trace
 
 
 def poisson_until(rng: np.random.Generator, rate: float, duration: float) -> np.ndarray:
@@ -272,32 +259,9 @@ def tiered(workload: str, qps: float, seed: int, requests: int,
 
 
 # ---- trace files -----------------------------------------------------------------------------
-TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
-
-
 def load_trace(path: str | Path) -> list[Request]:
     """Read a trace in HFX's own columns, JSONL or CSV (fields: arrival [s], input_len,
     output_len, and optionally ttft [s], tpot [s], task, priority, id); requests sorted by
     arrival. A row's SLO is its own, else its Table 1 task's; one with only a priority keeps
     it. (hfx/workloads/traces.py reads this and the public formats.)"""
-    from hfx.workloads.traces import read_trace
-
     return read_trace(path, "hfx")
-
-
-def load_workload(workload: str, qps: float, seed: int,
-                  requests_per_task: int = DEFAULT_REQUESTS_PER_TASK,
-                  duration: float | None = None, trace_format: str = "auto",
-                  slo_map: str | None = None, time_scale: float = 1.0,
-                  trace_qps: float | None = None) -> list[Request]:
-    """The requests of any kind of workload (hfx/workloads/kinds.py): a task set (with
-    ``duration``, a steady-state stream of that many seconds), the priority ramp, a tiered or
-    bursty set, or a trace file."""
-    draw = Draw(qps, seed, requests_per_task, duration, trace_format, slo_map, time_scale,
-                trace_qps)
-    return kind_of(workload).requests(workload, draw)
-
-
-def workload_tasks(workload: str) -> tuple[TaskSpec, ...]:
-    """The Table 1 tasks a workload draws from (all six for a trace file)."""
-    return kind_of(workload).tasks(workload)

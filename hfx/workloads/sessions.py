@@ -41,7 +41,7 @@ from functools import cache
 import numpy as np
 
 from hfx.request import SLO, Request
-from hfx.workloads.load import lognormal_lengths
+from hfx.workloads.task_draws import lognormal_lengths
 from hfx.workloads.tasks import TASKS, TaskSpec
 
 CHAT, SHARED, AGENT = "chat-sessions", "shared-prompts", "agent-loops"

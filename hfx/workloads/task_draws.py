@@ -16,12 +16,13 @@ end: no later row of any task can precede those. Memory is a few chunks, whateve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from hfx.workloads.tasks import TaskSpec
+from hfx.workloads.tasks import MAX_LEN, TaskSpec
 
 DRAW = 1 << 13  # rows a task draws at once: a batch of the merge stays a few MB
 
@@ -30,6 +31,14 @@ Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 # when asked for: the first pass reads them all to find where the lengths' draws start).
 ArrivalChunks = Callable[[int, TaskSpec, np.random.Generator], Iterator[np.ndarray]]
 Lengths = Callable[[np.random.Generator, float, float, int], np.ndarray]
+
+
+def lognormal_lengths(rng: np.random.Generator, mean: float, std: float, n: int) -> np.ndarray:
+    """``n`` integer lengths from the log-normal with this mean and std, clipped to [1, MAX_LEN]."""
+    sigma2 = math.log1p((std / mean) ** 2)
+    mu = math.log(mean) - sigma2 / 2
+    x = rng.lognormal(mu, math.sqrt(sigma2), n)
+    return np.clip(np.rint(x), 1, MAX_LEN).astype(np.int64)
 
 
 def _generator(state: Any) -> np.random.Generator:  # a PCG64 state (a TypedDict of numpy's)

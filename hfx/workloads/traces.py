@@ -45,10 +45,16 @@ from pathlib import Path
 from typing import Literal, overload
 
 from hfx.request import SLO, Request, check_block_hashes
-from hfx.workloads.load import TRACE_FIELDS, TraceError
 from hfx.workloads.tasks import DEFAULT_SLO, TASKS
 
 log = logging.getLogger(__name__)
+
+# HFX's own trace columns (hfx/workloads/load.py's ``load_trace``).
+TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
+
+
+class TraceError(ValueError):
+    """A malformed trace file; the message names the file and line."""
 
 
 @dataclass(frozen=True, slots=True)
