@@ -40,7 +40,7 @@ def seq(rid: str, prompt: int, out: int, **kw) -> Sequence:
 
 @pytest.fixture
 def vloop():
-    from hfx.clock import VirtualTimeLoop
+    from hfx.sim.clock import VirtualTimeLoop
 
     loop = VirtualTimeLoop()
     yield loop

@@ -8,7 +8,6 @@ import asyncio
 import pytest
 
 from hfx.backends.local import LocalInstance
-from hfx.clock import run
 from hfx.cluster.admission import AdmissionLimits
 from hfx.cluster.control import ControlPlane
 from hfx.config import SimConfig
@@ -17,7 +16,8 @@ from hfx.engine.stats import InstanceStats
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request
-from hfx.sim import simulate
+from hfx.sim.clock import run
+from hfx.sim.driver import simulate
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)

@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation.calibration import fit_calibration
-from hfx.sim import load_requests, resolve_profile, run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import load_requests, resolve_profile, run_cluster
 from hfx.stepmodel.latency import StepTimeModel
 
 CONFIG = SimConfig(workload="four-task", policy="rr", instances=1, qps=4.0,

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from hfx.clock import SimulationDeadlock, VirtualTimeLoop, run
 from hfx.config import SimConfig
 from hfx.request import SLO, Outcome, Request
-from hfx.sim import run_cluster
+from hfx.sim.clock import SimulationDeadlock, VirtualTimeLoop, run
+from hfx.sim.driver import run_cluster
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
 

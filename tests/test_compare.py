@@ -94,7 +94,7 @@ def test_every_contender_fits_the_budget_and_builds():
 def test_slos_serve_admits_with_the_pace_its_engine_runs_at():
     """A tuned pace reaches both halves of SLOs-Serve: the planner's decode pace and the
     admission DP's step (t0 = pace × tightest TPOT)."""
-    from hfx.sim import resolve_profile, sim_cluster
+    from hfx.sim.driver import resolve_profile, sim_cluster
 
     for setting in CONTENDERS["slos-serve"].grid:
         assert setting["policy_params"]["pace"] == setting["planner_params"]["pace"]

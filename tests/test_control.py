@@ -8,7 +8,6 @@ from collections.abc import Callable
 import pytest
 
 from hfx.backends.local import LocalInstance
-from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.monitor import Monitor
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange
@@ -17,6 +16,7 @@ from hfx.engine import EngineConfig, EngineCore, Role, SimExecutor
 from hfx.policies import make_pd_policies, make_policy
 from hfx.policies.base import ArrivalOrderPolicy, Decision
 from hfx.request import SLO, Outcome, Request, RequestRecord
+from hfx.sim.clock import run
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
 MODEL = StepTimeModel(0.01, 1e-5, 0.0, 0.01, 0.0, 1e-4)

@@ -332,7 +332,7 @@ def test_a_planner_takes_its_tunables_from_the_config_and_refuses_unknown_ones()
     """What a fair comparison tunes: each engine's planner, its class untouched."""
     from hfx.config import SimConfig
     from hfx.engine.planners.slo_paced import DEFAULT_PACE
-    from hfx.sim import resolve_profile, sim_cluster
+    from hfx.sim.driver import resolve_profile, sim_cluster
 
     model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
     engine, _ = make_engine(planner="slo-paced", step_model=model, planner_params={"pace": 0.7})

@@ -45,7 +45,6 @@ import pytest
 
 from hfx.assembly import sim_engines
 from hfx.backends import local
-from hfx.clock import run
 from hfx.cluster.ledger import RequestLedger
 from hfx.config import SimConfig
 from hfx.engine import (
@@ -61,7 +60,8 @@ from hfx.engine.cohort import DecodeCohort
 from hfx.engine.decode_run import DecodeRun
 from hfx.engine.executor import StepNoise
 from hfx.request import Outcome, Request
-from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import instance_spans, load_requests, resolve_profile, run_cluster
 from hfx.stepmodel.latency import load_profile
 
 PLANNERS = ("prefill-first", "tpot-chunked", "deadline-chunked")  # those that plan a cohort
@@ -879,7 +879,7 @@ def test_a_finished_decode_run_leaves_no_reference_cycle():
     collector (whose passes over them cost ~10% of a 1,000-instance run: docs/performance.md)."""
     import gc
 
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     config = SimConfig(workload="four-task", policy="rr", instances=2, qps=20.0,
                        requests_per_task=40)

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from hfx.clock import run
 from hfx.cluster.fair_share import FairShare
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import SLO, Outcome, Request
+from hfx.sim.clock import run
 
 
 def req(rid: str, tenant: str, prompt: int = 10, out: int = 10, priority: int | None = None,

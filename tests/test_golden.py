@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from hfx import sim
+from hfx.sim import driver as sim
 from hfx.config import SimConfig
-from hfx.sim import simulate
-from hfx.workloads.columns import FoldFinished
+from hfx.records.columns import FoldFinished
+from hfx.sim.driver import simulate
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 
 from hfx.assembly import build_cluster, sim_engines
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.model.tokenizer import ByteTokenizer
@@ -20,7 +19,8 @@ from hfx.serving import calibrator as calibrator_module
 from hfx.serving.calibrator import MIN_REQUESTS, LiveCalibrator, served
 from hfx.serving.metrics import Metrics
 from hfx.serving.server import ServeOptions, Server
-from hfx.sim import load_requests, resolve_profile, run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import load_requests, resolve_profile, run_cluster
 
 SLOW = 1.6  # the served engines decode this much slower than the dispatcher's profile
 CONFIG = SimConfig(workload="four-task", policy="rr", instances=2, qps=8.0,

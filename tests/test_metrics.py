@@ -6,8 +6,8 @@ from array import array
 
 import pytest
 
+from hfx.records.metrics import cost_units, summarize, summarize_records
 from hfx.request import SLO, Outcome, Request, RequestRecord
-from hfx.workloads.metrics import cost_units, summarize, summarize_records
 
 SLO_DEFAULT = SLO(1.0, 0.5)
 

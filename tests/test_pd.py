@@ -8,13 +8,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 from conftest import make_engine, seq
 
-from hfx.clock import run
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.tl_manager import TLManager
 from hfx.config import SimConfig
 from hfx.engine import RequestStatus, Role
 from hfx.request import Outcome
-from hfx.sim import drive, load_requests, resolve_profile, sim_cluster, simulate
+from hfx.sim.clock import run
+from hfx.sim.driver import drive, load_requests, resolve_profile, sim_cluster, simulate
 
 
 def test_transfer_time_is_bytes_over_bandwidth_plus_latency():

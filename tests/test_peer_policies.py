@@ -13,7 +13,7 @@ from hfx.policies import ClusterView, InstanceView, make_policy
 from hfx.policies.polyserve import IterationTable
 from hfx.policies.slos_serve import Item, admit, prefill_rate
 from hfx.request import SLO, Request
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
 # Prefill 1 ms per token, no fixed cost; decode steps cost nothing: 1000 prefill tokens/s.

@@ -20,7 +20,7 @@ from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, sque
 from hfx.policies.scorpio import TPOTMix
 from hfx.policies.shadow import ShadowInstance
 from hfx.request import SLO, Outcome, Request, RequestRecord
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
 

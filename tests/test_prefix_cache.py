@@ -321,7 +321,7 @@ def test_decode_runs_give_the_results_of_stepping_with_prefix_hits(fields):
     """The decode cohort and its runs (cohort.py, decode_run.py) take their blocks in counts;
     the prefix cache's offers and evictions must not tell them apart from stepping."""
     from hfx.config import SimConfig
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     def result(engine_runs: bool) -> dict:
         r = simulate(SimConfig(**fields, engine_runs=engine_runs))

@@ -78,9 +78,9 @@ def test_an_instance_that_leaves_takes_its_entries_with_it():
 
 def test_a_simulated_fleet_feeds_its_index_from_every_engine():
     """After a run, the index holds exactly the units the engines hold."""
-    from hfx.clock import run
     from hfx.config import SimConfig
-    from hfx.sim import load_requests, resolve_profile, run_cluster
+    from hfx.sim.clock import run
+    from hfx.sim.driver import load_requests, resolve_profile, run_cluster
 
     config = SimConfig(workload="shared-prompts", qps=3, duration=30.0, instances=2,
                        policy="least-loaded")

@@ -14,7 +14,7 @@ from hfx.config import SimConfig  # noqa: E402
 from hfx.engine.torch_executor import real_engine  # noqa: E402
 from hfx.model.build import build_model  # noqa: E402
 from hfx.request import SLO, Request  # noqa: E402
-from hfx.sim import sim_cluster  # noqa: E402
+from hfx.sim.driver import sim_cluster  # noqa: E402
 from hfx.stepmodel.latency import Profile, StepTimeModel  # noqa: E402
 
 # A step-time model of the right order for the tiny model on CPU; only predictions use it.

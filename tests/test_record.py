@@ -98,7 +98,7 @@ def test_a_recorded_run_replays_on_the_simulator_and_sizes_a_fleet(tmp_path):
     with the profile written beside it, and hfx whatif sizes a fleet for it."""
     from hfx.config import SimConfig
     from hfx.evaluation.whatif import table, whatif
-    from hfx.sim import load_requests, simulate
+    from hfx.sim.driver import load_requests, simulate
     from hfx.workloads.traces import detect_format
 
     path = tmp_path / "served.jsonl"
@@ -138,7 +138,7 @@ def test_a_replay_delays_every_token_by_the_delivery_latency_its_profile_carries
     from dataclasses import replace
 
     from hfx.config import SimConfig
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps(load_profile("tiny@cpu").to_json()))

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from hfx.clock import run
 from hfx.cluster.provisioner import LoadModel, Provisioner
 from hfx.cluster.scaler import (
     RateWindow,
@@ -21,9 +20,10 @@ from hfx.cluster.scaler import (
 from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
+from hfx.records.metrics import cost_units
 from hfx.request import Outcome
-from hfx.sim import drive, load_requests, resolve_profile, sim_cluster, simulate
-from hfx.workloads.metrics import cost_units
+from hfx.sim.clock import run
+from hfx.sim.driver import drive, load_requests, resolve_profile, sim_cluster, simulate
 
 
 def test_rate_ratio_on_a_hand_made_window():

@@ -8,7 +8,7 @@ import pytest
 
 from hfx.cli import main
 from hfx.config import SimConfig
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 CONTRACT = ("policy", "workload", "mode", "qps", "seed", "requests", "finished", "attainment",
             "attainment_dslo", "ttft", "tpot", "e2e", "cost_units", "goodput_rps", "per_task",

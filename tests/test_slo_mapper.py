@@ -9,7 +9,7 @@ import pytest
 from hfx.cluster.slo_mapper import PriorityMapper, PriorityRange, eq6_index
 from hfx.config import SimConfig
 from hfx.request import SLO
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 from hfx.workloads.load import load_trace, priority_levels
 from hfx.workloads.tasks import TASKS
 

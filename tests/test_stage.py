@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from hfx.clock import run
 from hfx.cluster.stage import Stage
 from hfx.policies import ClusterView, Decision
 from hfx.policies.base import ArrivalOrderPolicy
+from hfx.sim.clock import run
 from hfx.stepmodel.latency import StepTimeModel, load_profile
 
 

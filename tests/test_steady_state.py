@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from hfx.config import SimConfig
 from hfx.engine.executor import StepNoise
 from hfx.evaluation.capacity import capacity, seed_capacity, unreachable
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 from hfx.workloads.kinds import load_workload
 from hfx.workloads.load import generate
 

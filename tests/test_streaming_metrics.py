@@ -1,4 +1,4 @@
-"""Streaming metrics (hfx/workloads/streaming.py) against the exact ones, on the same runs."""
+"""Streaming metrics (hfx/records/streaming.py) against the exact ones, on the same runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hfx.config import SimConfig
-from hfx.sim import simulate
-from hfx.workloads.sketch import ALPHA, LatencySketch
+from hfx.records.sketch import ALPHA, LatencySketch
+from hfx.sim.driver import simulate
 
 
 def close(approx: float | None, exact: float | None, rel: float) -> bool:

@@ -172,7 +172,7 @@ def test_a_request_stream_builds_the_merge_in_order_ties_included():
 
 def test_the_simulator_reads_a_task_set_as_a_stream():
     from hfx.config import SimConfig
-    from hfx.sim import load_requests
+    from hfx.sim.driver import load_requests
     from hfx.workloads.load import RequestStream
 
     cfg = SimConfig(workload="two-task", qps=20, duration=30, priorities=2)
@@ -187,8 +187,8 @@ def test_the_simulator_reads_a_task_set_as_a_stream():
 def test_arrivals_submit_each_request_at_its_own_time_in_order():
     import asyncio
 
-    from hfx.clock import run
     from hfx.request import Request
+    from hfx.sim.clock import run
     from hfx.workloads.arrivals import Arrivals
 
     requests = [Request(f"r{i}", t, 8, 4) for i, t in enumerate([0.0, 0.0, 1.5, 1.5, 3.0])]

@@ -42,14 +42,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.engine.profiler import Grid, RecordingExecutor, profile_model
 from hfx.engine.torch_executor import real_engine
 from hfx.evaluation import write_json
 from hfx.model.build import LoadedModel, build_model
 from hfx.request import Request
-from hfx.sim import run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import run_cluster
 from hfx.stepmodel.fit import refit, samples_of
 from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.load import generate

@@ -34,7 +34,7 @@ import httpx
 from hfx.backends.vllm.process import free_port
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 
 def served_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:

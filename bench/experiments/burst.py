@@ -18,13 +18,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE, SEED_SCALER
-from hfx.sim import instance_spans, resolve_profile, run_cluster, scaling_summary
+from hfx.records.metrics import summarize
+from hfx.sim.clock import run
+from hfx.sim.driver import instance_spans, resolve_profile, run_cluster, scaling_summary
 from hfx.workloads.load import phases
-from hfx.workloads.metrics import summarize
 
 
 def per_second_attainment(records) -> dict[int, float]:

@@ -20,12 +20,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.presets import SEED_DISPATCHER, SEED_ENGINE
-from hfx.sim import instance_spans, load_requests, resolve_profile, run_cluster
-from hfx.workloads.metrics import summarize
+from hfx.records.metrics import summarize
+from hfx.sim.clock import run
+from hfx.sim.driver import instance_spans, load_requests, resolve_profile, run_cluster
 
 LEVELS = 4
 

@@ -29,11 +29,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-from hfx.clock import run
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.request import Outcome, Request
-from hfx.sim import resolve_profile, run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import resolve_profile, run_cluster
 from hfx.workloads.load import generate
 
 CALM = ("alpha", "beta", "gamma")

@@ -40,11 +40,11 @@ from hfx.cluster.control import ControlPlane, TokenEvent
 from hfx.evaluation import write_json
 from hfx.evaluation.calibration import ReplayEngine, Served, fit_served, replay
 from hfx.model.build import write_random_checkpoint
+from hfx.records.metrics import summarize
 from hfx.request import Outcome, Request
 from hfx.serving.calibrator import LiveCalibrator, served
 from hfx.workloads.kinds import workload_tasks
 from hfx.workloads.load import generate
-from hfx.workloads.metrics import summarize
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

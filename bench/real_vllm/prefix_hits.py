@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.model.build import write_random_checkpoint
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -48,18 +48,18 @@ from hfx.assembly import build_cluster
 from hfx.backends.vllm.metrics import parse_metrics
 from hfx.backends.vllm.process import VLLMLaunch, VLLMPlacement, VLLMServer
 from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
-from hfx.clock import run
 from hfx.cluster.provisioner import Plan
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.calibration import Calibration, fit_calibration
 from hfx.model.build import write_random_checkpoint
+from hfx.records.metrics import summarize
 from hfx.request import Request
-from hfx.sim import drive, run_cluster
+from hfx.sim.clock import run
+from hfx.sim.driver import drive, run_cluster
 from hfx.workloads.kinds import workload_tasks
 from hfx.workloads.load import generate
-from hfx.workloads.metrics import summarize
 
 # Run by path (python bench/FOLDER/NAME.py): the repository root, for the ``bench.*`` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

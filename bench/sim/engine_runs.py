@@ -25,7 +25,7 @@ from typing import Any
 from hfx.config import SimConfig
 from hfx.engine import EngineCore
 from hfx.evaluation import write_json
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "2 instances, rr at the knee (four-task, 90 QPS)":

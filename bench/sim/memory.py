@@ -34,7 +34,7 @@ def one(config: dict) -> dict:
     """One run in this process: its result's size and this process's peak RSS."""
     from hfx import native
     from hfx.config import SimConfig
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     mode = config.pop("mode", "fold")
     # An earlier checkout may not know a mode's settings: it runs as it is.

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import json, sys, time
 from hfx.config import SimConfig
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 config = SimConfig(**json.loads(sys.argv[1]))
 t0, c0 = time.perf_counter(), time.process_time()
 r = simulate(config)

@@ -26,7 +26,7 @@ from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.capacity import seed_capacity
 from hfx.evaluation.runner import run_all
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve", "polyserve")
 # Requests/s per instance where hfx attains ~0.9 with the cache on (scratch capacity runs on

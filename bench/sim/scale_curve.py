@@ -24,7 +24,7 @@ PER_INSTANCE_QPS = 45.0  # the cluster-scale targets' load (bench/sim/sim_budget
 def one(instances: int, seconds: float) -> dict:
     from hfx.config import SimConfig
     from hfx.native import active
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     requests = int(PER_INSTANCE_QPS * instances * seconds)
     r = simulate(SimConfig(workload="four-task", policy="rr", instances=instances,

@@ -41,7 +41,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from hfx.config import SimConfig
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 config = SimConfig(**json.loads(sys.argv[2]))
 t0, c0 = time.perf_counter(), time.process_time()
 r = simulate(config)

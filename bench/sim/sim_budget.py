@@ -28,12 +28,12 @@ import sys
 import time
 
 from hfx.backends.local import LocalInstance
-from hfx.clock import VirtualTimeLoop
 from hfx.config import SimConfig
 from hfx.engine import EngineConfig, EngineCore, SimExecutor, StepOutput
 from hfx.engine.sequence import Sequence
 from hfx.evaluation import write_json
-from hfx.sim import resolve_profile, simulate
+from hfx.sim.clock import VirtualTimeLoop
+from hfx.sim.driver import resolve_profile, simulate
 from hfx.stepmodel.latency import Profile
 
 

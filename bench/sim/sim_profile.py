@@ -27,7 +27,7 @@ from collections import Counter
 
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 PER_TOKEN_ENGINE = {("core.py", "_advance"), ("core.py", "_retire"),
                     ("block_manager.py", "allocate"), ("block_manager.py", "free")}

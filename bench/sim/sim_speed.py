@@ -28,7 +28,7 @@ import time
 from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.policies import POLICIES
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 
 def measure(config: SimConfig) -> dict:

@@ -1,4 +1,4 @@
-"""Virtual-clock loop speed: hfx.clock.VirtualTimeLoop against looptime (if installed).
+"""Virtual-clock loop speed: hfx.sim.clock.VirtualTimeLoop against looptime (if installed).
 
 Ten tasks each sleep N/10 times with distinct periods, the timer pattern of instances stepping.
 Reports timer wake-ups per wall second. Writes JSON; not a test.
@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import time
 
-from hfx.clock import VirtualTimeLoop
 from hfx.evaluation import write_json
+from hfx.sim.clock import VirtualTimeLoop
 
 
 async def workload(n: int) -> float:

@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Callable
 from functools import partial
 
-from hfx.clock import cancel
 from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
@@ -20,6 +19,7 @@ from hfx.engine.executor import steps_are_waits
 from hfx.engine.sequence import RequestStatus, Role, Sequence
 from hfx.engine.stats import InstanceStats
 from hfx.request import Request
+from hfx.sim.clock import cancel
 
 # A step that raises with one request in it fails that request alone, unless the steps before
 # it raised too: then the executor, not a request, is what is broken.

@@ -58,7 +58,7 @@ def not_compiled_note(config: SimConfig) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     config = config_of(SimConfig, args, args.config)
     note = not_compiled_note(config)

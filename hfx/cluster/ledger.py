@@ -38,7 +38,7 @@ class RequestLedger:
         self.num_done = 0  # records with a terminal outcome
         self._opened = 0  # records opened so far (RequestRecord.seq)
         # Told of each record once everything its end causes is done (a simulation that folds
-        # finished records into its metrics and forgets them: hfx/sim.py).
+        # finished records into its metrics and forgets them: hfx/sim/driver.py).
         self.on_done: Callable[[RequestRecord], None] | None = None
         self._listeners: dict[str, Listener] = {}  # hear every token and the end
         self._enders: dict[str, Listener] = {}  # hear the end only

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from hfx.clock import cancel
 from hfx.cluster.instance import Instance
 from hfx.engine.stats import InstanceStats
+from hfx.sim.clock import cancel
 
 DEFAULT_MONITOR_INTERVAL = 1.0  # seconds, HyperFlexis §9.3
 

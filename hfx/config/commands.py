@@ -76,7 +76,7 @@ class SimConfig(WorkloadSection, ClusterConfig):
         "exact: every measured request's numbers kept to the end (~100 B a request); "
         "streaming: counters and latency sketches only, memory that does not grow with the "
         "run (percentiles within 0.5%, means to the last bits; counts and attainment exact: "
-        "hfx/workloads/streaming.py), for runs of tens of millions of requests"))
+        "hfx/records/streaming.py), for runs of tens of millions of requests"))
 
 
 class ProfileConfig(ModelConfig, VLLMSection):

@@ -16,7 +16,6 @@ from functools import partial
 
 from mypy_extensions import mypyc_attr
 
-from hfx.clock import VirtualTimeLoop
 from hfx.engine.admission import Admission
 from hfx.engine.block_manager import BlockManager
 from hfx.engine.cohort import DecodeCohort
@@ -26,6 +25,7 @@ from hfx.engine.errors import EngineError, StepFailed
 from hfx.engine.executor import PLACEHOLDER_TOKEN, Executor
 from hfx.engine.planners import EngineState, SchedulerOutput, make_planner
 from hfx.engine.sequence import RequestStatus, Role, Sequence
+from hfx.sim.clock import VirtualTimeLoop
 from hfx.stepmodel.step_time import StepTimeModel
 
 

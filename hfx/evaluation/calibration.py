@@ -92,9 +92,9 @@ def replay(model: StepTimeModel, served: Sequence[Served], engine: ReplayEngine,
     ``served`` when each instance's requests are replayed on one simulated engine at the times
     they were dispatched: the policy's choices are the served ones, only the engine is
     simulated."""
-    from hfx.clock import run
     from hfx.config import SimConfig
-    from hfx.sim import run_cluster
+    from hfx.sim.clock import run
+    from hfx.sim.driver import run_cluster
     from hfx.stepmodel.latency import Profile
 
     config = SimConfig(policy="rr", instances=1, planner=engine.planner, step_noise=0.0,

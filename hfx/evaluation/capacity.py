@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
-from hfx.sim import resolve_profile, simulate
+from hfx.sim.driver import resolve_profile, simulate
 from hfx.workloads.kinds import workload_tasks
 from hfx.workloads.tasks import TIERED, TIERS, TTFTS
 
@@ -43,7 +43,7 @@ def rate_of(config: SimConfig) -> float:
         return config.qps
     if config.trace_qps is not None:
         return config.trace_qps
-    from hfx.sim import load_requests
+    from hfx.sim.driver import load_requests
 
     requests = load_requests(config)
     span = requests[-1].arrival - requests[0].arrival if len(requests) > 1 else 0.0

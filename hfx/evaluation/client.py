@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from hfx.records.metrics import summarize
 from hfx.request import Outcome, Request, RequestRecord
 from hfx.workloads.kinds import load_workload
-from hfx.workloads.metrics import summarize
 
 
 def prompt_ids(request: Request, rng: np.random.Generator) -> list[int]:

@@ -33,7 +33,7 @@ from typing import Any
 from hfx.config import SimConfig
 from hfx.evaluation.capacity import is_trace, seed_capacity
 from hfx.evaluation.runner import run_all
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 METRICS = {"eq4": "attainment", "deadline": "attainment_dslo"}
 REGIMES = (256, 1024)  # max_num_seqs: vLLM's default, and a common production setting

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
-from hfx.sim import simulate
+from hfx.sim.driver import simulate
 
 
 def run_grid(base: SimConfig, series: Iterable[tuple[str, dict]], qps: Iterable[float],

@@ -22,7 +22,7 @@ SUMMARY_KEYS = ("attainment", "attainment_dslo", "cost_units", "goodput_rps", "f
 
 
 def _run(config: SimConfig) -> dict[str, Any]:
-    from hfx.sim import simulate
+    from hfx.sim.driver import simulate
 
     return simulate(config)
 

@@ -21,10 +21,10 @@ import asyncio
 import logging
 from collections import deque
 
-from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
 from hfx.evaluation.calibration import Calibration, ReplayEngine, Served, fit_served
 from hfx.request import SLO, Outcome, RequestRecord
+from hfx.sim.clock import cancel
 from hfx.stepmodel.latency import StepTimeModel
 
 log = logging.getLogger(__name__)

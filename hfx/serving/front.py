@@ -30,7 +30,6 @@ from typing import Any
 import aiohttp
 
 from hfx.backends.vllm.upstream import ABORTED, Ending, ending_of, new_session, relay
-from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request
@@ -38,6 +37,7 @@ from hfx.sampling import SamplingParams
 from hfx.serving.ipc import CONTROL_SILENCE_SECONDS, FrontSocket
 from hfx.serving.protocol import RETRY_AFTER_SECONDS, APIError
 from hfx.serving.server import AppliedSLO, Intake, ServeOptions, Stream
+from hfx.sim.clock import cancel
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ from functools import partial
 from typing import Any
 
 from hfx.backends.vllm.upstream import ABORTED, Ending, RelayOwner
-from hfx.clock import cancel
 from hfx.cluster.control import TokenEvent
 from hfx.request import DEFAULT_TENANT, SLO
 from hfx.sampling import SamplingParams
 from hfx.serving.ipc import STATE_SECONDS, ControlSocket, front_identity
 from hfx.serving.protocol import APIError
 from hfx.serving.server import AppliedSLO, Server, Stream
+from hfx.sim.clock import cancel
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hfx.clock import cancel
 from hfx.cluster.control import ControlPlane
 from hfx.engine.prefix_cache import request_block_hashes
 from hfx.evaluation.calibration import Calibration
 from hfx.request import RequestRecord
+from hfx.sim.clock import cancel
 
 log = logging.getLogger(__name__)
 

@@ -1,2 +1,3 @@
-"""Workloads: the papers' task tables (tasks.py), arrivals and traces loaded or generated
-(load.py), trace file formats (traces.py), and the metrics every run is scored by (metrics.py)."""
+"""Workloads: the papers' task tables (tasks.py), the kinds of workload and their entry points
+(kinds.py), arrivals and requests generated (load.py, task_draws.py, sessions.py), and trace
+file formats (traces.py). What a run's records become is hfx/records/."""

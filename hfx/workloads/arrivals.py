@@ -2,7 +2,7 @@
 """Requests submitted at their arrival times on the virtual loop, compiled with the engine
 (hfx/native.py): each arrival's timer submits its request and every later one already due,
 then sets the timer of the first that is not — one timer per request, no task woken per
-request. ``hfx.sim.drive`` uses it on the virtual clock from time 0."""
+request. ``hfx.sim.driver.drive`` uses it on the virtual clock from time 0."""
 
 from __future__ import annotations
 

@@ -37,13 +37,13 @@ import ray
 from ray.exceptions import RayActorError
 
 from hfx.backends.local import LocalInstance
-from hfx.clock import cancel
 from hfx.cluster.instance import EventSink, Instance
 from hfx.cluster.placement import EngineFactory, WeightLoadingFactory
 from hfx.cluster.provisioner import Plan
 from hfx.engine import Admission, EngineConfig, RequestStatus, Role, Sequence, StepOutput
 from hfx.engine.stats import InstanceStats
 from hfx.request import Request
+from hfx.sim.clock import cancel
 
 POLL_SECONDS = 0.25  # longest wait for a poll without events: how stale stats() may get
 CLOCK_PINGS = 5  # round trips at connection; the fastest one sets the clock offset

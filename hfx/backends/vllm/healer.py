@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from hfx.clock import cancel
+from hfx.sim.clock import cancel
 
 if TYPE_CHECKING:
     from hfx.backends.vllm.process import VLLMPlacement

@@ -6,7 +6,7 @@ numbers of each (77 B). ``RecordColumns.of`` computes them for a batch of record
 per-token deadline check vectorised over all their token times), and ``RecordFold`` keeps the
 columns of records folded in while a run goes, so that a long run can drop each finished
 record (``hfx sim --fold-records``). Concatenated in the order the records were opened, the
-columns give the metrics exactly what the records would have (hfx/workloads/metrics.py).
+columns give the metrics exactly what the records would have (hfx/records/metrics.py).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from hfx.timer_queue import SimulationDeadlock as SimulationDeadlock
-from hfx.timer_queue import TimerQueue
+from hfx.sim.timer_queue import SimulationDeadlock as SimulationDeadlock
+from hfx.sim.timer_queue import TimerQueue
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ class _VirtualSelector(selectors.SelectSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio event loop whose ``time()`` is virtual and starts at ``start``.
 
-    Its clock, timers and iteration are a ``TimerQueue`` (hfx/timer_queue.py, compiled with
+    Its clock, timers and iteration are a ``TimerQueue`` (hfx/sim/timer_queue.py, compiled with
     the engine): with nothing but timers to wait on, asyncio's selector poll, timeout and
     clock re-reads are not needed, and its heap orders ``TimerHandle`` objects by a Python
     ``__lt__`` (≈7 calls per timer at 128 instances). ``call_at`` returns a ``Timer``, which

@@ -19,19 +19,19 @@ from tqdm import tqdm
 
 from hfx.assembly import build_cluster, sim_engines
 from hfx.backends.local import LocalInstance, LocalPlacement
-from hfx.clock import VirtualTimeLoop, run
 from hfx.cluster.control import ControlPlane, ScalerHooks
 from hfx.cluster.placement import EngineFactory
 from hfx.config import SimConfig
 from hfx.engine import Role
+from hfx.records.columns import FoldFinished, RecordFold, count_outcome
+from hfx.records.metrics import distribution, longest_wait, summarize_columns
+from hfx.records.streaming import StreamingFold
 from hfx.request import Outcome, Request
+from hfx.sim.clock import VirtualTimeLoop, run
 from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.arrivals import Arrivals
-from hfx.workloads.columns import FoldFinished, RecordFold, count_outcome
 from hfx.workloads.kinds import load_workload, workload_tasks
 from hfx.workloads.load import RequestStream, priority_levels, stream, with_priorities
-from hfx.workloads.metrics import distribution, longest_wait, summarize_columns
-from hfx.workloads.streaming import StreamingFold
 from hfx.workloads.tasks import WORKLOADS
 
 

@@ -5,7 +5,7 @@ they end (``hfx sim --metrics streaming``).
 27 M requests of 1,000 instances over ten minutes, 16 GB for an hour. ``StreamingFold`` keeps,
 per group (all requests, each task, each priority), the outcome counts, the Eq. 4 and
 per-token-deadline hits, and a ``LatencySketch`` each of TTFT, TPOT and E2E: memory that does
-not grow with the run. What differs from the exact metrics (hfx/workloads/metrics.py):
+not grow with the run. What differs from the exact metrics (hfx/records/metrics.py):
 
 - percentiles are within ``sketch.ALPHA`` (0.5%) of the exact ones, relatively (DDSketch);
 - means are sums over the batches folded, so they may differ in the last bits;
@@ -21,10 +21,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from hfx.records.columns import NO_PRIORITY, RecordColumns, RecordRows, count_outcome
+from hfx.records.metrics import cost_units, group_counts, group_keys, longest_wait
+from hfx.records.sketch import LatencySketch
 from hfx.request import Outcome, RequestRecord
-from hfx.workloads.columns import NO_PRIORITY, RecordColumns, RecordRows, count_outcome
-from hfx.workloads.metrics import cost_units, group_counts, group_keys, longest_wait
-from hfx.workloads.sketch import LatencySketch
 
 
 class _Group:

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from hfx.records.columns import NO_PRIORITY, RecordColumns, count_outcome
 from hfx.request import Outcome, RequestRecord
-from hfx.workloads.columns import NO_PRIORITY, RecordColumns, count_outcome
 
 COST_UNIT_SECONDS = 0.05  # HyperFlexis §7.5
 
@@ -46,7 +46,7 @@ def distribution(values: Sequence[float] | np.ndarray) -> dict[str, float | None
 
 def group_counts(cols: RecordColumns, idx: np.ndarray | None = None) -> dict[str, int]:
     """The counts of one group (the records at ``idx``, or all of them) that its keys are
-    made of (``group_keys``); counts add up across batches (hfx/workloads/streaming.py)."""
+    made of (``group_keys``); counts add up across batches (hfx/records/streaming.py)."""
     def of(column: np.ndarray) -> np.ndarray:
         return column if idx is None else column[idx]
 
