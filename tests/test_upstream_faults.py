@@ -249,3 +249,45 @@ def test_a_burst_of_bad_streams_never_empties_the_fleet_and_every_gauge_returns_
         gw.close()
         for f in fakes:
             f.stop()
+
+
+def test_in_pd_bad_prefills_eject_one_prefill_server_never_both_and_healthy_requests_finish(
+        checkpoint):
+    """P/D, two prefill servers and one decode server: requests whose prefill answers 500 on
+    every server break streams in a row; ejection takes at most one prefill server out (of a
+    pool of two), the healthy requests prefill on the other and decode whole, and every gauge
+    goes back to 0."""
+    bad = {ord("%"): "status500"}
+    fakes = [Served(FakeVLLM(seconds_per_token=0.002, bad_prompts=bad)) for _ in range(3)]
+    gw = gateway(checkpoint, fakes, mode="pd", prefill=2, decode=1, eject_seconds=60.0)
+    control = gw.server.control
+    healthy = [f"healthy {i}" for i in range(8)]
+    faulty = [f"%bad {i}" for i in range(8)]
+    try:
+        async def run() -> list[dict]:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+                async def one(prompt: str) -> dict:
+                    r = await client.post("/v1/completions", json={
+                        "model": gw.model, "prompt": prompt, "max_tokens": 16,
+                        "ignore_eos": True})
+                    return {"status": r.status_code, **r.json()}
+
+                # The bad ones first, so that their faults come in a row.
+                bad_results = await asyncio.gather(*(one(p) for p in faulty))
+                return [*bad_results, *await asyncio.gather(*(one(p) for p in healthy))]
+
+        results = asyncio.run(run())
+        for r in results[len(faulty):]:
+            assert r["status"] == 200 and r["usage"]["completion_tokens"] == 16, r
+        for r in results[:len(faulty)]:
+            message = r["error"]["message"]
+            assert r["status"] == 500 and "no instance can serve" not in message, r
+        assert sum(control.outliers.ejected.values()) == 1  # one prefill server, not both
+        assert gw.call(lambda: sorted(control.fleet.ejected)) in ([0], [1])
+        assert control.num_instance_failures == 0
+        assert gw.call(lambda: (control.num_queued(), len(control.records)
+                                - control.ledger.num_done)) == (0, 0)
+    finally:
+        gw.close()
+        for f in fakes:
+            f.stop()
