@@ -446,3 +446,24 @@ def test_hfx_whatif_finds_the_rate_of_a_trace_each_fleet_carries(tmp_path, capsy
     one, two = (r["capacity_qps"] for r in rows)
     assert 0 < one < two and all(r["hit_rate"] > 0.3 for r in rows)
     assert "capacity" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_a_tenant_column_names_each_requests_tenant_and_the_simulator_shares_by_it(tmp_path):
+    from hfx.config import SimConfig
+    from hfx.sim.driver import simulate
+
+    path = jsonl(tmp_path / "tenants.jsonl", [
+        {"arrival": i * 0.01, "input_len": 50, "output_len": 20, "task": "gsm8k",
+         "tenant": "flood" if i % 4 else "calm"} for i in range(40)]
+        + [{"arrival": 0.5, "input_len": 50, "output_len": 20, "task": "gsm8k"}])
+    requests = read_trace(path)
+    assert [r.tenant for r in requests[:5]] == ["calm", "flood", "flood", "flood", "calm"]
+    assert requests[-1].tenant == "default"  # no column: the default tenant
+    result = simulate(SimConfig(workload=str(path), instances=1, policy="hfx",
+                                fair_share="class"))
+    assert result["finished"] == 41
+
+
+def test_a_recorded_rows_tenant_is_replayed(tmp_path):
+    path = jsonl(tmp_path / "rec.jsonl", [record(tenant="acme"), record(id="r1")])
+    assert [r.tenant for r in read_trace(path)] == ["acme", "default"]

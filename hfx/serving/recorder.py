@@ -86,6 +86,7 @@ class Recorder:
             "slo": None if slo is None else {"ttft_ms": slo.ttft * 1e3,
                                              "tpot_ms": slo.tpot * 1e3},
             "slo_source": self._sources.pop(req.id, "default"), "task": req.task,
+            "tenant": req.tenant,
             "priority": req.priority, "outcome": record.outcome.value, "error": record.error,
             "instance": record.instance, "queue_s": record.queue_time, "ttft_s": record.ttft,
             "tpot_s": record.tpot, "e2e_s": record.e2e, "cached_tokens": record.cached_tokens}

@@ -261,7 +261,7 @@ def tiered(workload: str, qps: float, seed: int, requests: int,
 # ---- trace files -----------------------------------------------------------------------------
 def load_trace(path: str | Path) -> list[Request]:
     """Read a trace in HFX's own columns, JSONL or CSV (fields: arrival [s], input_len,
-    output_len, and optionally ttft [s], tpot [s], task, priority, id); requests sorted by
+    output_len, and optionally ttft [s], tpot [s], task, priority, tenant, id); requests sorted by
     arrival. A row's SLO is its own, else its Table 1 task's; one with only a priority keeps
     it. (hfx/workloads/traces.py reads this and the public formats.)"""
     return read_trace(path, "hfx")

@@ -44,13 +44,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal, overload
 
-from hfx.request import SLO, Request, check_block_hashes
+from hfx.request import DEFAULT_TENANT, SLO, Request, check_block_hashes
 from hfx.workloads.tasks import DEFAULT_SLO, TASKS
 
 log = logging.getLogger(__name__)
 
 # HFX's own trace columns (hfx/workloads/load.py's ``load_trace``).
-TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority")
+TRACE_FIELDS = ("arrival", "input_len", "output_len", "ttft", "tpot", "task", "priority",
+                "tenant")
 
 
 class TraceError(ValueError):
@@ -77,6 +78,7 @@ class TraceRow:
     # Its content, one hash per ``hash_block`` tokens (``Request.block_hashes``); None: unknown.
     block_hashes: tuple[int, ...] | None = None
     hash_block: int = 16
+    tenant: str = DEFAULT_TENANT  # whose it is (fair shares: hfx/cluster/fair_share.py)
 
 
 @dataclass(slots=True)
@@ -186,8 +188,8 @@ def _hashes(row: dict, key: str, where: str) -> tuple[int, ...] | None:
 # ---- readers -----------------------------------------------------------------------------------
 def read_hfx(path: Path) -> TraceReport:
     """HFX's own trace, JSONL or CSV: ``arrival`` [s], ``input_len``, ``output_len``, and
-    optionally ``ttft`` [s], ``tpot`` [s], ``task``, ``priority``, ``id`` (see ``load_trace``).
-    A row without ttft/tpot has no SLO of its own."""
+    optionally ``ttft`` [s], ``tpot`` [s], ``task``, ``priority``, ``tenant``, ``id`` (see
+    ``load_trace``). A row without ttft/tpot has no SLO of its own."""
     if path.suffix == ".csv":
         source = _csv(path, ("arrival", "input_len", "output_len"))
     elif path.suffix == ".jsonl":
@@ -216,7 +218,8 @@ def read_hfx(path: Path) -> TraceReport:
             slo = SLO(ttft, tpot)
         task = str(row.get("task") or "") or None
         report.rows.append(TraceRow(arrival, input_len, output_len, task, slo, priority,
-                                    str(row.get("id") or "") or None, where=where))
+                                    str(row.get("id") or "") or None, where=where,
+                                    tenant=_tenant(row)))
     return report
 
 
@@ -227,7 +230,7 @@ def read_hfx_record(path: Path) -> TraceReport:
     """Rows ``hfx serve --record FILE`` writes (JSONL): ``id``, ``arrival`` (epoch seconds),
     ``input_len``, ``output_len`` (tokens it got), ``max_tokens``, ``slo`` ({"ttft_ms",
     "tpot_ms"} or null), ``slo_source`` (body, header, priority, task, default), ``task``,
-    ``priority``, ``outcome``; the served latencies (``instance``, ``ttft_s``, ...) are ignored.
+    ``priority``, ``tenant``, ``outcome``; the served latencies (``instance``, ``ttft_s``, ...) are ignored.
 
     Arrivals are relative to the first row. A request that did not finish is replayed with its
     ``max_tokens`` (its own length is unknown). An SLO mapped from a priority is dropped: the
@@ -271,8 +274,13 @@ def read_hfx_record(path: Path) -> TraceReport:
                                     str(row.get("task") or "") or None,
                                     None if from_priority else slo, priority,
                                     str(row.get("id") or "") or None, from_priority,
-                                    where=where, block_hashes=hashes, hash_block=hash_block))
+                                    where=where, block_hashes=hashes, hash_block=hash_block,
+                                    tenant=_tenant(row)))
     return report
+
+
+def _tenant(row: dict) -> str:
+    return str(row.get("tenant") or "") or DEFAULT_TENANT
 
 
 def _azure_time(text: str, where: str) -> datetime:
@@ -478,7 +486,8 @@ def to_requests(report: TraceReport, slo_map: SLOMap | None = None, time_scale: 
         requests.append(Request(id=rid, arrival=(row.arrival - origin) / divisor,
                                 prompt_len=row.input_len, max_tokens=row.output_len, slo=slo,
                                 task=row.task or "default", priority=row.priority,
-                                block_hashes=row.block_hashes, hash_block=row.hash_block))
+                                block_hashes=row.block_hashes, hash_block=row.hash_block,
+                                tenant=row.tenant))
     ids = {r.id for r in requests}
     if len(ids) != len(requests):
         raise TraceError(f"{path}: request ids are not unique")
