@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from hfx.sim import driver as sim
 from hfx.config import SimConfig
 from hfx.records.columns import FoldFinished
+from hfx.sim import driver as sim
 from hfx.sim.driver import simulate
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -230,7 +230,8 @@ def read_hfx_record(path: Path) -> TraceReport:
     """Rows ``hfx serve --record FILE`` writes (JSONL): ``id``, ``arrival`` (epoch seconds),
     ``input_len``, ``output_len`` (tokens it got), ``max_tokens``, ``slo`` ({"ttft_ms",
     "tpot_ms"} or null), ``slo_source`` (body, header, priority, task, default), ``task``,
-    ``priority``, ``tenant``, ``outcome``; the served latencies (``instance``, ``ttft_s``, ...) are ignored.
+    ``priority``, ``tenant``, ``outcome``; the served latencies (``instance``, ``ttft_s``,
+    ...) are ignored.
 
     Arrivals are relative to the first row. A request that did not finish is replayed with its
     ``max_tokens`` (its own length is unknown). An SLO mapped from a priority is dropped: the
