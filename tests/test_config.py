@@ -58,3 +58,16 @@ def test_help_groups_flags_by_section(capsys):
         assert section in out
     scaler = out[out.index("scaler options"):out.index("model options")]
     assert "--scale-out-ratio" in scaler and "--instances" not in scaler
+
+
+def test_the_engine_is_a_section_of_its_own_and_backend_urls_are_each_backends_business():
+    from hfx.config import BackendSection, ServeConfig, VLLMSection, section_of
+    from hfx.serving.build import build_server
+
+    assert section_of(ServeConfig, "engine") == BackendSection.section == "backend"
+    assert "engine" not in VLLMSection.model_fields
+    # Every --backend is served whatever the engine: the count follows them ...
+    assert ServeConfig(engine="hfx", backend=["http://a:1", "http://b:1"]).instances == 2
+    # ... and a backend that runs its instances itself says it takes none.
+    with pytest.raises(ValueError, match="--backend attaches to running servers"):
+        build_server(ServeConfig(engine="hfx", executor="sim", backend=["http://a:1"]))

@@ -153,7 +153,7 @@ def test_a_stream_cancelled_before_it_ran_still_reports_its_end():
     """A dispatch and its abort in one turn of the loop: the stream's task is cancelled before
     its first step, and must still say it ended, or the request would hang (review of
     issue 28)."""
-    from hfx.backends.vllm.upstream import LocalRelay
+    from hfx.backends.openai_stream import LocalRelay
 
     ended: list[tuple[str, int, str]] = []
 

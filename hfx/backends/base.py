@@ -49,6 +49,11 @@ class Served:
     prepare: Callable[[ControlPlane], None] = lambda control: None
     close: Callable[[], None] = lambda: None
     services: Callable[[ControlPlane], list[Service]] = field(default=lambda control: [])
+    # What the data plane needs from it: with --api-workers N the fronts run each request's
+    # token stream from the upstream server (hfx/backends/openai_stream.py) rather than
+    # hearing tokens the deciding process's engines sampled.
+    streams_at_front: bool = False
+    fleet: str = ""  # the fleet in a few words, for the start-up line ("2 vLLM servers")
 
 
 class Backend(Protocol):

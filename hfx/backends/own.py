@@ -25,6 +25,9 @@ class OwnEngine:
     """HFX's own engine core (PyTorch or simulated executor), in this process or Ray actors."""
 
     def serve(self, config: ServeConfig) -> Served:
+        if config.backend:
+            raise ValueError("--backend attaches to running servers: --engine vllm; the hfx "
+                             "engine runs its instances itself")
         tokenizer: Tokenizer = ByteTokenizer()
         eos: int | None = None
         max_len, vocab = config.max_model_len, 1 << 31
@@ -72,7 +75,8 @@ class OwnEngine:
         return Served(config, config.served_model_name or name, tokenizer, max_len, vocab, eos,
                       profile, spec, placement,
                       placeholder_text=PLACEHOLDER_TEXT if config.executor == "sim" else None,
-                      calibrate=config.executor == "torch", prepare=prepare)
+                      calibrate=config.executor == "torch", prepare=prepare,
+                      fleet=f"{config.executor} executor")
 
     def profile(self, config: ProfileConfig) -> Profile:
         """The engine's steps timed on HyperFlexis Appendix A's grid, fitted."""

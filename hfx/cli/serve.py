@@ -38,17 +38,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--executor torch needs the torch extra ({e}): pip install "
                          "torch==2.13.0 && pip install -e '.[torch,serve]'; or --executor sim"
                          ) from None
-    engines = (f"{len(server.control.instances)} vLLM servers" if config.engine == "vllm"
-               else f"{config.executor} executor")
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
-          f"({engines}, {config.policy} policy)")
+          f"({server.fleet}, {config.policy} policy)")
     workers = config.num_api_workers
     if workers > 1:  # the control plane here, HTTP and streams in front processes
         from hfx.serving.tree import ProcessTree
 
         tree = ProcessTree(server, Access.of(config), config.host, config.port, workers,
                            config.shutdown_timeout, config.upstream_idle_timeout,
-                           tokens_at_front=config.engine == "vllm",
+                           tokens_at_front=server.streams_at_front,
                            front_timeout=config.front_timeout)
         print(f"{workers} front processes on port {tree.port}")
         code = tree.run()

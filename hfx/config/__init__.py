@@ -19,6 +19,7 @@ from hfx.config.sections import (
     DEFAULT_STEP_NOISE,
     SECTIONS,
     AdmissionSection,
+    BackendSection,
     EngineSection,
     FleetSection,
     GatewaySection,
@@ -33,7 +34,7 @@ from hfx.config.sections import (
 
 __all__ = [
     "DEFAULT_DRAIN_SECONDS", "DEFAULT_STEP_NOISE", "SECTIONS", "AdmissionSection",
-    "ClusterConfig", "EngineSection", "FleetSection", "GatewaySection", "ModelConfig",
+    "BackendSection", "ClusterConfig", "EngineSection", "FleetSection", "GatewaySection", "ModelConfig",
     "OutlierSection", "PolicySection", "ProfileConfig", "ScalerSection", "Section",
     "ServeConfig", "SimConfig", "VLLMSection", "WorkloadSection", "add_model_args",
     "flatten_sections", "model_from_args", "parse_params", "section_of",

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from hfx.config.sections import (
     DEFAULT_STEP_NOISE,
     AdmissionSection,
+    BackendSection,
     EngineSection,
     FleetSection,
     GatewaySection,
@@ -79,7 +80,7 @@ class SimConfig(WorkloadSection, ClusterConfig):
         "hfx/records/streaming.py), for runs of tens of millions of requests"))
 
 
-class ProfileConfig(ModelConfig, VLLMSection):
+class ProfileConfig(ModelConfig, BackendSection, VLLMSection):
     """``hfx profile``: measure the model on the seed's grid and fit the step-time model; with
     ``--engine vllm``, a vLLM server (``--backend URL``, or one started from --checkpoint)."""
 
@@ -92,7 +93,8 @@ class ProfileConfig(ModelConfig, VLLMSection):
     out: str = Field("profile.json", description="where to write the profile JSON")
 
 
-class ServeConfig(ModelConfig, GatewaySection, VLLMSection, OutlierSection, ClusterConfig):
+class ServeConfig(ModelConfig, GatewaySection, BackendSection, VLLMSection, OutlierSection,
+                  ClusterConfig):
     """``hfx serve``: an OpenAI-compatible gateway in front of a cluster of instances. The
     cluster sections are ``hfx sim``'s; the defaults below differ where serving needs it."""
 
@@ -135,15 +137,14 @@ class ServeConfig(ModelConfig, GatewaySection, VLLMSection, OutlierSection, Clus
     def _one_instance_per_backend(cls, values: Any) -> Any:
         """Every --backend is served: colocated, the instance count follows them unless
         given (a second --backend was silently dropped)."""
-        if (isinstance(values, dict) and values.get("engine") == "vllm"
-                and values.get("mode", "colocated") == "colocated"
+        if (isinstance(values, dict) and values.get("mode", "colocated") == "colocated"
                 and values.get("backend") and "instances" not in values):
             values = {**values, "instances": len(values["backend"])}
         return values
 
     @model_validator(mode="after")
     def _backends_fit(self) -> ServeConfig:
-        if self.engine != "vllm" or not self.backend:
+        if not self.backend:
             return self
         fleet = self.prefill + self.decode if self.mode == "pd" else self.instances
         if fleet < len(self.backend):

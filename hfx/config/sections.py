@@ -278,10 +278,11 @@ class ModelConfig(Section):
     weight_seed: int = Field(0, ge=0, description="seed of the random weights")
 
 
-class VLLMSection(Section):
-    """Real vLLM engines as the instances: HFX dispatches, vLLM runs the batches."""
+class BackendSection(Section):
+    """Which backend runs the instances (hfx/engines.py names them; each is a folder under
+    hfx/backends/ with its own section here)."""
 
-    section: ClassVar[str] = "vllm"
+    section: ClassVar[str] = "backend"
 
     engine: str = Field("hfx", description=f"where instances run ({', '.join(BACKENDS)}): "
                         "hfx: HFX's own engine core (--executor); vllm: vLLM OpenAI servers, "
@@ -293,6 +294,13 @@ class VLLMSection(Section):
         if v not in BACKENDS:
             raise ValueError(f"unknown engine {v!r}; choose one of {', '.join(BACKENDS)}")
         return v
+
+
+class VLLMSection(Section):
+    """Real vLLM engines as the instances: HFX dispatches, vLLM runs the batches."""
+
+    section: ClassVar[str] = "vllm"
+
     backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
                                "server to dispatch to (repeatable; started with "
                                "--scheduling-policy priority); --instances beyond these are "
@@ -387,6 +395,6 @@ class GatewaySection(Section):
 
 SECTIONS: dict[str, type[Section]] = {s.section: s for s in (
     WorkloadSection, FleetSection, EngineSection, PolicySection, ScalerSection,
-    AdmissionSection, ModelConfig, GatewaySection, VLLMSection, OutlierSection)}
+    AdmissionSection, ModelConfig, GatewaySection, BackendSection, VLLMSection, OutlierSection)}
 
 

@@ -53,6 +53,7 @@ def build_server(config: ServeConfig) -> Server:
         calibrator = _calibrator(config, control, profile, engine)
     server = Server(control, served.tokenizer, options, calibrator, tenants)
     server.placement = served.placement
+    server.streams_at_front, server.fleet = served.streams_at_front, served.fleet
     server.services += served.services(control)
     _record(config, server)
     return server

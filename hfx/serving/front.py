@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from hfx.backends.vllm.upstream import ABORTED, Ending, ending_of, new_session, relay
+from hfx.backends.openai_stream import ABORTED, Ending, ending_of, new_session, relay
 from hfx.cluster.control import TokenEvent
 from hfx.model.tokenizer import Tokenizer
 from hfx.request import SLO, Outcome, Request

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from hfx.backends.vllm.upstream import ABORTED, Ending, RelayOwner
+from hfx.backends.openai_stream import ABORTED, Ending, RelayOwner
 from hfx.cluster.control import TokenEvent
 from hfx.request import DEFAULT_TENANT, SLO
 from hfx.sampling import SamplingParams

@@ -255,6 +255,10 @@ class Server(Intake):
         # What else runs beside the control plane while serving (the --backend healer).
         self.services: list[Service] = []
         self.recorder: Recorder | None = None  # --record: every request's row
+        # From the backend (hfx/backends/base.py Served): the fronts run its streams, and the
+        # fleet in a few words.
+        self.streams_at_front = False
+        self.fleet = ""
         self._ids = itertools.count()
 
     @property

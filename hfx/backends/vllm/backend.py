@@ -173,7 +173,8 @@ class VLLMBackend:
                       None, placement,
                       replay_planner="deadline-chunked" if hfx_inside else "vllm",
                       replay_token_budget=config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,
-                      close=close, services=services)
+                      close=close, services=services, streams_at_front=True,
+                      fleet=f"{len(fleet)} vLLM servers")
 
     def profile(self, config: ProfileConfig) -> Profile:
         return profile_server(config)

@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from hfx.backends.openai_stream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.backends.vllm.kv_events import KVEventSubscriber, KVEventTranslator
 from hfx.backends.vllm.metrics import ServerInfo, parse_metrics
 from hfx.backends.vllm.slo_args import slo_args
-from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Ending, LocalRelay, Relay, new_session
 from hfx.cluster.instance import EventSink
 from hfx.engine import EngineError, InstanceStats, RequestStatus, Role, Sequence, StepOutput
 from hfx.engine.planners.vllm import vllm_priority as priority_for

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 import hfx
+from hfx.backends.openai_stream import DEFAULT_IDLE_TIMEOUT, Relay
 from hfx.backends.vllm.instance import VLLMInstance
 from hfx.backends.vllm.metrics import server_info
-from hfx.backends.vllm.upstream import DEFAULT_IDLE_TIMEOUT, Relay
 from hfx.cluster.provisioner import Plan
 from hfx.engine import EngineConfig, Role
 

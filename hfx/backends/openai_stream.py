@@ -1,4 +1,9 @@
-"""One streamed completion from a vLLM OpenAI server, read at little cost per token.
+"""One streamed completion from an OpenAI-compatible server, read at little cost per token.
+
+Shared by every backend whose instances are OpenAI-compatible servers (vLLM's, hfx/backends/
+vllm/), and by the front processes that run their streams (hfx/serving/front.py, hub.py). It
+reads OpenAI's ``/v1/completions`` SSE events and the ``token_ids`` field that vLLM adds with
+``return_token_ids`` (the tokens sampled, which records and a retry's continuation need).
 
 The hot path of HFX over vLLM: every token of the fleet passes here. It uses aiohttp, whose
 HTTP parser is C and whose connection pool does no work per event (httpx's pool checked every
