@@ -34,8 +34,8 @@ from hfx.config.sections import (
 
 __all__ = [
     "DEFAULT_DRAIN_SECONDS", "DEFAULT_STEP_NOISE", "SECTIONS", "AdmissionSection",
-    "BackendSection", "ClusterConfig", "EngineSection", "FleetSection", "GatewaySection", "ModelConfig",
-    "OutlierSection", "PolicySection", "ProfileConfig", "ScalerSection", "Section",
+    "BackendSection", "ClusterConfig", "EngineSection", "FleetSection", "GatewaySection",
+    "ModelConfig", "OutlierSection", "PolicySection", "ProfileConfig", "ScalerSection", "Section",
     "ServeConfig", "SimConfig", "VLLMSection", "WorkloadSection", "add_model_args",
     "flatten_sections", "model_from_args", "parse_params", "section_of",
 ]

@@ -163,7 +163,7 @@ class AdmissionSection(Section):
     tenants: str | None = Field(None, description=(
         "YAML or JSON file of tenants: {name: {weight, requests_per_second, "
         "tokens_per_minute, api_keys}}; weights shape fair shares, limits answer 429, keys "
-        "name the tenant of a request (hfx/serving/tenants.py)"))
+        "name the tenant of a request (hfx/cluster/tenants.py, hfx/serving/tenancy.py)"))
 
 
 class OutlierSection(Section):

@@ -2,6 +2,50 @@
 
 Entries are import paths, resolved on first use: listing or validating names (every CLI start)
 imports no policy.
+
+A policy (base.py) is a plain object the control plane calls; it never awaits, never reads a
+wall clock and never reaches into an engine. It implements ``enqueue``, ``schedule`` (→ a
+``Decision``: dispatches, rejections, a wake-up time), ``num_queued`` and ``withdraw`` (drop a
+queued request that was aborted or shed), and may hear ``on_finished`` and
+``on_instance_removed``. What it sees and returns (views.py: ``InstanceView``, ``ClusterView``,
+``Decision``, ``Dispatch``) is compiled with the engine under ``hfx native``; the policies stay
+Python. ``ClusterView.version`` moves when the fleet changes a snapshot, an instance's
+acceptance or the membership, so a policy may keep what it derives from the views (its shadows,
+``accepting()``'s list) until then; the live tallies (``outstanding``) are read from the views
+directly. In P/D, ``PD_POLICIES`` pairs a P-stage dispatcher with a D-stage Migrator.
+
+Shared pieces:
+
+- shadow.py: the dispatcher's estimate of each instance (in-flight requests and their SLOs,
+  decode context, KV promised, free sequence slots), corrected by each Monitor snapshot;
+  ``Shadows.follow`` re-syncs them only when the view's version moves.
+- slo_queue.py (Q_R, by TPOT then arrival, or start tag with fair shares), maturity.py (Q_W,
+  instances by maturity time, a heap with lazy deletion, for the dispatcher and the Migrator),
+  output_length.py (per-task running mean and std, or ``oracle``), deadline_queue.py (SCORPIO's
+  per-instance queue in TTFT-deadline order).
+
+What a policy sees of the prefix caches (issue 47): ``ClusterView.cached(request)`` gives, per
+instance, the prompt tokens it holds cached, from the control plane's ``PrefixIndex``
+(prefix_index.py). The index is fed by each engine's block manager for the simulator and the
+own engine, by each vLLM server's KV events for the servers HFX starts, and estimated from
+routing for ``--backend`` servers, Ray-placed servers and a server whose event stream went
+silent (the source is on ``/metrics`` as ``hfx_prefix_index_source``). A malformed or
+out-of-order event is dropped and counted (``hfx_kv_events``), never guessed into the index.
+HFX's dispatcher predicts each prompt's prefill past what the instance holds (``prefill_over``)
+and leaves a request for the instance that holds more of it while its first token is still
+likely in time there (``HFXDispatcher.elsewhere``); such a request is parked (parking.py), so
+instances that hold less of it skip it in their scans of Q_R until the verdict's inputs move.
+The cache-aware routers (cache_router.py, llm_d.py, dynamo.py, sglang.py, prefix_aware.py)
+route at arrival onto vLLM's ``chunked`` engine, each from its own source and defaults
+(docs/peers.md).
+
+HFX's dispatcher (hfx.py) states its reading of the seed in its docstring. Two of its rules,
+with their reasons: its token budget is also capped by the engine's free ``max_num_seqs`` slots
+(without the cap, dispatched work queued inside the engine, outside the maturity model); and
+hopeless requests are served only when no feasible request is queued (serving them with each
+batch's leftover budget took capacity from feasible requests at overload). The readings of
+SLOs-Serve and PolyServe are in slos_serve.py, polyserve.py and the engine's slo_paced.py and
+tpot_chunked.py.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   0.731 at 35 QPS (its short waits batch its prefills), where overriding only the waits that
   end too late cost it nothing and gave tiered-4096-1024 its short prompts' TTFT back: after
   an 8k prefill beside a 20 ms batch the payback wait is about one more prefill
-  (docs/architecture.md).
+  (docs/log/2026-11-28-architecture-history.md).
 """
 
 from __future__ import annotations
