@@ -38,11 +38,12 @@ def gateway(checkpoint, fakes, **kw) -> Running:
                    profile="tiny@cpu", max_model_len=2048, policy="rr", **kw)
 
 
-async def _complete(url: str, model: str, prompts: list[str]) -> list[dict]:
+async def _complete(url: str, model: str, prompts: list[str], tokens: int = TOKENS
+                    ) -> list[dict]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         async def one(prompt: str) -> dict:
             r = await client.post("/v1/completions", json={
-                "model": model, "prompt": prompt, "max_tokens": TOKENS, "ignore_eos": True})
+                "model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True})
             return {"status": r.status_code, **r.json()}
 
         return await asyncio.gather(*(one(p) for p in prompts))
@@ -205,14 +206,7 @@ def test_a_burst_of_bad_streams_never_empties_the_fleet_and_every_gauge_returns_
                     await asyncio.sleep(0.01)
 
             watcher = asyncio.ensure_future(watch())
-            async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
-                async def one(prompt: str) -> dict:
-                    r = await client.post("/v1/completions", json={
-                        "model": gw.model, "prompt": prompt, "max_tokens": 64,
-                        "ignore_eos": True})
-                    return {"status": r.status_code, **r.json()}
-
-                results = await asyncio.gather(*(one(p) for p in [*faulty, *healthy]))
+            results = await _complete(gw.url, gw.model, [*faulty, *healthy], 64)
             done.set()
             await watcher
             return results, accepting
@@ -265,16 +259,9 @@ def test_in_pd_bad_prefills_eject_one_prefill_server_never_both_and_healthy_requ
     faulty = [f"%bad {i}" for i in range(8)]
     try:
         async def run() -> list[dict]:
-            async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
-                async def one(prompt: str) -> dict:
-                    r = await client.post("/v1/completions", json={
-                        "model": gw.model, "prompt": prompt, "max_tokens": 16,
-                        "ignore_eos": True})
-                    return {"status": r.status_code, **r.json()}
-
-                # The bad ones first, so that their faults come in a row.
-                bad_results = await asyncio.gather(*(one(p) for p in faulty))
-                return [*bad_results, *await asyncio.gather(*(one(p) for p in healthy))]
+            # The bad ones first, so that their faults come in a row.
+            bad_results = await _complete(gw.url, gw.model, faulty, 16)
+            return [*bad_results, *await _complete(gw.url, gw.model, healthy, 16)]
 
         results = asyncio.run(run())
         for r in results[len(faulty):]:
