@@ -112,3 +112,17 @@ def test_on_a_saturated_fleet_a_calm_tenant_goes_before_a_flood_that_came_first(
 
     unfair, fair = started_before(False), started_before(True)
     assert fair <= 2 and unfair >= 50, (fair, unfair)  # measured: 1 and 56
+
+
+def test_only_two_tenants_with_open_requests_contend():
+    fair = FairShare()
+    fair.tag(req("a0", "a"), now=0.0)
+    fair.tag(req("a1", "a"), now=0.0)
+    assert not fair.contended()  # one tenant alone is never held back
+    fair.tag(req("b0", "b"), now=0.0)
+    assert fair.contended()
+    fair.finished("b0", 10)
+    assert not fair.contended()
+    fair.finished("a0", 10)
+    fair.finished("a1", 10)
+    assert not fair.contended() and fair._open == {}

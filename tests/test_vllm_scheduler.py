@@ -133,16 +133,19 @@ def test_preemption_and_prefix_hits_under_hfx_scheduler_lose_no_request(gw):
     url = server(gw).url
     before = vllm_metrics(url)
 
-    def ask(prompt: str) -> int:
+    def ask(prompt: str, tokens: int = 100) -> int:
         r = gw.client.completions.create(
-            model=gw.model, prompt=prompt, max_tokens=100,
+            model=gw.model, prompt=prompt, max_tokens=tokens,
             extra_body={"ignore_eos": True, "slo": {"ttft_ms": 60000, "tpot_ms": 5000}})
         return r.usage.completion_tokens
 
-    # Eight distinct prompts of ~220 tokens growing by 100 each: more than the 2,048 tokens.
+    # Eight distinct prompts of ~220 tokens growing by 300 each: any four decoding together
+    # outgrow the 2,048 tokens of KV, however HFX's scheduler paces their prefills (with 100
+    # more tokens each, the first ones could end before the last began: no preemption, 1 run
+    # in 4).
     prompts = [f"{i}: tell me about the sea " * 10 for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
-        assert list(pool.map(ask, prompts)) == [100] * 8
+        assert list(pool.map(lambda p: ask(p, 300), prompts)) == [300] * 8
     again = "the sea again " * 16
     assert ask(again) == ask(again) == 100  # the second finds the first's blocks cached
     after = vllm_metrics(url)

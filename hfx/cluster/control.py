@@ -294,10 +294,12 @@ class ControlPlane:
         come) is saturated: it queues ``HOLD_PER_INSTANCE`` requests per instance taking work,
         or every such instance queues ``QUEUE_DEPTH`` beyond what it runs at once (the Gateway
         API Inference Extension's saturation detector: a queue depth per endpoint). A
-        dispatcher with a queue of its own orders it by start tag instead (SLOQueue)."""
+        dispatcher with a queue of its own orders it by start tag instead (SLOQueue). One
+        tenant alone is never held."""
         stage = self._dispatch
         assert stage is not None
-        if not isinstance(stage.policy, ArrivalOrderPolicy):
+        if (not isinstance(stage.policy, ArrivalOrderPolicy) or self.fair is None
+                or not self.fair.contended()):
             return False
         targets = stage.view.accepting()
         if stage.policy.num_queued() >= HOLD_PER_INSTANCE * max(1, len(targets)):

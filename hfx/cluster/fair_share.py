@@ -18,8 +18,9 @@ Language Models" (Sheng et al., OSDI 2024, §4: ``input_weight`` per prompt toke
   order, as without fair shares.
 - Where it keeps none (it places each request on arrival: round robin, least-loaded), requests
   wait here instead while every instance has a queue of its own (the Gateway API Inference
-  Extension's saturation detector), and go in start-tag order as room frees, the highest
-  priority band first.
+  Extension's saturation detector) and two tenants or more have requests open, and go in
+  start-tag order as room frees, the highest priority band first. One tenant alone is never
+  held: there is no share to keep.
 
 Dynamo's router (deficit round robin, weighted by uncached tokens) would serve the same end;
 start tags were chosen because they order a dispatcher's existing queue without holding
@@ -62,6 +63,7 @@ class FairShare:
         self.virtual = 0.0  # V, the frontier (``frontier``); never moves back
         self.finish: dict[str, float] = {}  # F per tenant: the service charged to it
         self._charged: dict[str, tuple[str, int]] = {}  # request id → (tenant, max_tokens)
+        self._open: dict[str, int] = {}  # tenant → its requests tagged and not ended
         # (tag, TTFT deadline, id) of the requests waiting for a placement, lazily pruned.
         self._waiting: list[tuple[float, float, str]] = []
         self._placed: set[str] = set()
@@ -78,11 +80,17 @@ class FairShare:
         cost = self.input_weight * request.prompt_len + self.output_weight * request.max_tokens
         self.finish[tenant] = start + cost / self.weights.get(tenant, 1.0)
         self._charged[request.id] = (tenant, request.max_tokens)
+        self._open[tenant] = self._open.get(tenant, 0) + 1
         request.fair_tag = start
         slo = request.slo
         deadline = request.arrival + slo.ttft if slo is not None else float("inf")
         heapq.heappush(self._waiting, (start, deadline, request.id))
         return start
+
+    def contended(self) -> bool:
+        """Two tenants or more have requests open: only then is there a share to keep (one
+        tenant alone is never held back)."""
+        return len(self._open) > 1
 
     def dispatched(self, request: Request) -> None:
         """It was placed: it no longer holds the frontier back."""
@@ -97,6 +105,11 @@ class FairShare:
         if charged is None:
             return
         tenant, max_tokens = charged
+        n = self._open[tenant] - 1
+        if n:
+            self._open[tenant] = n
+        else:
+            del self._open[tenant]
         self.finish[tenant] -= (self.output_weight * (max_tokens - tokens)
                                 / self.weights.get(tenant, 1.0))
 
