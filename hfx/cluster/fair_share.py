@@ -157,8 +157,8 @@ class FairShare:
         self._held_ids.add(request.id)
 
     def release(self, saturated: Callable[[], bool]) -> Iterator[Request]:
-        """Held requests, highest band first and by start tag within it, while
-        ``saturated()`` says there is room. The caller hands each to the dispatcher before
+        """Held requests, highest band first and by start tag within it, until
+        ``saturated()`` says there is no room. The caller hands each to the dispatcher before
         asking for the next (that is what fills the room)."""
         held = self._held
         while held and not saturated():
