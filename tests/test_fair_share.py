@@ -126,3 +126,22 @@ def test_only_two_tenants_with_open_requests_contend():
     fair.finished("a0", 10)
     fair.finished("a1", 10)
     assert not fair.contended() and fair._open == {}
+
+
+def test_scope_fleet_serves_in_share_requests_first_across_classes():
+    queue = SLOQueue()
+    strict = Request("flood-strict", 0.0, 10, 10, SLO(1.0, 0.1), tenant="flood")
+    strict.fair_tag = 500.0
+    loose = Request("calm-loose", 0.0, 10, 10, SLO(1.0, 0.9), tenant="calm")
+    loose.fair_tag = 10.0
+    queue.push(strict)
+    queue.push(loose)
+    assert [r.id for r in queue.scan(10)] == ["flood-strict", "calm-loose"]  # class first
+    assert [r.id for r in queue.scan(10, eligible=100.0)] == ["calm-loose", "flood-strict"]
+    assert [r.id for r in queue.scan(1, eligible=100.0)] == ["calm-loose"]  # one limit
+    assert FairShare(scope="class").eligible(0.0) is None
+    fleet = FairShare(scope="fleet")
+    fleet.tag(req("x", "a"), now=0.0)
+    assert fleet.eligible(0.0) == 0.0 + 65536.0
+    with pytest.raises(ValueError, match="fair-share scope"):
+        FairShare(scope="tenant")

@@ -49,6 +49,12 @@ async def _complete(url: str, model: str, prompts: list[str], tokens: int = TOKE
         return await asyncio.gather(*(one(p) for p in prompts))
 
 
+def _serves_on(gw: Running) -> None:
+    """Nothing is left running at the servers: the healthy prompts come back whole."""
+    after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
+    assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
+
+
 def expected(prompt: str) -> str:
     return bytes(generate(ByteTokenizer().encode(prompt), TOKENS)).decode()
 
@@ -78,8 +84,7 @@ def test_a_broken_stream_resumes_alone_and_the_fleet_stays_whole(checkpoint, fau
         assert gw.call(lambda: (control.num_queued(), len(control.records)
                                 - control.ledger.num_done)) == (0, 0)
         # Nothing is left running at the servers, and the fleet serves on.
-        after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
-        assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
+        _serves_on(gw)
     finally:
         gw.close()
         for f in fakes:
@@ -237,8 +242,7 @@ def test_a_burst_of_bad_streams_never_empties_the_fleet_and_every_gauge_returns_
             assert time.monotonic() < deadline, "the ejected server was not re-admitted"
             time.sleep(0.05)
         assert sum(detector.readmitted.values()) == sum(detector.ejected.values())
-        after = asyncio.run(_complete(gw.url, gw.model, list(HEALTHY)))
-        assert [r["usage"]["completion_tokens"] for r in after] == [TOKENS] * len(HEALTHY)
+        _serves_on(gw)
     finally:
         gw.close()
         for f in fakes:

@@ -40,11 +40,12 @@ def run(args: argparse.Namespace) -> int:
                          ) from None
     print(f"serving {server.options.model_name} on http://{config.host}:{config.port}/v1 "
           f"({server.fleet}, {config.policy} policy)")
+    access = Access.of(config, server.options.tenant_keys)
     workers = config.num_api_workers
     if workers > 1:  # the control plane here, HTTP and streams in front processes
         from hfx.serving.tree import ProcessTree
 
-        tree = ProcessTree(server, Access.of(config), config.host, config.port, workers,
+        tree = ProcessTree(server, access, config.host, config.port, workers,
                            config.shutdown_timeout, config.upstream_idle_timeout,
                            tokens_at_front=server.streams_at_front,
                            front_timeout=config.front_timeout)
@@ -52,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
         code = tree.run()
         print("stopped")
         return code
-    serve(server, Access.of(config), config.host, config.port, config.shutdown_timeout)
+    serve(server, access, config.host, config.port, config.shutdown_timeout)
     print("stopped")
     return 0

@@ -273,7 +273,7 @@ class ControlPlane:
             self.migration.sent[request.id] = request
         if self.fair is not None:
             self.fair.tag(request, loop.time())
-            self._dispatch.view.fair_eligible = self.fair.eligible(loop.time())
+            self._fair_moved(loop.time())
             if self.fair.num_held or self._must_hold():
                 self.fair.hold(request)  # it goes when its turn comes and there is room
                 self._release()
@@ -307,6 +307,12 @@ class ControlPlane:
         return bool(targets) and all(
             max(v.stats.num_waiting, v.outstanding - v.stats.max_num_seqs) >= QUEUE_DEPTH
             for v in targets)
+
+    def _fair_moved(self, now: float) -> None:
+        """Tags were given, placed or ended: what the dispatcher serves first moved (scope
+        "fleet"; None for "class")."""
+        if self.fair is not None and self._dispatch is not None:
+            self._dispatch.view.fair_eligible = self.fair.eligible(now)
 
     def _release(self) -> None:
         """Held requests to the dispatcher, in fair order, while there is room."""
@@ -431,8 +437,6 @@ class ControlPlane:
             record.instance = d.instance
             if self.fair is not None:
                 self.fair.dispatched(d.request)
-                assert self._dispatch is not None
-                self._dispatch.view.fair_eligible = self.fair.eligible(now)
             record.best_effort = d.best_effort
             if self.scaler is not None:
                 self.scaler.on_dequeue(Role.PREFILL if self.pd else Role.COLOCATED, now)
@@ -446,6 +450,8 @@ class ControlPlane:
                 self.fleet.prefix.routed(d.instance, d.request)
         for request in decision.reject:
             self._finish(self.records[request.id], Outcome.REJECTED, now, "rejected by policy")
+        if decision.dispatch:
+            self._fair_moved(now)
 
     def _on_snapshot(self, snapshot: dict[int, InstanceStats]) -> None:
         self.fleet.on_snapshot(snapshot)
@@ -639,8 +645,7 @@ class ControlPlane:
         req = record.request
         if self.fair is not None:
             self.fair.finished(req.id, record.num_tokens)
-            if self._dispatch is not None:
-                self._dispatch.view.fair_eligible = self.fair.eligible(now)
+            self._fair_moved(now)
         if self.fleet.prefix is not None:
             self.fleet.prefix.forget(req.id)
         self._ending.pop(req.id, None)  # however it ended

@@ -27,8 +27,9 @@ class Running:
     def __init__(self, **options) -> None:
         config = ServeConfig(port=0, **options)
         self.server = build_server(config)
-        config = uvicorn.Config(create_app(self.server, Access.of(config)), host="127.0.0.1",
-                                port=0, log_level="warning")
+        access = Access.of(config, self.server.options.tenant_keys)
+        config = uvicorn.Config(create_app(self.server, access), host="127.0.0.1", port=0,
+                                log_level="warning")
         self.uv = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uv.run, daemon=True)
         self.thread.start()

@@ -5,17 +5,18 @@ no framework between the socket and their tokens."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from hfx.cluster.tenants import load_tenants
 from hfx.serving.protocol import APIError
+from hfx.serving.tenancy import bearer
 
 if TYPE_CHECKING:
-    from hfx.config import GatewaySection, ServeConfig
+    from hfx.config import GatewaySection
 
 __all__ = ["Access", "Receive", "Scope", "Send", "header_dict", "respond", "respond_json"]
 
@@ -29,16 +30,14 @@ class Access:
     auth_health: bool = False
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 8 << 20
-    tenant_keys: frozenset[str] = frozenset()  # --tenants' API keys: each one valid too
+    tenant_keys: tuple[str, ...] = ()  # --tenants' API keys: each one valid too
 
     @classmethod
-    def of(cls, config: GatewaySection | ServeConfig) -> Access:
+    def of(cls, config: GatewaySection, tenant_keys: Iterable[str] = ()) -> Access:
+        """``tenant_keys``: the keys the server's --tenants declares (ServeOptions)."""
         origins = tuple(o.strip() for o in (config.cors_origins or "").split(",") if o.strip())
-        tenants = getattr(config, "tenants", None)
-        keys = frozenset(k for spec in (load_tenants(tenants).values() if tenants else ())
-                         for k in spec.api_keys)
         return cls(config.api_key, config.auth_metrics, config.auth_health, origins,
-                   config.max_body_bytes, keys)
+                   config.max_body_bytes, tuple(sorted(tenant_keys)))
 
     def guards(self, path: str) -> bool:
         if self.api_key is None and not self.tenant_keys:
@@ -51,7 +50,7 @@ class Access:
     def refusal(self, path: str, headers: dict[str, str]) -> APIError | None:
         """Why a request may not be served before its body is read: no valid key, or a
         Content-Length over the limit."""
-        if self.guards(path) and not self._authorized(headers.get("authorization", "")):
+        if self.guards(path) and not self._authorized(bearer(headers)):
             return APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
                             code="invalid_api_key")
         length = headers.get("content-length")
@@ -59,10 +58,12 @@ class Access:
             return self.too_large()
         return None
 
-    def _authorized(self, header: str) -> bool:
-        keys = [self.api_key] if self.api_key is not None else []
+    def _authorized(self, token: str | None) -> bool:
+        if token is None:
+            return False
+        keys = (self.api_key, *self.tenant_keys) if self.api_key is not None else self.tenant_keys
         # Every key compared (in constant time each): which one matched is not timed.
-        return any([_authorized(header, key) for key in (*keys, *sorted(self.tenant_keys))])
+        return any([hmac.compare_digest(token.encode(), key.encode()) for key in keys])
 
     def too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes",
@@ -89,12 +90,6 @@ class Access:
 def header_dict(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1")
             for k, v in scope.get("headers", ())}
-
-
-def _authorized(header: str, key: str) -> bool:
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                              key.encode())
 
 
 async def respond_json(send: Send, status: int, body: Any,
