@@ -140,14 +140,14 @@ def build_cluster(config: ClusterConfig, profile: Profile,
         policy = make_policy(config.policy, **config.policy_params)
         roles = [Role.COLOCATED] * config.instances
     ecfg = engine_config(config, profile, config.planner or policy.planner)
+    planner = PLANNERS.get_or_raise(engine_planner or ecfg.planner)
     instances = placement.initial([(i, replace(ecfg, role=role)) for i, role in enumerate(roles)])
     control = ControlPlane(instances, policy, profile,
                            step_model=profile.model.scaled(1.0 + config.predictor_error),
                            monitor=Monitor(config.monitor_interval),
                            mapper=make_mapper(config, tasks), migrator=migrator, tl_manager=tl,
                            admission=AdmissionLimits(config.max_queued, config.max_wait),
-                           mixed_steps=PLANNERS.get_or_raise(
-                               engine_planner or ecfg.planner).mixes_decodes,
+                           mixed_steps=planner.mixes_decodes, step_tokens=planner.step_tokens(ecfg),
                            prefix=PrefixIndex(config.block_size) if config.prefix_caching
                            else None, ejection=ejection, fair=fair_share(config))
     if config.max_instances is not None:

@@ -105,6 +105,7 @@ class ControlPlane:
         max_retries: int = 1,
         admission: AdmissionLimits | None = None,
         mixed_steps: bool = False,
+        step_tokens: int | None = None,
         prefix: PrefixIndex | None = None,
         ejection: EjectionPolicy | None = None,
         fair: FairShare | None = None,
@@ -118,6 +119,7 @@ class ControlPlane:
         self.profile = profile
         self.step_model = step_model or profile.model  # the dispatcher's predictions
         self.mixed_steps = mixed_steps  # the engines' prefill steps also decode (ClusterView)
+        self.step_tokens = step_tokens  # their per-step token budget when it chunks prompts
         self.mapper = mapper
         self.ledger = RequestLedger(mapper.levels if mapper else 0)
         self.recovery = Recovery(max_retries, self.fleet.pd)
@@ -198,7 +200,7 @@ class ControlPlane:
         fleet.start(self.on_events, now)
         view = ClusterView(now, fleet.members_view(Role.PREFILL if fleet.pd else None),
                            self.step_model, self.profile, mixed_steps=self.mixed_steps,
-                           prefix=fleet.prefix)
+                           prefix=fleet.prefix, step_tokens=self.step_tokens)
         self._dispatch = Stage("dispatch", self.policy, view, self._apply)
         if fleet.pd:
             assert self.migrator is not None and fleet.tl is not None

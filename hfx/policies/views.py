@@ -62,6 +62,10 @@ class ClusterView:
     # The engines' steps that prefill also decode their running batch (BatchPlanner
     # .mixes_decodes): a first token then comes a decode step later than the prefill alone.
     mixed_steps: bool
+    # The engines' per-step token budget when they chunk prompts into it whatever their
+    # deadlines (BatchPlanner.step_tokens: vLLM's scheduler); None when prompts run whole or
+    # are paced by deadlines.
+    step_tokens: int | None
     # Moved on by whoever owns the views (the fleet) when a snapshot, an instance's acceptance
     # or the membership changes — not the live tallies (outstanding). A policy may keep what it
     # derives from the snapshots until it moves: at 1,000 instances an O(N) pass per call was
@@ -75,12 +79,13 @@ class ClusterView:
 
     def __init__(self, now: float, instances: list[InstanceView], step_model: StepTimeModel,
                  profile: Profile, mixed_steps: bool = False, version: int = 0,
-                 prefix: CacheMatch | None = None) -> None:
+                 prefix: CacheMatch | None = None, step_tokens: int | None = None) -> None:
         self.now = now
         self.instances = instances
         self.step_model = step_model
         self.profile = profile
         self.mixed_steps = mixed_steps
+        self.step_tokens = step_tokens
         self.version = version
         self.prefix = prefix
         self.fair_eligible: float | None = None

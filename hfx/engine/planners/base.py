@@ -111,6 +111,19 @@ class BatchPlanner(ABC):
     # dispatcher that predicts first tokens needs to know (hfx/policies/hfx.py). slo-paced
     # prefills beside the decodes that are due only, so it is not counted as one.
     mixes_decodes: ClassVar[bool] = False
+    # Whether every step takes at most ``token_budget`` tokens, decodes first and prompts
+    # chunked into the rest whatever their deadlines (vLLM's scheduler, ``chunked``): a long
+    # prompt, or a queue of them, then spans several steps, which a dispatcher that predicts
+    # first tokens needs to know (``ClusterView.step_tokens``).
+    splits_prompts: ClassVar[bool] = False
+
+    @classmethod
+    def step_tokens(cls, config: EngineConfig) -> int | None:
+        """The per-step token budget a dispatcher should predict with (``splits_prompts``),
+        else None: prompts run whole or are paced by deadlines."""
+        if not cls.splits_prompts:
+            return None
+        return config.max_num_batched_tokens or cls.default_token_budget
 
     @staticmethod
     def admit(state: EngineState, seq: Sequence) -> None:

@@ -15,6 +15,7 @@ class ChunkedPlanner(BatchPlanner):
     name = "chunked"
     default_token_budget = 2048
     mixes_decodes = True
+    splits_prompts = True
 
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -50,6 +50,7 @@ class VLLMPlanner(BatchPlanner):
     name = "vllm"
     default_token_budget = 2048  # vLLM 0.32's max_num_batched_tokens for its server on CPU
     mixes_decodes = True
+    splits_prompts = True
     # Share of the KV blocks a waiting request must leave free when others run: vLLM 0.32's
     # SchedulerConfig.watermark, 0 by default (the engine's ``watermark``, v0's 1%, is not
     # vLLM v1's and is not applied here).
