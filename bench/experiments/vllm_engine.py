@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from hfx.config import SimConfig
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.evaluation.capacity import seed_capacity, steady
 
 ENGINES = ("vllm", "deadline-chunked")
@@ -61,6 +61,7 @@ def main() -> int:
              for n in args.instances.split(",") for e in args.engines.split(",")
              for p in args.policies.split(",")
              for s in range(args.first_seed, args.first_seed + args.seeds)]
+    commit = code_commit()  # before the runs: the code they ran
     found: dict[tuple[str, int, str, str], list[dict]] = {}
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(one, *t, args.tolerance) for t in tasks]
@@ -94,7 +95,8 @@ def main() -> int:
                                + " ".join(f"--{k.replace('_', '-')} {v}"
                                           for k, v in vars(args).items()
                                           if k != "json" and v is not None),
-                               "target": 0.9, "max_num_seqs": 1024, "cells": cells})
+                               "commit": commit, "target": 0.9, "max_num_seqs": 1024,
+                               "cells": cells})
     print(json.dumps({"cells": len(cells)}))
     return 0
 

@@ -17,3 +17,20 @@ def write_json(path: str, obj: object) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def code_commit() -> str:
+    """The commit a benchmark ran at, ``+dirty`` when tracked files differ from it, so a table
+    never mixes cells of different code unnoticed; "unknown" outside a git checkout."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "hfx"],
+                               capture_output=True).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
