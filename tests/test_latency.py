@@ -60,8 +60,8 @@ def test_the_noise_draw_is_the_standard_librarys_bit_for_bit():
 def test_a_shape_and_a_model_pickle_back_equal():
     """They travel to Ray actors (in a profile, a planned step), one format compiled and not."""
     shape = BatchShape(prefill_tokens=7, prefill_sq=49.0, num_prefill=1, decode_ctx=900,
-                       num_decode=3)
-    for value in (shape, MODEL):
+                       num_decode=3, prefill_ck=70.0)
+    for value in (shape, MODEL, replace(MODEL, prefill_e=1e-9)):
         assert pickle.loads(pickle.dumps(value)) == value
 
 
@@ -78,8 +78,8 @@ def test_fit_recovers_known_coefficients_from_noisy_samples():
         for n in (128, 1024, 4096, 8192):
             t = MODEL.decode_time(b * n, b)
             dec.append((b, b * n, t * (1 + rng.normal(0, 0.01))))
-    (a, b_, c), mape = fit_prefill(pre)
-    assert (a, b_, c) == pytest.approx((0.010, 5e-5, 2e-9), rel=0.05)
+    (a, b_, c, e), mape = fit_prefill(pre)
+    assert (a, b_, c) == pytest.approx((0.010, 5e-5, 2e-9), rel=0.05) and e == 0.0
     assert mape < 0.02
     (a2, b2, c2), mape2 = fit_decode(dec)
     assert (a2, b2, c2) == pytest.approx((0.020, 4e-8, 1e-4), rel=0.1)
@@ -90,7 +90,7 @@ def test_fit_minimises_relative_not_absolute_error():
     # Two regimes an order of magnitude apart: a relative fit keeps the small ones accurate.
     samples = [([n], 0.001 + 1e-6 * n) for n in (1, 2, 4, 8)]
     samples += [([n], 0.1 + 1e-6 * n) for n in (1000, 2000)]  # outliers in absolute terms
-    (a, b, c), _ = fit_prefill(samples)
+    (a, b, c, _), _ = fit_prefill(samples)
     pred = a + b * 1 + c
     assert abs(pred - 0.001) / 0.001 < 1.0
 
@@ -150,10 +150,36 @@ def test_fit_charges_a_cached_prefix_as_attention_over_it():
                for b in (1, 4) for n in (64, 512, 2048)]
     hits = [([n] * b, MODEL.prefill_time(b * n, b * n * (k + n)), k)
             for b in (1, 4) for n in (64, 512) for k in (4096, 16384)]
-    (a, b_, c), mape = fit_prefill(samples + hits)
+    (a, b_, c, e), mape = fit_prefill(samples + hits)
     assert (a, b_, c) == pytest.approx((0.010, 5e-5, 2e-9), rel=1e-6) and mape < 1e-9
+    assert e == pytest.approx(0.0, abs=1e-15)  # this model charges the prefix as Eq. 1 does
     _, blind = fit_prefill(samples + [(ls, t) for ls, t, _ in hits])
     assert blind > 0.05
+
+
+def test_a_cached_prefix_gets_a_coefficient_of_its_own():
+    """On the own engine a new token's attention over a cached prefix costs about twice a
+    pair within the chunk (issue 46): ``prefill_e`` charges the excess, c·k·e. Hits from a
+    model with it fit back to it, where Eq. 1's three coefficients alone cannot."""
+    model = replace(MODEL, prefill_e=2e-9)
+    s = BatchShape()
+    s.add_prefill(64, cached=1024)
+    assert s.prefill_ck == 64 * 1024
+    assert model.step_time(s) == pytest.approx(0.010 + 5e-5 * 64 + 2e-9 * 64 * (1024 + 64)
+                                               + 2e-9 * 64 * 1024)
+    samples = [([n] * b, model.prefill_time(b * n, b * n * n), 0)
+               for b in (1, 4) for n in (64, 512, 2048)]
+    hits = [([n] * b, model.prefill_time(b * n, b * n * (k + n), b * n * k), k)
+            for b in (1, 4) for n in (64, 512) for k in (4096, 16384)]
+    (a, b_, c, e), mape = fit_prefill(samples + hits)
+    assert (a, b_, c, e) == pytest.approx((0.010, 5e-5, 2e-9, 2e-9), rel=1e-6) and mape < 1e-9
+    three = [([n] * b, model.prefill_time(b * n, b * n * (k + n), b * n * k), 0)
+             for b in (1, 4) for n in (64, 512) for k in (4096, 16384)]
+    # Without the cached lengths, no fourth coefficient, and the fit is off.
+    assert fit_prefill(samples + three)[0][3] == 0.0
+    prof = Profile("x@y", model, kv_capacity_tokens=1000)
+    assert Profile.from_json(prof.to_json()) == prof
+    assert "e" not in Profile("x@y", MODEL, kv_capacity_tokens=1000).to_json()["prefill"]
 
 
 def test_a_profile_keeps_its_hit_samples_for_a_refit():

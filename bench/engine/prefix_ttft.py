@@ -5,10 +5,11 @@ Writes JSON; not a test.
 For each cached length k and new length c: a request of k shared tokens and a tail is served
 first (its prompt's full blocks stay cached), then, alone on the idle engine, requests of the
 same k tokens and c new ones; each one's TTFT (its submission to its first token, on the
-ordinary loop) is measured, and predicted by the profile's Eq. 1 as c tokens over k cached
-(``prefill_time(c, c·(k + c))``), and, for scale, as the whole prompt (``prefill_one(k + c)``,
-what a model that knows no cache predicts). The profile is ``hfx profile``'s quick grid with its
-prefix-hit points, measured first (or ``--profile``).
+ordinary loop) is measured, and predicted by the profile as c tokens over k cached
+(``prefill_time(c, c·(k + c), c·k)``: Eq. 1 and the cached prefix's own term, ``prefill_e``),
+and, for scale, as the whole prompt (``prefill_one(k + c)``, what a model that knows no cache
+predicts). The profile is ``hfx profile``'s quick grid with its prefix-hit points, measured
+first (or ``--profile``).
 
     python bench/engine/prefix_ttft.py --json docs/data/prefix_cache/engine_ttft.json
 """
@@ -92,7 +93,7 @@ def main() -> int:
     rows = asyncio.run(measure(engine, loaded.model.shape.vocab_size, args.repeats, args.seed))
     for r in rows:
         k, c = r["cached"], r["new"]
-        r["predicted"] = model.prefill_time(c, c * (k + c))
+        r["predicted"] = model.prefill_time(c, c * (k + c), c * k)
         r["predicted_uncached"] = model.prefill_one(k + c)
         r["error"] = r["predicted"] / r["ttft_median"] - 1
         r["error_uncached"] = r["predicted_uncached"] / r["ttft_median"] - 1
@@ -104,6 +105,7 @@ def main() -> int:
     out = {"command": "python bench/engine/prefix_ttft.py " + " ".join(sys.argv[1:]),
            "python": platform.python_version(), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "profile": profile.name,
+           "coefficients": profile.to_json()["prefill"],
            "fit_mape": profile.fit_mape, "rows": rows,
            "mean_abs_error_hits": statistics.fmean(abs(r["error"]) for r in hits),
            "mean_abs_error_hits_as_whole": statistics.fmean(abs(r["error_uncached"])

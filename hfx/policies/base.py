@@ -35,9 +35,9 @@ def ttft_lost(request: Request, model: StepTimeModel, now: float, cached: int = 
 
 def prefill_over(model: StepTimeModel, prompt_len: int, cached: int) -> float:
     """Eq. 1 for one prompt alone whose first ``cached`` tokens are in the prefix cache: the
-    rest, c tokens, over them (Σc, Σc·(k + c), as the engine's step charges it)."""
+    rest, c tokens, over them (Σc, Σc·(k + c), Σc·k, as the engine's step charges it)."""
     c = prompt_len - cached
-    return model.prefill_time(c, c * (cached + c))
+    return model.prefill_time(c, c * (cached + c), c * cached)
 
 
 # Compiled (hfx/native.py), open to policies written in Python (tests', a user's own).

@@ -442,7 +442,7 @@ class HFXDispatcher(Policy):
 
         admitted: list[tuple[Request, bool]] = []
         deferred: set[str] = set()  # left for an instance that has them cached
-        used = sum_sq = 0
+        used = sum_sq = sum_ck = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
         view = self._view
         skip = (self._parked.skip(iid, now, self.shadow, self.maturity, mixed, model)
@@ -474,11 +474,13 @@ class HFXDispatcher(Policy):
                 deferred.add(req.id)
                 continue  # a hit elsewhere will start it in time
             # r's prefill is the batch's: every member must keep its TTFT with r joined.
-            e_p = self.chunked(model.prefill_time(n, sum_sq + c * (k + c)), n, sh, model, beside)
+            e_p = self.chunked(model.prefill_time(n, sum_sq + c * (k + c), sum_ck + c * k), n,
+                               sh, model, beside)
             if self.calculate_p(min(deadline, own), e_p + beside, sh, wait, now) >= self.theta:
                 self.queue.take(req)
                 admitted.append((req, False))
-                used, sum_sq, deadline = n, sum_sq + c * (k + c), min(deadline, own)
+                used, deadline = n, min(deadline, own)
+                sum_sq, sum_ck = sum_sq + c * (k + c), sum_ck + c * k
         # Best effort only when no feasible request waits: hopeless work must not take the
         # capacity of requests that can still make their SLO.
         while (self._best_effort and not self.queue and len(admitted) < slots
@@ -500,7 +502,7 @@ class HFXDispatcher(Policy):
             self.maturity.set(iid, now + e_d if e_d > 0 else now)
             return
 
-        sum_len = sum_sq = 0
+        sum_len = sum_sq = sum_ck = 0
         for req, best_effort in admitted:
             decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
             sh.add(req, self.kv_reserve(req))
@@ -508,7 +510,9 @@ class HFXDispatcher(Policy):
             c = req.prompt_len - k
             sum_len += c
             sum_sq += c * (k + c)
-        e_p = self.chunked(model.prefill_time(sum_len, sum_sq), sum_len, sh, model, beside)
+            sum_ck += c * k
+        e_p = self.chunked(model.prefill_time(sum_len, sum_sq, sum_ck), sum_len, sh, model,
+                           beside)
         self._prefilled_at[iid] = now + e_p
         self.maturity.set(iid, self.next_maturity(now, e_p, sh, model))
 

@@ -37,14 +37,15 @@ def fit_profile(name: str, prefill: list[PrefillSample],
                 meta: dict) -> Profile:
     pre_fit, pre_held = _split(prefill)
     dec_fit, dec_held = _split(decode)
-    (pa, pb, pc), pre_mape = fit_prefill(pre_fit)
+    (pa, pb, pc, pe), pre_mape = fit_prefill(pre_fit)
     (da, db, dc), dec_mape = fit_decode(dec_fit)
-    model = StepTimeModel(pa, pb, pc, da, db, dc)
+    model = StepTimeModel(pa, pb, pc, da, db, dc, pe)
     fit_mape = {
         "prefill": pre_mape,
         "decode": dec_mape,
         "prefill_heldout": _mape(lambda s: model.prefill_time(
-            sum(s[0]), sum(x * (x + cached(s)) for x in s[0])), pre_held, lambda s: s[1]),
+            sum(s[0]), sum(x * (x + cached(s)) for x in s[0]), sum(x * cached(s) for x in s[0])),
+            pre_held, lambda s: s[1]),
         "decode_heldout": _mape(lambda s: model.decode_time(s[1], s[0]), dec_held,
                                 lambda s: s[2]),
     }

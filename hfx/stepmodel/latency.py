@@ -63,14 +63,23 @@ def _fit_relative(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, 
 
 
 def fit_prefill(samples: Sequence[tuple[Sequence[int], float] | tuple[Sequence[int], float, int]]
-                ) -> tuple[tuple[float, ...], float]:
+                ) -> tuple[tuple[float, float, float, float], float]:
     """Fit Eq. 1 from (prompt lengths of the batch, measured seconds) samples, or (chunks of
     the batch, seconds, tokens cached before each chunk): a prefix-cache hit's step computes
-    the chunk c over k cached tokens, Σ c and Σ c·(k + c) (BatchShape.add_prefill)."""
-    rows = [(1.0, float(sum(s[0])), float(sum(x * (x + cached(s)) for x in s[0])))
-            for s in samples]
+    the chunk c over k cached tokens, Σ c, Σ c·(k + c) and Σ c·k (BatchShape.add_prefill).
+    Returns (a, b, c, e): ``e`` (StepTimeModel.prefill_e) is fitted where at least two samples
+    have hits and there are four samples in all, else 0."""
+    hits = sum(1 for s in samples if cached(s)) >= 2 and len(samples) >= 4
+    rows = []
+    for s in samples:
+        k = cached(s)
+        row = [1.0, float(sum(s[0])), float(sum(x * (x + k) for x in s[0]))]
+        if hits:
+            row.append(float(sum(x * k for x in s[0])))
+        rows.append(row)
     coef, mape = _fit_relative(np.array(rows), np.array([s[1] for s in samples], dtype=float))
-    return tuple(float(c) for c in coef), mape
+    a, b, c = (float(x) for x in coef[:3])
+    return (a, b, c, float(coef[3]) if hits else 0.0), mape
 
 
 def cached(sample: tuple[Sequence[int], float] | tuple[Sequence[int], float, int]) -> int:
@@ -106,7 +115,8 @@ class Profile:
             "name": self.name,
             "source": self.source,
             "prefill": {"a": self.model.prefill_a, "b": self.model.prefill_b,
-                        "c": self.model.prefill_c},
+                        "c": self.model.prefill_c,
+                        **({"e": self.model.prefill_e} if self.model.prefill_e else {})},
             "decode": {"a": self.model.decode_a, "b": self.model.decode_b,
                        "c": self.model.decode_c},
             "kv_capacity_tokens": self.kv_capacity_tokens,
@@ -120,7 +130,8 @@ class Profile:
         try:
             p, d = data["prefill"], data["decode"]
             model = StepTimeModel(float(p["a"]), float(p["b"]), float(p["c"]),
-                                  float(d["a"]), float(d["b"]), float(d["c"]))
+                                  float(d["a"]), float(d["b"]), float(d["c"]),
+                                  float(p.get("e", 0.0)))
             return cls(
                 name=str(data["name"]),
                 model=model,

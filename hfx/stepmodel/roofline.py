@@ -183,7 +183,7 @@ def build_profile(model_name: str, hardware_name: str, block_size: int = 16) -> 
     pre = [([n] * b, rl.prefill([n] * b)) for b in GRID_BATCH for n in GRID_LENGTH
            if b * n <= MAX_PREFILL_TOKENS]
     dec = [(b, b * n, rl.decode(b, b * n)) for b in GRID_BATCH for n in GRID_LENGTH]
-    (pa, pb, pc), pre_mape = fit_prefill(pre)
+    (pa, pb, pc, _), pre_mape = fit_prefill(pre)  # whole prompts: no hits
     (da, db, dc), dec_mape = fit_decode(dec)
     return Profile(
         name=f"{model_name}@{hardware_name}",
