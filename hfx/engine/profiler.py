@@ -15,10 +15,10 @@ to 4, decode batches up to 64, the seed's lengths up to 1024 (plus 384), at most
 per prefill step.
 
 Prefix-cache hits (issue 46): a prompt whose first k tokens are cached computes its other c over
-them, which Eq. 1 charges as c and c·(k + c) (BatchShape.add_prefill). Grid points of that form
-(``h``: β chunks of c tokens over k cached each, for the cached lengths ``cached``) are timed
-and fitted with the whole prompts, so the quadratic term is fitted to attention over a cached
-prefix as well as within a prompt.
+them, which Eq. 1 charges as c and c·(k + c), and the prefix's own term as c·k
+(BatchShape.add_prefill, StepTimeModel.prefill_e). Grid points of that form (``h``: β chunks of
+c tokens over k cached each, for the cached lengths ``cached``) are timed and fitted with the
+whole prompts, so the attention over a cached prefix gets its own coefficient.
 """
 
 from __future__ import annotations
