@@ -81,11 +81,12 @@ def main() -> int:
         out["summary"][w] = mean
         for m in ("eq4", "deadline"):
             peers = {n: v[m] for n, v in mean.items() if not n.startswith("hfx")}
-            best = max(peers, key=lambda n: peers[n])
             line = "  ".join(f"{n} {v[m]:.3g}" for n, v in mean.items())
-            print(f"{w:15s} {m:8s} {line}  | hfx / best peer ({best}) = "
-                  f"{mean['hfx'][m] / peers[best]:.2f}" if "hfx" in mean and peers[best]
-                  else f"{w:15s} {m:8s} {line}", flush=True)
+            # A run of some contenders only (a row rerun) may have no peer or no hfx.
+            best = max(peers, key=lambda n: peers[n]) if peers else None
+            if best is not None and "hfx" in mean and peers[best]:
+                line += f"  | hfx / best peer ({best}) = {mean['hfx'][m] / peers[best]:.2f}"
+            print(f"{w:15s} {m:8s} {line}", flush=True)
     if args.json:
         write_json(args.json, out)
     return 0
