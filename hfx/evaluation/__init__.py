@@ -20,8 +20,8 @@ def write_json(path: str, obj: object) -> None:
 
 
 def code_commit() -> str:
-    """The commit a benchmark ran at, ``+dirty`` when tracked files differ from it, so a table
-    never mixes cells of different code unnoticed; "unknown" outside a git checkout."""
+    """The commit a benchmark ran at, ``+dirty`` when the package (hfx/) differs from it, so a
+    table never mixes cells of different code unnoticed; "unknown" outside a git checkout."""
     import subprocess
     from pathlib import Path
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hfx.stepmodel.latency import Profile, StepTimeModel, cached, fit_decode, fit_prefill
+from hfx.stepmodel.latency import Profile, StepTimeModel, fit_decode, fit_prefill, prefill_terms
 
 # A prefill step: the chunks it computes (whole prompts: their lengths), seconds, and the
 # tokens each chunk found cached (a prefix-cache hit; 0 for whole prompts).
@@ -43,9 +43,8 @@ def fit_profile(name: str, prefill: list[PrefillSample],
     fit_mape = {
         "prefill": pre_mape,
         "decode": dec_mape,
-        "prefill_heldout": _mape(lambda s: model.prefill_time(
-            sum(s[0]), sum(x * (x + cached(s)) for x in s[0]), sum(x * cached(s) for x in s[0])),
-            pre_held, lambda s: s[1]),
+        "prefill_heldout": _mape(lambda s: model.prefill_time(*prefill_terms(s)), pre_held,
+                                 lambda s: s[1]),
         "decode_heldout": _mape(lambda s: model.decode_time(s[1], s[0]), dec_held,
                                 lambda s: s[2]),
     }

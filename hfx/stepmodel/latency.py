@@ -32,7 +32,8 @@ import numpy as np
 from hfx.stepmodel.profiles import shipped_profiles
 from hfx.stepmodel.step_time import BatchShape, StepTimeModel
 
-__all__ = ["BatchShape", "Profile", "StepTimeModel", "fit_decode", "fit_prefill", "load_profile"]
+__all__ = ["BatchShape", "Profile", "StepTimeModel", "fit_decode", "fit_prefill", "load_profile",
+           "prefill_terms"]
 
 
 def _fit_relative(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, float]:
@@ -70,16 +71,20 @@ def fit_prefill(samples: Sequence[tuple[Sequence[int], float] | tuple[Sequence[i
     Returns (a, b, c, e): ``e`` (StepTimeModel.prefill_e) is fitted where at least two samples
     have hits and there are four samples in all, else 0."""
     hits = sum(1 for s in samples if cached(s)) >= 2 and len(samples) >= 4
-    rows = []
-    for s in samples:
-        k = cached(s)
-        row = [1.0, float(sum(s[0])), float(sum(x * (x + k) for x in s[0]))]
-        if hits:
-            row.append(float(sum(x * k for x in s[0])))
-        rows.append(row)
+    width = 4 if hits else 3  # the constant and prefill_terms' three, or its first two
+    rows = [(1.0, *prefill_terms(s))[:width] for s in samples]
     coef, mape = _fit_relative(np.array(rows), np.array([s[1] for s in samples], dtype=float))
     a, b, c = (float(x) for x in coef[:3])
     return (a, b, c, float(coef[3]) if hits else 0.0), mape
+
+
+def prefill_terms(sample: tuple[Sequence[int], float] | tuple[Sequence[int], float, int]
+                  ) -> tuple[float, float, float]:
+    """A prefill sample's (Σ c, Σ c·(k + c), Σ c·k): what ``StepTimeModel.prefill_time``
+    takes, as ``BatchShape.add_prefill`` sums it."""
+    k = cached(sample)
+    return (float(sum(sample[0])), float(sum(x * (x + k) for x in sample[0])),
+            float(sum(x * k for x in sample[0])))
 
 
 def cached(sample: tuple[Sequence[int], float] | tuple[Sequence[int], float, int]) -> int:

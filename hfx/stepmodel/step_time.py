@@ -50,9 +50,10 @@ class StepTimeModel:
     ``prefill_e`` (ours, issue 46): what a new token's attention over a cached prefix costs
     beyond ``prefill_c``. Eq. 1 charges a chunk of c tokens over k cached c·(k + c)·c_1, one
     coefficient for the chunk's attention over itself and over its prefix; on the own engine
-    the prefix part costs about twice a self-attention pair (the chunk's queries read k cached
-    keys and values that its causal mask does not halve), so a fit over steps with hits gives
-    it a term of its own: c·k·e. 0 (shipped and older profiles): Eq. 1 as the paper has it."""
+    a pair over the prefix costs more than a pair within the chunk (its causal mask halves
+    the second, not the first: c + e = 3.3·c fitted, docs/performance.md), so a fit over steps
+    with hits gives it a term of its own: c·k·e. 0 (shipped and older profiles): Eq. 1 as the
+    paper has it."""
 
     prefill_a: float
     prefill_b: float
