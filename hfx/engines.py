@@ -14,4 +14,5 @@ from hfx.registry import Registry
 BACKENDS: Registry[Any] = Registry("engine", {
     "hfx": "hfx.backends.own:OWN_ENGINE",
     "vllm": "hfx.backends.vllm.backend:VLLM",
+    "openai": "hfx.backends.openai.backend:OPENAI",
 })

@@ -266,6 +266,32 @@ def test_stream_interval_coalesces_tokens_into_fewer_chunks(route):
         running.close()
 
 
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_return_token_ids_gives_each_event_its_token_and_the_whole_answer_all(route):
+    """vLLM's extension, which a gateway in front (--engine openai) relays exact tokens by:
+    one event per token with its id, the same ids as the whole answer, in order."""
+    running = Running(instances=1)
+    try:
+        body = {"model": running.model, "max_tokens": 9, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True,
+                **({"prompt": "hello"} if route == "completions" else
+                   {"messages": [{"role": "user", "content": "hello"}]})}
+        whole = httpx.post(f"{running.url}/v1/{route}", json=body, timeout=60).json()
+        ids = whole["choices"][0]["token_ids"]
+        assert len(ids) == whole["usage"]["completion_tokens"] == 9
+        events = [json.loads(line[6:]) for line in httpx.post(
+            f"{running.url}/v1/{route}", json={**body, "stream": True}, timeout=60
+        ).text.splitlines() if line.startswith("data: {")]
+        per_event = [e["choices"][0]["token_ids"] for e in events]
+        assert [len(i) for i in per_event[:-1]] == [1] * 9  # then the final chunk: none left
+        assert [t for i in per_event for t in i] == ids
+        plain = httpx.post(f"{running.url}/v1/{route}",
+                           json={**body, "return_token_ids": False}, timeout=60).json()
+        assert "token_ids" not in plain["choices"][0]
+    finally:
+        running.close()
+
+
 def test_hfx_bench_drives_a_live_server(tmp_path):
     from hfx.cli import main
 

@@ -153,6 +153,40 @@ def test_two_front_processes_relay_real_vllm_and_abort_it(gw, mini_checkpoint):
         tree.close()
 
 
+def test_the_openai_engine_serves_vllm_as_any_openai_server(gw, mini_checkpoint):
+    """Issue 51: the generic backend over the same servers. Its probe finds vLLM's extras
+    (token ids; the KV size from /metrics); the text is the vllm engine's, streamed as token
+    ids and, with those turned off, as text tokenized at the gateway."""
+    import dataclasses
+
+    urls = [b.url for b in backends(gw)]
+    generic = Running(engine="openai", checkpoint=mini_checkpoint, backend=urls,
+                      profile="tiny@cpu", max_model_len=2048, policy="rr")
+    try:
+        instances = list(generic.server.control.instances.values())
+        assert [type(i).__name__ for i in instances] == ["OpenAIInstance"] * 2
+        traits = instances[0].traits
+        assert (traits.token_ids, traits.health_path) == (True, "/health")
+        assert instances[0].info.kv_total_blocks == backends(gw)[0].info.kv_total_blocks
+        prompt = "Any server will do"
+        want = gw.client.completions.create(model=gw.model, prompt=prompt, max_tokens=24,
+                                            temperature=0, extra_body={"ignore_eos": True})
+
+        def relayed() -> dict:
+            return httpx.post(f"{generic.url}/v1/completions", timeout=120, json={
+                "model": generic.model, "prompt": prompt, "max_tokens": 24,
+                "temperature": 0, "ignore_eos": True}).json()
+
+        got = relayed()
+        assert got["choices"][0]["text"] == want.choices[0].text
+        assert got["usage"]["completion_tokens"] == 24
+        for inst in instances:  # as a server that streams text alone
+            inst.traits = dataclasses.replace(inst.traits, token_ids=False)
+        assert relayed()["choices"][0]["text"] == want.choices[0].text
+    finally:
+        generic.close()
+
+
 def test_a_killed_vllm_server_resumes_its_requests_and_a_warm_one_replaces_it(gw):
     control = gw.server.control
     (warm,) = gw.server.placement.warm

@@ -1,9 +1,12 @@
 """One streamed completion from an OpenAI-compatible server, read at little cost per token.
 
 Shared by every backend whose instances are OpenAI-compatible servers (vLLM's, hfx/backends/
-vllm/), and by the front processes that run their streams (hfx/serving/front.py, hub.py). It
-reads OpenAI's ``/v1/completions`` SSE events and the ``token_ids`` field that vLLM adds with
-``return_token_ids`` (the tokens sampled, which records and a retry's continuation need).
+vllm/; any other's, hfx/backends/openai/), and by the front processes that run their streams
+(hfx/serving/front.py, hub.py). It reads OpenAI's ``/v1/completions`` SSE events and the
+``token_ids`` field that vLLM (and ``hfx serve``) add with ``return_token_ids``: the tokens
+sampled, which records and a retry's continuation need. A server that streams text alone has
+each event's text tokenized where the stream is read (``text_ids``, the gateway's tokenizer):
+the text is exact, the token count as close as the tokenizer's round trip.
 
 The hot path of HFX over vLLM: every token of the fleet passes here. It uses aiohttp, whose
 HTTP parser is C and whose connection pool does no work per event (httpx's pool checked every
@@ -60,6 +63,8 @@ class RequestRefused(Exception):
 
 # (token ids, finish reason or None) of each event, in order.
 OnTokens = Callable[[list[int], "str | None"], None]
+# A text piece's token ids, for a server that streams text alone (the gateway's tokenizer).
+TextIds = Callable[[str], list[int]]
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -73,9 +78,11 @@ def new_session() -> aiohttp.ClientSession:
 
 async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                             headers: dict[str, str], on_tokens: OnTokens,
-                            idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> str:
+                            idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                            text_ids: TextIds | None = None) -> str:
     """POST a streaming completion and call ``on_tokens`` per event; returns the finish reason.
-    A connection that breaks before any answer is sent once more on a fresh one: the server
+    An event without ``token_ids`` gives ``text_ids`` of its text (none: no tokens). A
+    connection that breaks before any answer is sent once more on a fresh one: the server
     closed it, idle, just as the request went out (it never saw it)."""
     data = orjson.dumps(body)
     timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=idle_timeout)
@@ -95,12 +102,12 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
     async with response:
         if response.status != 200:
             detail = (await response.read()).decode(errors="replace")[:500]
-            message = f"vLLM answered {response.status}: {detail}"
+            message = f"the server answered {response.status}: {detail}"
             if 400 <= response.status < 500:
                 raise RequestRefused(response.status, message)
             raise UpstreamFault("status", message)
         try:
-            return await _events(response, on_tokens)
+            return await _events(response, on_tokens, text_ids)
         except asyncio.TimeoutError:
             raise UpstreamFault("stalled", f"the stream was silent for {idle_timeout:g} s"
                                 ) from None
@@ -111,7 +118,8 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
                                 ) from None
 
 
-async def _events(response: aiohttp.ClientResponse, on_tokens: OnTokens) -> str:
+async def _events(response: aiohttp.ClientResponse, on_tokens: OnTokens,
+                  text_ids: TextIds | None) -> str:
     """The SSE events of one response, split from each read's bytes."""
     reason: str | None = None
     rest = b""
@@ -126,19 +134,24 @@ async def _events(response: aiohttp.ClientResponse, on_tokens: OnTokens) -> str:
                 if reason is None:
                     raise UpstreamFault("no-finish", "the stream ended without a finish reason")
                 return reason
-            reason = _event(payload, on_tokens) or reason
+            reason = _event(payload, on_tokens, text_ids) or reason
     if reason is None:
         raise UpstreamFault("no-finish", "the stream ended without a finish reason")
     return reason  # a finish reason and then the end, without [DONE]: still whole
 
 
-def _event(payload: bytes, on_tokens: OnTokens) -> str | None:
+def _event(payload: bytes, on_tokens: OnTokens, text_ids: TextIds | None) -> str | None:
     try:
         chunk = orjson.loads(payload)
         if "error" in chunk and not chunk.get("choices"):
-            raise UpstreamFault("error-event", f"vLLM stream error: {chunk['error']}")
+            raise UpstreamFault("error-event", f"stream error: {chunk['error']}")
+        if not chunk["choices"]:
+            return None  # a usage-only chunk (stream_options.include_usage)
         choice = chunk["choices"][0]
-        tokens = choice.get("token_ids") or []
+        tokens = choice.get("token_ids")
+        if tokens is None:
+            text = choice.get("text")
+            tokens = text_ids(text) if text and text_ids is not None else []
         reason = choice.get("finish_reason")
         if not isinstance(tokens, list) or not (reason is None or isinstance(reason, str)):
             raise TypeError("token_ids must be a list, finish_reason a string")
@@ -169,17 +182,20 @@ ABORTED = Ending("aborted")
 
 async def relay(session: aiohttp.ClientSession, url: str, request_id: str,
                 body: dict[str, Any], on_tokens: Callable[[list[int]], None],
-                idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> Ending:
+                idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                text_ids: TextIds | None = None) -> Ending:
     """One request's stream from ``url`` to its end, whatever the end is; ``on_tokens`` hears
-    each event's token ids. Cancelling it closes the connection (vLLM then aborts the request
-    and frees its KV) and ends it as aborted."""
+    each event's token ids: the server's where the body asks for them (``return_token_ids``),
+    else ``text_ids`` of each event's text. Cancelling it closes the connection (vLLM then
+    aborts the request and frees its KV) and ends it as aborted."""
     def tokens(ids: list[int], reason: str | None) -> None:
         if ids:
             on_tokens(ids)
 
     try:
-        reason = await stream_completion(session, f"{url}/v1/completions", body,
-                                         {"X-Request-Id": request_id}, tokens, idle_timeout)
+        reason = await stream_completion(
+            session, f"{url}/v1/completions", body, {"X-Request-Id": request_id}, tokens,
+            idle_timeout, None if body.get("return_token_ids") else text_ids)
         return Ending("finished", reason)
     except asyncio.CancelledError:
         return ABORTED
@@ -207,8 +223,10 @@ def ending_of(task: asyncio.Task[Ending]) -> Ending:
 class LocalRelay:
     """Streams run in this process: the one-process gateway (``--api-workers 1``)."""
 
-    def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+    def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 text_ids: TextIds | None = None) -> None:
         self.idle_timeout = idle_timeout
+        self.text_ids = text_ids  # for servers that stream text alone
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[int, asyncio.Task[Ending]] = {}  # stream id → its task
 
@@ -222,7 +240,8 @@ class LocalRelay:
             owner.on_tokens(request_id, stream_id, ids, [loop.time()] * len(ids))
 
         task = loop.create_task(relay(self._session, owner.url, request_id, body, tokens,
-                                      self.idle_timeout), name=f"vllm-{request_id}")
+                                      self.idle_timeout, self.text_ids),
+                                name=f"stream-{request_id}")
         self._tasks[stream_id] = task
         task.add_done_callback(lambda t: self._done(owner, request_id, stream_id, t))
 

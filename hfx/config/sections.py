@@ -286,7 +286,19 @@ class BackendSection(Section):
 
     engine: str = Field("hfx", description=f"where instances run ({', '.join(BACKENDS)}): "
                         "hfx: HFX's own engine core (--executor); vllm: vLLM OpenAI servers, "
-                        "started from --checkpoint or given by --backend")
+                        "started from --checkpoint or given by --backend; openai: any "
+                        "OpenAI-compatible servers given by --backend")
+    # The servers of the backends that talk to servers (vllm, openai).
+    backend: list[str] = Field(default_factory=list, description=(
+        "URL of a running server to dispatch to (repeatable): a vLLM server (best started "
+        "with --scheduling-policy priority; --instances beyond these are started from "
+        "--checkpoint), or with --engine openai any OpenAI-compatible server"))
+    upstream_idle_timeout: float = Field(120.0, gt=0, allow_inf_nan=False, description=(
+        "seconds a server's stream may be silent before it counts as broken: the request "
+        "resumes elsewhere and the server is health-checked"))
+    backend_check_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description=(
+        "seconds between health checks of --backend servers that left the fleet; one that "
+        "answers again is re-admitted"))
 
     @field_validator("engine")
     @classmethod
@@ -301,22 +313,12 @@ class VLLMSection(Section):
 
     section: ClassVar[str] = "vllm"
 
-    backend: list[str] = Field(default_factory=list, description="URL of a running vLLM "
-                               "server to dispatch to (repeatable; started with "
-                               "--scheduling-policy priority); --instances beyond these are "
-                               "started from --checkpoint")
     vllm_python: str | None = Field(None, description="Python interpreter with vLLM installed"
                                     ", for the servers HFX starts; default: this one")
     vllm_args: str = Field("", description="extra arguments for every vLLM server HFX starts, "
                            "e.g. '--enforce-eager --dtype float32'")
     vllm_startup_timeout: float = Field(600.0, gt=0, description="seconds a vLLM server may "
                                         "take to start")
-    upstream_idle_timeout: float = Field(120.0, gt=0, allow_inf_nan=False, description=(
-        "seconds a vLLM stream may be silent before it counts as broken: the request resumes "
-        "elsewhere and the server is health-checked"))
-    backend_check_interval: float = Field(5.0, gt=0, allow_inf_nan=False, description=(
-        "seconds between health checks of --backend servers that left the fleet; one that "
-        "answers again is re-admitted"))
     vllm_kv_events: bool = Field(True, description="the vLLM servers HFX starts publish their "
                                  "KV cache events (--kv-events-config, ZeroMQ) and HFX's prefix "
                                  "index follows them; off, or for --backend servers, it "

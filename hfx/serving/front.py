@@ -330,7 +330,8 @@ class FrontServer(Intake):
             self._delivered[rid] = before + len(fresh)
             self._progress.add(key, ids, loop.time(), first=before == 0)
 
-        return await relay(self._session, url, rid, body, tokens, self.spec.idle_timeout)
+        return await relay(self._session, url, rid, body, tokens, self.spec.idle_timeout,
+                           self.spec.tokenizer.encode)  # a server that streams text alone
 
     def _relay_done(self, rid: str, stream_id: int, task: asyncio.Task[Ending]) -> None:
         self._relays.pop((rid, stream_id), None)

@@ -38,6 +38,9 @@ class _Common(BaseModel):
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    # vLLM's extension: each choice carries the token ids it adds (one event per token), so
+    # that a gateway in front (HFX's ``--engine openai``) relays exact tokens.
+    return_token_ids: bool = False
     slo: SLOBody | None = None
     priority: int | None = Field(None, ge=0)
     task: str | None = None

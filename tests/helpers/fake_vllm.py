@@ -51,21 +51,34 @@ class FakeVLLM:
     faults: dict[int, str] = field(default_factory=dict)
     # The same, every time and on every fake: a bad request (a buggy client, a bad template).
     bad_prompts: dict[int, str] = field(default_factory=dict)
+    # Another OpenAI-compatible server than vLLM (``--engine openai``): without vLLM's extras,
+    # it streams text alone (a token's text is its byte: chr(id)), and may have no /health,
+    # no /metrics, or refuse token-id prompts.
+    token_ids: bool = True
+    health_route: bool = True
+    metrics_route: bool = True
+    token_prompts: bool = True
+    owned_by: str = "vllm"  # /v1/models' owner: "hfx" stands for another hfx serve
 
     def app(self) -> FastAPI:
         app = FastAPI()
 
         @app.get("/health")
         async def health():
+            if not self.health_route:
+                return PlainTextResponse("not found", status_code=404)
             return PlainTextResponse("", status_code=200 if self.healthy else 500)
 
         @app.get("/v1/models")
         async def models():
             return {"object": "list", "data": [{"id": self.model, "object": "model",
+                                                "owned_by": self.owned_by,
                                                 "max_model_len": MAX_LEN}]}
 
         @app.get("/metrics")
         async def metrics():
+            if not self.metrics_route:
+                return PlainTextResponse("not found", status_code=404)
             labels = f'engine="0",model_name="{self.model}"'
             used = sum(1 for _ in self.running) * 2
             return PlainTextResponse(
@@ -85,6 +98,9 @@ class FakeVLLM:
             if body.get("priority", 0) and not isinstance(body["priority"], int):
                 return JSONResponse({"error": {"message": "bad priority"}}, status_code=400)
             rid = request.headers.get("x-request-id", f"r{len(self.bodies)}")
+            if not self.token_prompts and not isinstance(body["prompt"], str):
+                return JSONResponse({"error": {"message": "prompt must be a string"}},
+                                    status_code=400)
             prompt: list[int] = body["prompt"]
             n = body["max_tokens"]
             fault = self.faults.pop(prompt[0], None) or self.bad_prompts.get(prompt[0])
@@ -115,6 +131,8 @@ class FakeVLLM:
                         reason = "stop" if stop else ("length" if i == n - 1 else None)
                         choice = {"index": 0, "text": "", "finish_reason": reason,
                                   "token_ids": [tok]}
+                        if not self.token_ids or not body.get("return_token_ids"):
+                            choice = {"index": 0, "text": chr(tok), "finish_reason": reason}
                         yield f"data: {json.dumps({'id': rid, 'choices': [choice]})}\n\n"
                         if reason is not None:
                             break

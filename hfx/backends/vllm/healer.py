@@ -65,7 +65,7 @@ class BackendHealer:
         added = []
         for url in self.missing():
             try:
-                async with session.get(f"{url}/health") as r:
+                async with session.get(f"{url}{self.placement.health_path(url)}") as r:
                     if r.status != 200:
                         continue
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -76,10 +76,11 @@ class BackendHealer:
             try:  # its model card and KV size, blocking: off the loop
                 instance = await asyncio.to_thread(self.placement.attach, iid, url, role)
             except Exception as e:
-                log.warning("vLLM at %s answers /health but could not join: %s", url, e)
+                log.warning("the server at %s is healthy but could not join: %s", url, e)
                 continue
             control.add_instance(instance, asyncio.get_running_loop().time())
             self.readmitted.append((iid, url))
             added.append(iid)
-            log.warning("vLLM at %s is healthy again: re-admitted as instance %d", url, iid)
+            log.warning("the server at %s is healthy again: re-admitted as instance %d", url,
+                        iid)
         return added

@@ -96,7 +96,12 @@ class _Sent:
 
 
 class VLLMInstance:
-    """The control plane's handle on one vLLM OpenAI server."""
+    """The control plane's handle on one vLLM OpenAI server (and, through
+    hfx/backends/openai/, on any OpenAI-compatible one: what is vLLM's own here is the request
+    body, the ``/metrics`` names and the KV events)."""
+
+    health_path = "/health"  # answers 200 while the server can serve
+    metrics_path: str | None = "/metrics"  # vLLM's Prometheus page (None: the server has none)
 
     def __init__(self, instance_id: int, url: str, info: ServerInfo, max_num_seqs: int,
                  process: ServerProcess | None = None, role: Role = Role.COLOCATED,
@@ -392,8 +397,9 @@ class VLLMInstance:
         """None if the server answers its health check, else why not."""
         assert self._session is not None
         try:
-            async with self._session.get(f"{self.url}/health", timeout=HEALTH_TIMEOUT) as r:
-                return None if r.status == 200 else f"/health answered {r.status}"
+            path = self.health_path
+            async with self._session.get(f"{self.url}{path}", timeout=HEALTH_TIMEOUT) as r:
+                return None if r.status == 200 else f"{path} answered {r.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return f"{type(e).__name__}: {e}"
 
@@ -448,7 +454,10 @@ class VLLMInstance:
         why = await self._health()
         if why is not None:
             raise OSError(why)
-        async with self._session.get(f"{self.url}/metrics", timeout=HEALTH_TIMEOUT) as r:
+        if self.metrics_path is None:
+            return {}
+        async with self._session.get(f"{self.url}{self.metrics_path}",
+                                     timeout=HEALTH_TIMEOUT) as r:
             r.raise_for_status()
             return parse_metrics(await r.text())
 

@@ -393,6 +393,10 @@ class VLLMPlacement:
             instance.on_stop = self._retire
         return instance
 
+    def health_path(self, url: str) -> str:
+        """Where the server at ``url`` answers 200 while it can serve."""
+        return "/health"
+
     def attach(self, iid: int, url: str, role: Role) -> VLLMInstance:
         """An instance on a running server someone else owns (``--backend``); blocks."""
         return self._instance(iid, url, None, role)

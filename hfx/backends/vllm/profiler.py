@@ -13,7 +13,10 @@ busy):
   were decoding over their number (before the last first token, steps share with prefills),
   the median over the requests.
 
-Every prompt is fresh random token ids, so vLLM's prefix cache never shortens a prefill.
+Every prompt is fresh random token ids, so vLLM's prefix cache never shortens a prefill. Any
+OpenAI-compatible server that takes token-id prompts can be measured so (``hfx profile --engine
+openai``): one that streams text alone counts a token per event, and one without vLLM's
+inter-token-latency histogram is timed from the client's side.
 """
 
 from __future__ import annotations
@@ -74,7 +77,11 @@ class _Client:
                     if "error" in chunk:
                         raise RuntimeError(f"vLLM: {chunk['error']}")
                     now = time.perf_counter()
-                    times.extend(now for _ in chunk["choices"][0].get("token_ids") or [])
+                    choice = (chunk.get("choices") or [{}])[0]
+                    ids = choice.get("token_ids")
+                    # A server that streams text alone: a token per event that has text.
+                    count = len(ids) if ids is not None else int(bool(choice.get("text")))
+                    times.extend(now for _ in range(count))
         return times
 
     async def prefill(self, b: int, n: int) -> float:
@@ -83,9 +90,12 @@ class _Client:
         return max(t[0] for t in ends) - start
 
     async def itl(self) -> tuple[float, float]:
-        """vLLM's own inter-token latency histogram: (sum of seconds, count)."""
-        text = (await self.client.get(f"{self.url}/metrics")).raise_for_status().text
-        m = parse_metrics(text)
+        """vLLM's own inter-token latency histogram: (sum of seconds, count); (0, 0) from a
+        server without it."""
+        response = await self.client.get(f"{self.url}/metrics")
+        if response.status_code != 200:
+            return 0.0, 0.0
+        m = parse_metrics(response.text)
         return (m.get("vllm:inter_token_latency_seconds_sum", 0.0),
                 m.get("vllm:inter_token_latency_seconds_count", 0.0))
 

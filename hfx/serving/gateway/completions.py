@@ -96,10 +96,32 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+class _Ids:
+    """The token ids a stream's choices carry, when asked for, and how many went out."""
+
+    def __init__(self, asked: bool) -> None:
+        self.asked, self.sent = asked, 0
+
+    def choice(self, choice: dict[str, Any], ids: list[int] | None) -> dict[str, Any]:
+        if self.asked and ids is not None:
+            choice["token_ids"] = ids
+            self.sent += len(ids)
+        return choice
+
+    def rest(self, gen: Generation) -> list[int] | None:
+        return gen.tokens[self.sent:] if self.asked else None
+
+
 class Shape(Protocol):
-    """What one route's answers look like."""
+    """What one route's answers look like. With ``return_token_ids`` (vLLM's extension) each
+    choice also carries the token ids it adds: ``pieces`` then sends them, and the final chunk
+    the ids not sent yet (a stop string's, or held back)."""
+
+    ids: _Ids
 
     def piece(self, text: str) -> bytes: ...  # one streamed chunk, an SSE event
+
+    def pieces(self, texts: list[str], ids: list[list[int]]) -> bytes: ...  # with token ids
 
     def final(self, gen: Generation) -> dict[str, Any]: ...  # the stream's last chunk
 
@@ -111,41 +133,48 @@ class Shape(Protocol):
 class TextShape:
     """``/v1/completions``."""
 
-    def __init__(self, rid: str, model: str, created: int) -> None:
+    def __init__(self, rid: str, model: str, created: int, token_ids: bool = False) -> None:
         self.rid, self.model, self.created = rid, model, created
+        self.ids = _Ids(token_ids)
         self.piece = _template(lambda mark: self.chunk(mark, None))
 
-    def chunk(self, text: str, finish: str | None, **extra: Any) -> dict[str, Any]:
+    def chunk(self, text: str, finish: str | None, ids: list[int] | None = None,
+              **extra: Any) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {"id": self.rid, "object": "text_completion", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                                  "finish_reason": finish}], **extra}
+                "model": self.model, "choices": [self.ids.choice(choice, ids)], **extra}
+
+    def pieces(self, texts: list[str], ids: list[list[int]]) -> bytes:
+        return b"".join(_event(self.chunk(t, None, i)) for t, i in zip(texts, ids, strict=True))
 
     def final(self, gen: Generation) -> dict[str, Any]:
-        return self.chunk(gen.rest, gen.finish_reason, slo=slo_fields(gen.stream),
-                          timing=_timing(gen.stream))
+        return self.chunk(gen.rest, gen.finish_reason, self.ids.rest(gen),
+                          slo=slo_fields(gen.stream), timing=_timing(gen.stream))
 
     def usage(self, gen: Generation) -> dict[str, Any]:
         return self.chunk("", None, usage=_usage(gen))
 
     def whole(self, gen: Generation) -> dict[str, Any]:
-        return self.chunk(gen.text, gen.finish_reason, usage=_usage(gen),
+        return self.chunk(gen.text, gen.finish_reason, self.ids.rest(gen), usage=_usage(gen),
                           slo=slo_fields(gen.stream), timing=_timing(gen.stream))
 
 
 class ChatShape:
     """``/v1/chat/completions``: the first streamed chunk names the assistant's role."""
 
-    def __init__(self, rid: str, model: str, created: int) -> None:
+    def __init__(self, rid: str, model: str, created: int, token_ids: bool = False) -> None:
         self.rid, self.model, self.created = rid, model, created
+        self.ids = _Ids(token_ids)
         self._opening = _template(lambda mark: self.chunk({"role": "assistant",
                                                            "content": mark}, None))
         self._later = _template(lambda mark: self.chunk({"content": mark}, None))
         self._first = True
 
-    def chunk(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> dict[str, Any]:
+    def chunk(self, delta: dict[str, Any], finish: str | None, ids: list[int] | None = None,
+              **extra: Any) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                  "finish_reason": finish}], **extra}
+                "model": self.model, "choices": [self.ids.choice(choice, ids)], **extra}
 
     def piece(self, text: str) -> bytes:
         if self._first:
@@ -153,9 +182,18 @@ class ChatShape:
             return self._opening(text)
         return self._later(text)
 
+    def pieces(self, texts: list[str], ids: list[list[int]]) -> bytes:
+        out = []
+        for text, i in zip(texts, ids, strict=True):
+            delta = {"role": "assistant", "content": text} if self._first else {"content": text}
+            self._first = False
+            out.append(_event(self.chunk(delta, None, i)))
+        return b"".join(out)
+
     def final(self, gen: Generation) -> dict[str, Any]:
         return self.chunk({"content": gen.rest} if gen.rest else {}, gen.finish_reason,
-                          slo=slo_fields(gen.stream), timing=_timing(gen.stream))
+                          self.ids.rest(gen), slo=slo_fields(gen.stream),
+                          timing=_timing(gen.stream))
 
     def usage(self, gen: Generation) -> dict[str, Any]:
         return {**self.chunk({}, None), "choices": [], "usage": _usage(gen)}
@@ -163,8 +201,9 @@ class ChatShape:
     def whole(self, gen: Generation) -> dict[str, Any]:
         return {"id": self.rid, "object": "chat.completion", "created": self.created,
                 "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
-                             "logprobs": None, "finish_reason": gen.finish_reason}],
+                "choices": [self.ids.choice(
+                    {"index": 0, "message": {"role": "assistant", "content": gen.text},
+                     "logprobs": None, "finish_reason": gen.finish_reason}, self.ids.rest(gen))],
                 "usage": _usage(gen), "slo": slo_fields(gen.stream), "timing": _timing(gen.stream)}
 
 
@@ -266,8 +305,9 @@ class Completions:
                                           applied, request.ignore_eos)
         created = int(time.time())  # the response's timestamp, not a scheduling input
         rid = stream.request.id
-        shape: Shape = (TextShape(rid, request.model, created) if kind == "cmpl"
-                        else ChatShape(rid, request.model, created))
+        with_ids = request.return_token_ids
+        shape: Shape = (TextShape(rid, request.model, created, with_ids) if kind == "cmpl"
+                        else ChatShape(rid, request.model, created, with_ids))
         return Generation(server, stream, request.stop_strings), shape, request
 
     def _watch(self, stream: Stream, receive: Receive) -> asyncio.Future[Any]:
@@ -288,7 +328,9 @@ class Completions:
         stream = gen.stream
         interval = self.server.options.stream_interval
         piece = shape.piece
+        with_ids = shape.ids.asked
         held: list[str] = []  # pieces not sent yet (--stream-interval > 1)
+        read = 0  # with token ids: the tokens given out with their pieces
         watch = self._watch(stream, receive)
         try:
             await send({"type": "http.response.start", "status": 200,
@@ -296,6 +338,13 @@ class Completions:
                                                    for k, v in slo_headers(stream).items()]})
             while gen.finish_reason is None:
                 pieces = gen.feed(await stream.take())
+                if with_ids:  # one event per piece, its token beside it
+                    ids = [[t] for t in gen.tokens[read:read + len(pieces)]]
+                    read += len(pieces)
+                    if pieces:
+                        await send({"type": "http.response.body",
+                                    "body": shape.pieces(pieces, ids), "more_body": True})
+                    continue
                 if not pieces:
                     continue
                 if interval == 1:
