@@ -161,3 +161,21 @@ def test_what_the_openai_engine_cannot_do_stops_it_at_start(checkpoint, options,
     with pytest.raises(ValueError, match=message):
         build_server(ServeConfig(engine="openai", profile="tiny@cpu",
                                  **{"checkpoint": checkpoint, **options}))
+
+
+def test_hfx_profile_measures_a_server_that_streams_text_alone(tmp_path):
+    """A token per text event, and the client's own timing where there is no /metrics."""
+    from hfx.cli import main
+    from hfx.stepmodel.latency import load_profile
+
+    fake = text_only()
+    try:
+        out = tmp_path / "p.json"
+        assert main(["profile", "--engine", "openai", "--backend", fake.url, "--quick",
+                     "--repeats", "1", "--out", str(out)]) == 0
+        profile = load_profile(str(out))
+        assert profile.name == "fake@openai"
+        # The stand-in takes 5 ms a token whatever the batch: that is the decode step.
+        assert profile.model.decode_time(64, 1) == pytest.approx(0.005, rel=0.5)
+    finally:
+        fake.stop()

@@ -67,7 +67,7 @@ class OpenAIBackend:
             print("measuring a step-time profile of the servers, all at once (hfx profile "
                   "--engine openai; give --profile to skip) ...", flush=True)
             profile = profile_vllm([i.url for i in fleet], VLLMGrid.quick(), kv_tokens,
-                                   config.block_size, config.checkpoint)
+                                   config.block_size, config.checkpoint, engine="openai")
         info = fleet[0].info
         profile = replace(profile, kv_capacity_tokens=info.kv_total_blocks * info.block_size,
                           block_size=info.block_size)
@@ -101,7 +101,7 @@ class OpenAIBackend:
         if config.repeats is not None:
             grid = replace(grid, repeats=config.repeats)
         return profile_vllm(list(config.backend), grid, config.kv_tokens, config.block_size,
-                            config.checkpoint, progress=True)
+                            config.checkpoint, progress=True, engine="openai")
 
 
 OPENAI = OpenAIBackend()

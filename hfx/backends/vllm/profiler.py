@@ -183,12 +183,12 @@ async def measure(urls: list[str], grid: VLLMGrid, capacity_tokens: int, seed: i
 
 def profile_vllm(urls: list[str], grid: VLLMGrid, capacity_tokens: int, block_size: int,
                  checkpoint: str | None = None, seed: int = 0,
-                 progress: bool = False) -> Profile:
+                 progress: bool = False, engine: str = "vllm") -> Profile:
     """Measure the vLLM servers at ``urls`` (all at once, see ``measure``) and fit;
     ``checkpoint``'s config.json, when given, goes into the profile (P/D and the scaler read
     KV and weight sizes from it)."""
     model, prefill, decode = asyncio.run(measure(urls, grid, capacity_tokens, seed, progress))
-    meta: dict = {"device": "vllm", "engine": "vllm", "servers": len(urls),
+    meta: dict = {"device": engine, "engine": engine, "servers": len(urls),
                   "grid": {"prefill_batches": list(grid.prefill_batches),
                            "decode_batches": list(grid.decode_batches),
                            "lengths": list(grid.lengths), "repeats": grid.repeats,
@@ -200,4 +200,4 @@ def profile_vllm(urls: list[str], grid: VLLMGrid, capacity_tokens: int, block_si
                          "kv_heads": hf.get("num_key_value_heads", hf["num_attention_heads"]),
                          "intermediate": hf["intermediate_size"], "vocab": hf["vocab_size"],
                          "tp": 1}
-    return fit_profile(f"{model}@vllm", prefill, decode, capacity_tokens, block_size, meta)
+    return fit_profile(f"{model}@{engine}", prefill, decode, capacity_tokens, block_size, meta)
