@@ -179,3 +179,14 @@ def test_hfx_profile_measures_a_server_that_streams_text_alone(tmp_path):
         assert profile.model.decode_time(64, 1) == pytest.approx(0.005, rel=0.5)
     finally:
         fake.stop()
+
+
+@pytest.mark.parametrize("engine, options, flag", [
+    ("openai", {"backend": ["http://127.0.0.1:9"], "vllm_args": "--enforce-eager"},
+     "--vllm-args"),
+    ("hfx", {"executor": "sim", "vllm_scheduler": "stock"}, "--vllm-scheduler"),
+])
+def test_a_setting_of_another_engine_is_refused_not_ignored(checkpoint, engine, options, flag):
+    with pytest.raises(ValueError, match=f"{flag} is a setting of --engine vllm"):
+        build_server(ServeConfig(engine=engine, checkpoint=checkpoint, profile="tiny@cpu",
+                                 **options))

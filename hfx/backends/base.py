@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from hfx.cluster.placement import EngineFactory, Placement
     from hfx.config import ProfileConfig, ServeConfig
     from hfx.model.tokenizer import Tokenizer
+    from hfx.registry import Registry
     from hfx.stepmodel.latency import Profile
 
 
@@ -57,9 +58,30 @@ class Served:
 
 
 class Backend(Protocol):
-    """Where instances run, for ``hfx serve`` (``serve``) and ``hfx profile`` (``profile``)."""
+    """Where instances run, for ``hfx serve`` (``serve``) and ``hfx profile`` (``profile``).
+    ``section`` names the configuration section of its own settings (hfx/config/sections.py;
+    None: it reads only the shared ones): a setting of another backend's section is refused
+    at start (``check_settings``), never silently ignored."""
+
+    section: str | None
 
     def serve(self, config: ServeConfig) -> Served: ...
 
     def profile(self, config: ProfileConfig) -> Profile: ...
+
+
+def check_settings(config: ServeConfig | ProfileConfig, backends: Registry[Backend]) -> None:
+    """Refuse a setting given for another engine than ``config.engine`` (``--vllm-args``
+    with ``--engine openai``): it would be ignored."""
+    from hfx.config.flags import section_of
+
+    own = backends[config.engine].section
+    others: dict[str | None, str] = {b.section: name for name in backends
+              if (b := backends[name]).section is not None and b.section != own}
+    for name in sorted(config.model_fields_set):
+        engine = others.get(section_of(type(config), name))
+        if engine is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is a setting of --engine {engine}; this one runs "
+                             f"--engine {config.engine}, which would ignore it")
 

@@ -24,6 +24,8 @@ PLACEHOLDER_TEXT = " tok"  # what each token of the sim executor reads as
 class OwnEngine:
     """HFX's own engine core (PyTorch or simulated executor), in this process or Ray actors."""
 
+    section = None  # the model's and the fleet's settings, which every backend shares
+
     def serve(self, config: ServeConfig) -> Served:
         if config.backend:
             raise ValueError("--backend attaches to running servers: --engine vllm; the hfx "

@@ -22,11 +22,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hfx.backends.base import Backend
+    from hfx.backends.base import Backend, check_settings
     from hfx.engines import BACKENDS
 
     config = config_of(ProfileConfig, args, args.config)
     backend: Backend = BACKENDS.get_or_raise(config.engine)
+    check_settings(config, BACKENDS)
     profile = backend.profile(config)
     Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(config.out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hfx.assembly import build_cluster
-from hfx.backends.base import Backend
+from hfx.backends.base import Backend, check_settings
 from hfx.cluster.control import ControlPlane
 from hfx.cluster.outliers import EjectionPolicy
 from hfx.cluster.tenants import load_tenants
@@ -25,6 +25,7 @@ def build_server(config: ServeConfig) -> Server:
     """The backend's fleet (``--engine``, hfx/backends/), the control plane over it, and the
     serving core the gateway answers from."""
     backend: Backend = BACKENDS.get_or_raise(config.engine)
+    check_settings(config, BACKENDS)
     # Read first: a bad entry stops the server before any engine starts, naming it.
     tenants = load_tenants(config.tenants) if config.tenants else {}
     served = backend.serve(config)

@@ -37,6 +37,8 @@ def _checkpoint(config: ServeConfig | ProfileConfig) -> tuple[dict, Tokenizer]:
 class OpenAIBackend:
     """Running OpenAI-compatible servers, attached with --backend."""
 
+    section = None  # the shared settings only (BackendSection's --backend)
+
     def serve(self, config: ServeConfig) -> Served:
         if not config.backend:
             raise ValueError("--engine openai attaches to running servers: give --backend URL, "

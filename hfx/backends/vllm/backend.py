@@ -108,6 +108,8 @@ VLLM_TOKEN_BUDGET = 2048
 class VLLMBackend:
     """vLLM OpenAI servers, started from --checkpoint or attached with --backend."""
 
+    section = "vllm"  # VLLMSection
+
     def serve(self, config: ServeConfig) -> Served:
         """The servers, running; the checkpoint gives the gateway its tokenizer and limits (the
         servers load the weights themselves); the profile is the dispatcher's view of their
