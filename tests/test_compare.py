@@ -103,3 +103,60 @@ def test_slos_serve_admits_with_the_pace_its_engine_runs_at():
     control = sim_cluster(config, resolve_profile(config))
     assert control.policy.pace == 0.7
     assert {i.engine.planner.pace for i in control.instances.values()} == {0.7}
+
+
+def linear(knees: dict[float, float], key: str = "theta"):
+    """A fleet whose attainment falls 2 points per request/s, through 90% at the setting's
+    knee (both metrics alike)."""
+    def probe(config: SimConfig) -> dict:
+        knee = knees[config.policy_params.get(key, 0.0)]
+        a = max(0.0, min(1.0, 0.9 + (knee - config.qps) * 0.02))
+        return {"qps": config.qps, "attainment": a, "attainment_dslo": a, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    return probe
+
+
+def test_the_crossing_resolves_what_the_bisection_leaves_on_one_grid_point():
+    r = compare.seed_capacity(SimConfig(qps=60, duration=60), 0.9, 0.05, linear({0.0: 50.5}))
+    assert r["capacity"] == 48.75  # the bracket's low end, 3.5% short of the knee
+    assert r["crossing"] == pytest.approx(50.5)
+
+
+def test_tuning_tells_apart_settings_the_bisection_ties_and_says_how(monkeypatch):
+    grid = ({"policy_params": {"theta": 0.7}}, {"policy_params": {"theta": 0.8}})
+    monkeypatch.setitem(CONTENDERS, "toy", Contender("toy", {"policy": "hfx"}, grid))
+    monkeypatch.setitem(compare.TUNING_RUN, "tolerance", 0.05)
+    out = tune(["toy"], regimes=(256,), jobs=1, probe=linear({0.7: 49.0, 0.8: 50.5}),
+               progress=False)["toy"]["256"]
+    # Both bisect to 48.75; the second's crossing is higher, so it is chosen, not the first.
+    assert [r["eq4"] for r in out["results"]] == [48.75, 48.75]
+    assert out["chosen"] == {"policy_params": {"theta": 0.8}}
+
+
+def test_a_row_written_before_the_crossing_was_recorded_gets_it_from_its_probes():
+    row = {"eq4": 40.0, "probes": [{"qps": 40.0, "attainment": 0.95, "attainment_dslo": 1.0},
+                                   {"qps": 50.0, "attainment": 0.7, "attainment_dslo": 1.0},
+                                   {"qps": 60.0, "attainment": 0.4, "attainment_dslo": 1.0}]}
+    assert compare.resolved(row, "eq4") == pytest.approx(42.0)  # 0.95 → 0.7 crosses 0.9 at 42
+    assert compare.resolved({**row, "eq4_crossing": 41.0}, "eq4") == 41.0
+
+
+def test_a_table_is_rendered_from_one_commit_only():
+    rows = [{"contender": "hfx", "commit": "abc"}, {"contender": "rr", "commit": "abc"}]
+    assert compare.one_commit(rows) == "abc"
+    with pytest.raises(ValueError, match=r"abc: hfx; def: rr, slos-serve"):
+        compare.one_commit([rows[0], {"contender": "rr", "commit": "def"},
+                            {"contender": "slos-serve", "commit": "def"}])
+    with pytest.raises(ValueError, match="not recorded: rr"):
+        compare.one_commit([{"contender": "rr"}])
+
+
+def test_on_one_engine_every_contender_runs_its_planner_without_its_planners_knobs():
+    hfx = CONTENDERS["hfx"]
+    grid = hfx.grid_on("vllm")
+    assert len(grid) == 6 and all("planner_params" not in s for s in grid)  # 12 less slack_share
+    config = hfx.config(hfx.grid[0], "vllm", workload="four-task")
+    assert config.planner == "vllm" and config.planner_params == {}
+    assert CONTENDERS["hfx-paper"].config({}, "vllm", workload="four-task").planner == "vllm"
+    assert hfx.grid_on(None) == hfx.grid

@@ -6,6 +6,11 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
         --contenders hfx,slos-serve,rr
     python bench/experiments/compare.py --render docs/data/compare.json  # the markdown table again
     python bench/experiments/compare.py --tuned docs/data/compare.json ...  # tuning from there
+    python bench/experiments/compare.py --engine vllm --json docs/data/compare_vllm.json
+        # dispatchers on the same engine: every contender on vLLM's planner
+
+A table is rendered from searches of one commit only (each row names its commit); --render
+--allow-mixed-commits prints one anyway, saying which contender ran at which.
 
 The JSON holds the protocol, each contender's tuning (every setting's capacities and the one
 chosen), every search with its probes, and the table; it is rewritten after tuning and after
@@ -21,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from hfx.engine.planners import PLANNERS
 from hfx.evaluation import write_json
 from hfx.evaluation.compare import (
     CONTENDERS,
@@ -36,6 +42,7 @@ from hfx.evaluation.compare import (
     cells,
     evaluate,
     headline,
+    one_commit,
     tune,
 )
 
@@ -51,7 +58,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--ray-address", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--engine", choices=sorted(PLANNERS), default=None,
+                    help="every contender on this engine planner (dispatchers on the same "
+                    "engine); default: each on its own")
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
+    ap.add_argument("--allow-mixed-commits", action="store_true",
+                    help="render a table whose searches ran at different commits")
     ap.add_argument("--merge", metavar="JSON",
                     help="keep the other contenders' tuning and searches from this earlier "
                     "result (their code unchanged since), and run only --contenders")
@@ -59,7 +71,15 @@ def main() -> int:
                     "instead of tuning again")
     args = ap.parse_args()
     if args.render:
-        print(headline(json.loads(Path(args.render).read_text())["table"]))
+        result = json.loads(Path(args.render).read_text())
+        try:
+            print(f"commit {one_commit(result['searches'])}")
+        except ValueError as e:
+            if not args.allow_mixed_commits:
+                print(f"not rendered: {e}", file=sys.stderr)
+                return 1
+            print(f"mixed commits: {e}")
+        print(headline(cells(result["searches"])))
         return 0
     names = args.contenders.split(",")
     unknown = [n for n in names if n not in CONTENDERS]
@@ -69,10 +89,12 @@ def main() -> int:
     out: dict = {
         "command": " ".join(["python", *sys.argv]),
         "protocol": {"target": TARGET, "metrics": METRICS, "regimes": regimes,
+                     "engine": args.engine,
                      "tuning_workload": TUNING_WORKLOAD, "tuning_seed": TUNING_SEED,
                      "tuning_run": TUNING_RUN, "evaluation_run": EVALUATION_RUN,
                      "contenders": {n: {"fields": CONTENDERS[n].fields, "help": CONTENDERS[n].help,
-                                        "grid": list(CONTENDERS[n].grid)} for n in names}},
+                                        "grid": list(CONTENDERS[n].grid_on(args.engine))}
+                                    for n in names}},
     }
     t0 = time.perf_counter()
     if args.tuned:
@@ -81,7 +103,8 @@ def main() -> int:
         out["tuning_seconds"] = earlier.get("tuning_seconds")
         out["tuned_from"] = args.tuned
     else:
-        out["tuning"] = tune(names, regimes, args.jobs, args.ray_address)
+        out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
+                             engine=args.engine)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():
@@ -103,7 +126,7 @@ def main() -> int:
     for workload in args.workloads.split(","):
         rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
                          [int(s) for s in args.seeds.split(",")],
-                         regimes, args.jobs, args.ray_address)
+                         regimes, args.jobs, args.ray_address, engine=args.engine)
         out["evaluation_seconds"] = round(time.perf_counter() - t1)
         out["searches"] = rows
         out["table"] = cells(rows)

@@ -5,8 +5,11 @@ a bounded drain whose leftovers count as missed), so a rate the fleet cannot kee
 as a growing backlog, not as a queue that drains after the trace ends. Per seed, the rate is
 bracketed (doubling or halving from ``--qps``) and then bisected until the bracket is within
 ``tolerance`` (relative); the capacity is the bracket's low end, the highest rate measured to
-meet the target. Seeds run in parallel processes; the result gives each seed's capacity, its
-probes, and the mean and spread.
+meet the target, and the ``crossing`` the rate where the attainment measured at the bracket's
+ends crosses the target, interpolated linearly between them: finer than the bracket, so two
+policies (or two settings) that the bisection leaves on one grid point are still told apart.
+Seeds run in parallel processes; the result gives each seed's capacity, its probes, and the
+mean and spread.
 
 On a trace file the rate searched is the trace's own, rescaled (``--trace-qps``: its arrivals
 compressed or stretched, its requests as they are), so the answer is the rate of *that*
@@ -123,10 +126,12 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
             f"attains {target:.0%}: " + "; ".join(why)
             + ". Choose a faster profile (--model/--hardware) or a lower --target")
     probes: list[dict] = []
+    scores: dict[float, float] = {}
 
     def meets(qps: float) -> bool:
         r = probe(at_rate(config, qps))
         probes.append(_probe_row(r, qps))
+        scores[qps] = r[metric]
         return r[metric] >= target
 
     q = rate_of(config)
@@ -152,14 +157,32 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
                 break
             hi = q
         if lo is None:
-            return {"seed": config.seed, "capacity": 0.0, "probes": probes}
+            return {"seed": config.seed, "capacity": 0.0, "crossing": 0.0, "probes": probes}
     while (hi - lo) / lo > tolerance:
         mid = (lo + hi) / 2
         if meets(mid):
             lo = mid
         else:
             hi = mid
-    return {"seed": config.seed, "capacity": lo, "probes": probes}
+    return {"seed": config.seed, "capacity": lo, "crossing": crossing(scores, lo, target),
+            "probes": probes}
+
+
+def crossing(scores: dict[float, float], capacity: float, target: float) -> float:
+    """Where the attainment crosses ``target`` between ``capacity`` (the highest rate the
+    search found meeting it) and the least rate above it measured not to: linear between the
+    two measurements. ``capacity`` itself when nothing above it was measured to fail, or it is
+    0 (no rate met the target)."""
+    if capacity <= 0 or capacity not in scores:
+        return capacity
+    above = [q for q, s in scores.items() if q > capacity and s < target]
+    if not above:
+        return capacity
+    hi = min(above)
+    s_lo, s_hi = scores[capacity], scores[hi]
+    if s_lo <= s_hi:
+        return capacity
+    return capacity + (hi - capacity) * min(1.0, (s_lo - target) / (s_lo - s_hi))
 
 
 def over_seeds(per_seed: list[dict]) -> dict:

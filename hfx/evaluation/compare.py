@@ -7,8 +7,9 @@ budget, both SLO metrics.
    (``CONTENDERS``), whatever it ships with among them.
 2. **Tuning.** Every setting's capacity is searched on a workload and seed that are evaluated
    nowhere (``TUNING_WORKLOAD``: every task of HyperFlexis Table 1 at once; ``TUNING_SEED``),
-   once per engine regime; the setting with the best geometric mean of its capacities under
-   the two metrics is kept.
+   once per engine regime; the setting with the best geometric mean of its crossings (below)
+   under the two metrics is kept; a tie goes to the better of its two metrics' lower crossing,
+   then to the setting listed first.
 3. **Evaluation.** Each tuned contender's capacity on every workload × seed × engine regime
    (``max_num_seqs`` 256, vLLM's default, and 1024), under both metrics — Eq. 4 of HyperFlexis
    (TTFT met and the mean TPOT met) and per-token deadlines (token i by arrival + TTFT + i·TPOT,
@@ -17,7 +18,15 @@ budget, both SLO metrics.
 4. **The table.** Per cell, HFX's capacity over the best tuned peer's, with each one's spread.
 
 Capacity is ``hfx.evaluation.capacity.seed_capacity``'s: steady-state runs, bracketing and
-bisection for the highest rate at 90% attainment.
+bisection for the highest rate at 90% attainment, and its ``crossing``: the 90% crossing
+interpolated between the bracket's ends, which tells apart what the bisection's grid leaves
+equal. Tables and tuning rank by the crossing (``resolved``; computed from the probes of a
+result written before it was recorded).
+
+With ``engine`` every contender runs on that one engine planner (its own planner's knobs left
+out of its grid): dispatchers compared on the same engine, apart from the engines their papers
+assume. Every search row names the commit it ran at; a table is rendered from one commit only
+(``one_commit``).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from itertools import product
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation.capacity import is_trace, seed_capacity
+from hfx.evaluation.capacity import crossing, is_trace, seed_capacity
 from hfx.evaluation.runner import run_all
 from hfx.sim.driver import simulate
 
@@ -89,12 +98,28 @@ class Contender:
             raise ValueError(f"{self.name}: a tuning grid holds 1 to 12 settings, "
                              f"not {len(self.grid)}")
 
-    def config(self, setting: dict[str, Any], **fields: Any) -> SimConfig:
-        """The contender's SimConfig under ``setting``, with ``fields`` (workload, seed, …)."""
+    def config(self, setting: dict[str, Any], engine: str | None = None,
+               **fields: Any) -> SimConfig:
+        """The contender's SimConfig under ``setting``, with ``fields`` (workload, seed, …);
+        on ``engine``'s planner instead of its own, if given (without its planner's knobs)."""
         merged: dict[str, Any] = {**self.fields, **fields}
         for key in ("policy_params", "planner_params"):
             merged[key] = {**self.fields.get(key, {}), **setting.get(key, {})}
+        if engine is not None:
+            merged["planner"], merged["planner_params"] = engine, {}
         return SimConfig(**merged)
+
+    def grid_on(self, engine: str | None) -> tuple[dict[str, Any], ...]:
+        """The settings tuning chooses from on ``engine`` (None: its own): those that differ
+        in more than the planner's knobs, which another engine does not have."""
+        if engine is None:
+            return self.grid
+        out: list[dict[str, Any]] = []
+        for setting in self.grid:
+            kept = {k: v for k, v in setting.items() if k != "planner_params"}
+            if kept not in out:
+                out.append(kept)
+        return tuple(out)
 
 
 CONTENDERS: dict[str, Contender] = {c.name: c for c in (
@@ -155,7 +180,8 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"seed": config.seed}
     for name, key in METRICS.items():
-        out[name] = seed_capacity(config, target, tolerance, once, key)["capacity"]
+        found = seed_capacity(config, target, tolerance, once, key)
+        out[name], out[f"{name}_crossing"] = found["capacity"], found["crossing"]
     out["probes"] = [{"qps": q, "attainment": r["attainment"],
                       "attainment_dslo": r["attainment_dslo"], "hit_rate": r.get("hit_rate")}
                      for q, r in sorted(seen.items())]
@@ -163,10 +189,33 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     return out
 
 
+def resolved(row: dict, metric: str, target: float = TARGET) -> float:
+    """A search's capacity under ``metric`` as tables and tuning rank it: its 90% crossing
+    (``hfx.evaluation.capacity.crossing``), from its probes where the row predates it."""
+    if f"{metric}_crossing" in row:
+        return float(row[f"{metric}_crossing"])
+    key = METRICS[metric]
+    scores = {p["qps"]: p[key] for p in row.get("probes", [])}
+    return crossing(scores, row[metric], target)
+
+
+def one_commit(rows: Sequence[dict]) -> str:
+    """The commit every search ran at; a ValueError naming each commit's contenders where
+    they differ or are not recorded (a table must not mix cells of different code
+    unnoticed)."""
+    by_commit: dict[str, set[str]] = {}
+    for r in rows:
+        by_commit.setdefault(r.get("commit", "not recorded"), set()).add(r["contender"])
+    if len(by_commit) == 1 and "not recorded" not in by_commit:
+        return next(iter(by_commit))
+    raise ValueError("the searches ran at different commits: " + "; ".join(
+        f"{c}: {', '.join(sorted(names))}" for c, names in sorted(by_commit.items())))
+
+
 def _search(name: str, setting: dict[str, Any], run: dict[str, float], fields: dict[str, Any],
-            probe: Probe = simulate) -> dict:
+            probe: Probe = simulate, engine: str | None = None) -> dict:
     workload = fields["workload"]
-    config = CONTENDERS[name].config(setting, qps=START.get(workload, 20.0),
+    config = CONTENDERS[name].config(setting, engine, qps=START.get(workload, 20.0),
                                      duration=run["duration"], warmup=run["warmup"],
                                      **WORKLOAD_CONFIG.get(workload, {}), **fields)
     return dual_capacity(config, TARGET, run["tolerance"], probe)
@@ -182,21 +231,23 @@ def regimes_of(name: str, regimes: Sequence[int]) -> list[int]:
 
 def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | None = None,
          ray_address: str | None = None, probe: Probe = simulate,
-         progress: bool = True) -> dict[str, dict[str, dict]]:
+         progress: bool = True, engine: str | None = None) -> dict[str, dict[str, dict]]:
     """Each contender's capacity per grid setting on the tuning workload and seed, per regime,
     and the setting chosen: {name: {regime: {"settings", "capacities", "chosen"}}}."""
     calls = [(n, setting, TUNING_RUN, {"workload": TUNING_WORKLOAD, "seed": TUNING_SEED,
-                                       "max_num_seqs": regime}, probe)
+                                       "max_num_seqs": regime}, probe, engine)
              for n in names for regime in regimes_of(n, regimes)
-             for setting in CONTENDERS[n].grid]
+             for setting in CONTENDERS[n].grid_on(engine)]
     found = iter(run_all(_search, calls, jobs, ray_address, progress, "tuning"))
     out: dict[str, dict[str, dict]] = {}
     for n in names:
         for regime in regimes_of(n, regimes):
-            grid = CONTENDERS[n].grid
+            grid = CONTENDERS[n].grid_on(engine)
             results = [next(found) for _ in grid]
-            scores = [geomean([r[m] for m in METRICS]) for r in results]
-            best = max(range(len(grid)), key=lambda i: (scores[i], -i))  # ties: listed first
+            crossings = [[resolved(r, m) for m in METRICS] for r in results]
+            scores = [geomean(c) for c in crossings]
+            # Ties: the better lower crossing of the two metrics, then the setting listed first.
+            best = max(range(len(grid)), key=lambda i: (scores[i], min(crossings[i]), -i))
             out.setdefault(n, {})[str(regime)] = {
                 "settings": list(grid), "results": results, "scores": scores,
                 "chosen": grid[best]}
@@ -206,15 +257,20 @@ def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | Non
 def evaluate(tuned: dict[str, dict[str, dict]], workloads: Sequence[str] = WORKLOADS,
              seeds: Sequence[int] = SEEDS, regimes: Sequence[int] = REGIMES,
              jobs: int | None = None, ray_address: str | None = None,
-             probe: Probe = simulate, progress: bool = True) -> list[dict]:
-    """Every tuned contender's dual capacity per workload × seed × regime: one row each."""
+             probe: Probe = simulate, progress: bool = True,
+             engine: str | None = None) -> list[dict]:
+    """Every tuned contender's dual capacity per workload × seed × regime: one row each,
+    naming the commit it ran at."""
+    from hfx.evaluation import code_commit
+
+    commit = code_commit()
     keys = [(n, w, s, regime) for n in tuned for w in workloads
             for regime in regimes_of(n, regimes) for s in seeds]
     calls = [(n, tuned[n][str(regime)]["chosen"], EVALUATION_RUN,
-              {"workload": w, "seed": s, "max_num_seqs": regime}, probe)
+              {"workload": w, "seed": s, "max_num_seqs": regime}, probe, engine)
              for n, w, s, regime in keys]
     results = run_all(_search, calls, jobs, ray_address, progress, "evaluation")
-    return [{"contender": n, "workload": w, "seed": s, "regime": regime, **r}
+    return [{"contender": n, "workload": w, "seed": s, "regime": regime, "commit": commit, **r}
             for (n, w, s, regime), r in zip(keys, results, strict=True)]
 
 
@@ -228,10 +284,12 @@ def cells(rows: Sequence[dict]) -> list[dict]:
             r["contender"], []).append(r)
     for (workload, regime), by_name in groups.items():
         for metric in METRICS:
-            stats: dict[str, dict[str, Any]] = {n: {"mean": statistics.fmean(x[metric] for x in rs),
-                         "std": statistics.stdev(x[metric] for x in rs) if len(rs) > 1 else 0.0,
-                         "per_seed": [x[metric] for x in sorted(rs, key=lambda x: x["seed"])]}
-                     for n, rs in by_name.items()}
+            stats: dict[str, dict[str, Any]] = {}
+            for n, rs in by_name.items():
+                values = [resolved(x, metric) for x in sorted(rs, key=lambda x: x["seed"])]
+                stats[n] = {"mean": statistics.fmean(values),
+                            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                            "per_seed": values}
             peers = {n: v for n, v in stats.items() if n not in HFX}
             best = max(peers, key=lambda n: peers[n]["mean"]) if peers else None
             cell: dict[str, Any] = {"workload": workload, "regime": regime, "metric": metric,
