@@ -3,8 +3,10 @@ names each by its ``--engine`` value."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -55,6 +57,28 @@ class Served:
     # hearing tokens the deciding process's engines sampled.
     streams_at_front: bool = False
     fleet: str = ""  # the fleet in a few words, for the start-up line ("2 vLLM servers")
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the gateway needs of a model whose weights its servers load themselves: from the
+    checkpoint directory's config.json and tokenizer."""
+
+    tokenizer: Tokenizer
+    max_model_len: int  # the configured one, within the model's own
+    vocab_size: int
+    eos_token_id: int | None
+
+
+def served_model(checkpoint: str, max_model_len: int) -> ServedModel:
+    from hfx.model.tokenizer import load_tokenizer
+
+    hf = json.loads((Path(checkpoint) / "config.json").read_text())
+    eos = hf.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    return ServedModel(load_tokenizer(checkpoint, eos),
+                       min(max_model_len, int(hf.get("max_position_embeddings", 1 << 31))),
+                       int(hf["vocab_size"]), eos)
 
 
 class Backend(Protocol):

@@ -4,34 +4,19 @@ URL`` measures one."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hfx.backends.base import Served, Service
+from hfx.backends.base import Served, Service, served_model
 from hfx.backends.openai.instance import OpenAIPlacement
 from hfx.backends.vllm.backend import VLLM_TOKEN_BUDGET
 from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 from hfx.config import ProfileConfig, ServeConfig
 from hfx.engine import Role
-from hfx.model.tokenizer import Tokenizer, load_tokenizer
 from hfx.stepmodel.latency import Profile, load_profile
 
 if TYPE_CHECKING:
     from hfx.cluster.control import ControlPlane
-
-
-def _checkpoint(config: ServeConfig | ProfileConfig) -> tuple[dict, Tokenizer]:
-    """The model's config.json and tokenizer: the gateway tokenizes, the servers load the
-    weights themselves."""
-    if config.checkpoint is None:
-        raise ValueError("--engine openai needs --checkpoint: the served model's directory "
-                         "(its tokenizer.json and config.json; the servers load the weights "
-                         "themselves)")
-    hf = json.loads((Path(config.checkpoint) / "config.json").read_text())
-    eos = hf.get("eos_token_id")
-    return hf, load_tokenizer(config.checkpoint, eos[0] if isinstance(eos, list) else eos)
 
 
 class OpenAIBackend:
@@ -50,8 +35,12 @@ class OpenAIBackend:
             raise ValueError("--engine openai cannot start servers, so there is nothing to "
                              "scale: drop --max-instances (the Scaler needs --engine hfx or "
                              "vllm)")
-        hf, tokenizer = _checkpoint(config)
-        max_len = min(config.max_model_len, int(hf.get("max_position_embeddings", 1 << 31)))
+        if config.checkpoint is None:
+            raise ValueError("--engine openai needs --checkpoint: the served model's directory "
+                             "(its tokenizer.json and config.json; the servers load the "
+                             "weights themselves)")
+        model = served_model(config.checkpoint, config.max_model_len)
+        tokenizer, max_len = model.tokenizer, model.max_model_len
         probe_prompt = tokenizer.encode("Hello") or [1]
         kv_tokens = config.kv_capacity_tokens or 65536
         placement = OpenAIPlacement(tuple(config.backend), config.max_num_seqs,
@@ -87,7 +76,7 @@ class OpenAIBackend:
         # calibration replays them against a planner that may not be theirs.
         every_hfx = all(t.takes_slo for t in placement.traits.values())
         return Served(config, config.served_model_name or fleet[0].info.model, tokenizer,
-                      max_len, int(hf["vocab_size"]), tokenizer.eos_token_id, profile, None,
+                      max_len, model.vocab_size, tokenizer.eos_token_id, profile, None,
                       placement, calibrate=False,
                       replay_planner="deadline-chunked" if every_hfx else "vllm-fcfs",
                       replay_token_budget=config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,

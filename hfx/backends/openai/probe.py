@@ -83,7 +83,7 @@ def probe(url: str, prompt: list[int]) -> Traits:
             raise ProbeError(f"{url}: GET /v1/models gave no model: {models.text[:200]!r}"
                              ) from None
         max_len = entry.get("max_model_len")
-        health = "/health" if _answers(client, f"{url}/health") else "/v1/models"
+        health = "/health" if _get(client, f"{url}/health") is not None else "/v1/models"
         kv_blocks = block_size = None
         metrics = _get(client, f"{url}/metrics")
         if metrics is not None and "vllm:" in metrics:
@@ -96,14 +96,8 @@ def probe(url: str, prompt: list[int]) -> Traits:
                   health, token_ids, kv_blocks, block_size)
 
 
-def _answers(client: httpx.Client, url: str) -> bool:
-    try:
-        return client.get(url).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _get(client: httpx.Client, url: str) -> str | None:
+    """The page's text if it answers 200, else None."""
     try:
         r = client.get(url)
     except httpx.HTTPError:

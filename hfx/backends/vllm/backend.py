@@ -5,7 +5,6 @@ measures."""
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import tempfile
@@ -13,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hfx.backends.base import Served, Service
+from hfx.backends.base import Served, Service, served_model
 from hfx.backends.ray.cluster import join_ray
 from hfx.backends.vllm.metrics import server_info
 from hfx.backends.vllm.process import (
@@ -26,7 +25,6 @@ from hfx.backends.vllm.process import (
 from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 from hfx.config import ProfileConfig, ServeConfig
 from hfx.engine import Role
-from hfx.model.tokenizer import load_tokenizer
 from hfx.stepmodel.latency import Profile, load_profile
 
 if TYPE_CHECKING:
@@ -117,11 +115,8 @@ class VLLMBackend:
         if config.checkpoint is None:
             raise ValueError("--engine vllm needs --checkpoint: the model directory the "
                              "servers load, and where the gateway reads the tokenizer")
-        hf = json.loads((Path(config.checkpoint) / "config.json").read_text())
-        eos = hf.get("eos_token_id")
-        eos = eos[0] if isinstance(eos, list) else eos
-        tokenizer = load_tokenizer(config.checkpoint, eos)
-        max_len = min(config.max_model_len, int(hf.get("max_position_embeddings", 1 << 31)))
+        model = served_model(config.checkpoint, config.max_model_len)
+        max_len = model.max_model_len
         name = config.served_model_name or Path(config.checkpoint).name
         placement = vllm_placement(config, name, max_len)
         roles = ([Role.PREFILL] * config.prefill + [Role.DECODE] * config.decode
@@ -171,7 +166,8 @@ class VLLMBackend:
         # The servers' scheduler as a calibration replays it, and its budget: HFX's planner
         # in the servers HFX started with it, else vLLM's (hfx/engine/planners/vllm.py).
         hfx_inside = launch is not None and launch.scheduler == "hfx" and not config.backend
-        return Served(config, name, tokenizer, max_len, int(hf["vocab_size"]), eos, profile,
+        return Served(config, name, model.tokenizer, max_len, model.vocab_size,
+                      model.eos_token_id, profile,
                       None, placement,
                       replay_planner="deadline-chunked" if hfx_inside else "vllm",
                       replay_token_budget=config.max_num_batched_tokens or VLLM_TOKEN_BUDGET,
