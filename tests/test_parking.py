@@ -1,4 +1,4 @@
-"""Deferrals parked out of other instances' scans (hfx/policies/parking.py): skipped by exactly the
+"""Deferrals parked out of other instances' scans (hfx/policies/parking.py): hidden from exactly the
 instances that hold less of the prompt, and released as soon as an input of the verdict moves."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from hfx.policies.base import InstanceView
 from hfx.policies.maturity import MaturityQueue
 from hfx.policies.parking import Parking
 from hfx.policies.shadow import Shadows
+from hfx.policies.slo_queue import SLOQueue
 from hfx.request import SLO, Request
 from hfx.stepmodel.latency import StepTimeModel
 
@@ -27,14 +28,21 @@ def fleet(n: int = 3) -> tuple[Shadows, MaturityQueue]:
 
 def parked(top: tuple[int, ...] = (1,)) -> tuple[Parking, Shadows, MaturityQueue]:
     shadows, maturity = fleet()
-    p = Parking(ttl=0.05)
+    queue = SLOQueue()
+    for rid in ("q", "r", "s"):  # r between two requests nobody parks
+        queue.push(Request(rid, 0.0, 10, 1, SLO(1.0, 1.0)))
+    p = Parking(ttl=0.05, queue=queue)
     p.park("r", 1, top, 0.0, shadows[1], 2.0, False, MODEL)
     return p, shadows, maturity
 
 
 def skip(p: Parking, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
          model: StepTimeModel = MODEL) -> set[str]:
-    return p.skip(iid, now, shadows, maturity, False, model) or set()
+    """The queued requests instance ``iid``'s scan of Q_R does not see now."""
+    queue = p._queue
+    seen = [r.id for r in queue.scan(10, p.asked_by(iid, now, shadows, maturity, False, model))]
+    assert seen == sorted(seen)  # each in its place, shown again or asked for
+    return {"q", "r", "s"} - set(seen)
 
 
 def test_instances_that_hold_less_skip_it_and_those_that_hold_as_much_see_it():

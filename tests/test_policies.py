@@ -551,6 +551,11 @@ def test_tally_counts_targets_and_a_target_that_leaves_comes_back_last():
     assert t.inverse_sum() == 1 / 0.02 + 1 / 0.7 + 1 / 0.01
     with pytest.raises(KeyError):
         t.discard(0.5)  # never added
+    t.discard(0.01)
+    assert t.tightest() == 0.02
+    t.discard(0.02)
+    t.discard(0.7)
+    assert t.tightest() is None and len(t) == 0
 
 
 def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first():

@@ -218,7 +218,7 @@ class HFXDispatcher(Policy):
         self._eligible: float | None = None  # ClusterView.fair_eligible, per decision
         self._step_tokens: int | None = None  # ClusterView.step_tokens, per decision
         self._matches: dict[str, _Match] = {}
-        self._parked = Parking(MATCH_TTL)  # deferrals other instances' scans skip
+        self._parked = Parking(MATCH_TTL, self.queue)  # deferrals hidden from other scans
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -434,6 +434,15 @@ class HFXDispatcher(Policy):
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision, mixed: bool) -> None:
         e_d = self.decode_step(sh, model)
+        view = self._view
+        also = (self._parked.asked_by(iid, now, self.shadow, self.maturity, mixed, model)
+                if view is not None else None)
+        if not (also or self._best_effort or self.queue.visible()):
+            # Nothing this instance could take (on prefix-heavy work, every queued request
+            # waits for another's cache): what scanning would find, without the scans.
+            self.queue.settle()
+            self.maturity.set(iid, now + e_d if e_d > 0 else now)
+            return
         beside, wait = self.engine_terms(sh, model, e_d, mixed)
         limit = min(sh.free_kv_tokens(), self.budget(sh, model, e_d))
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
@@ -444,10 +453,7 @@ class HFXDispatcher(Policy):
         deferred: set[str] = set()  # left for an instance that has them cached
         used = sum_sq = sum_ck = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
-        view = self._view
-        skip = (self._parked.skip(iid, now, self.shadow, self.maturity, mixed, model)
-                if view is not None else None)
-        for req in self.queue.scan(self.max_scan, skip, self._eligible):
+        for req in self.queue.scan(self.max_scan, also, self._eligible):
             assert req.slo is not None
             own = req.arrival + req.slo.ttft
             if view is None:
@@ -490,7 +496,7 @@ class HFXDispatcher(Policy):
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next((r for r in self.queue.scan(self.max_scan, skip, self._eligible)
+            head = next((r for r in self.queue.scan(self.max_scan, also, self._eligible)
                          if r.id not in deferred),
                         None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():

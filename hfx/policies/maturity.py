@@ -27,6 +27,10 @@ class MaturityQueue:
         """Whether the instance is one of those ordered (an accepting one)."""
         return instance_id in self._members
 
+    def member_time(self, instance_id: int) -> float | None:
+        """A member's maturity; None for an instance that is not one."""
+        return self._time[instance_id] if instance_id in self._members else None
+
     def set(self, instance_id: int, time: float) -> None:
         self._time[instance_id] = time
         if instance_id in self._members:

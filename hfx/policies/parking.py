@@ -1,21 +1,22 @@
 # Compiled by mypyc under HFX_NATIVE=1: keep to the rules in hfx/native.py's docstring.
 """Requests HFX's dispatcher has left for the instance that holds most of their prompt cached,
-kept out of other instances' scans of Q_R while that verdict stands (``HFXDispatcher.elsewhere``).
+hidden from other instances' scans of Q_R while that verdict stands (``HFXDispatcher.elsewhere``).
 
 On prefix-heavy traffic most of the queue waits for a hit elsewhere (99.6% of the scans'
 ``elsewhere`` checks defer on the 32-instance session trace), so every mature instance walked
 them all, and the simulation cost 2.9x its run without the cache (docs/performance.md). A
 request is parked on instance j when its verdict there holds (p ≥ θ once j matures): the scan of
-any instance that holds less of it than j would defer it again, so it skips it instead (one set
-lookup in Q_R's scan); the instances that hold as much (an application's system prompt cached on
-several) still see it. Exactly while every input of that verdict stands:
+any instance that holds less of it than j would defer it again, so Q_R hides it from those
+scans (``SLOQueue.hide``); the instances that hold as much (an application's system prompt
+cached on several) ask for it (``asked_by`` names them). Exactly while every input of that verdict
+stands:
 
 - j's shadow (its version), its maturity, and the start (j not yet mature: the start is its
   maturity), the engine terms (``mixed``) and the step-time model: all of j's parked requests
   are released when any moves;
 - the request's view of the caches (read again ``MATCH_TTL`` after it was read): released then.
 
-One difference from scanning them: skipped requests do not count towards ``max_scan``.
+One difference from scanning them: hidden requests do not count towards ``max_scan``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import heapq
 
 from hfx.policies.maturity import MaturityQueue
 from hfx.policies.shadow import ShadowInstance, Shadows
+from hfx.policies.slo_queue import SLOQueue
 from hfx.stepmodel.latency import StepTimeModel
 
 
 class Parking:
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, queue: SLOQueue) -> None:
         self.ttl = ttl  # how long a request's view of the caches holds (MATCH_TTL)
+        self._queue = queue  # Q_R, which hides what is parked
         self._on: dict[int, set[str]] = {}  # instance → request ids parked on it
         # instance → parked request ids it holds as much of as their instance (sees them)
         self._holds: dict[int, set[str]] = {}
@@ -62,6 +65,7 @@ class Parking:
         self._where[rid] = (iid, read_at, top)
         self._all.add(rid)
         heapq.heappush(self._expiry, (read_at, rid))
+        self._queue.hide(rid)
 
     def unpark(self, rid: str) -> None:
         where = self._where.pop(rid, None)
@@ -73,8 +77,11 @@ class Parking:
         for t in where[2]:
             self._holds[t].discard(rid)
         self._all.discard(rid)
+        self._queue.show(rid)
 
     def clear(self) -> None:
+        for rid in self._all:
+            self._queue.show(rid)
         self._on.clear()
         self._holds.clear()
         self._key.clear()
@@ -88,9 +95,10 @@ class Parking:
         self._on.pop(iid, None)
         self._key.pop(iid, None)
 
-    def skip(self, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
+    def asked_by(self, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
              mixed: bool, model: StepTimeModel) -> set[str] | None:
-        """The requests instance ``iid``'s scan may skip now (None: none)."""
+        """Release what no longer stands; then the parked requests instance ``iid``'s scan asks
+        Q_R for (those it holds as much of as their instance; None: none)."""
         if not self._all:
             return None
         if model is not self._model or mixed != self._mixed:
@@ -102,11 +110,13 @@ class Parking:
             got = where.get(rid)
             if got is not None and got[1] == read_at:  # not parked again since
                 self.unpark(rid)
-        for j, (sh, version, mature) in list(self._key.items()):
-            if (now > mature or sh.version != version or j not in maturity
-                    or j not in shadows or shadows[j] is not sh or maturity[j] != mature):
-                self._release(j)
+        stale: list[int] = []
+        for j, (sh, version, mature) in self._key.items():
+            if (now > mature or sh.version != version or shadows.get(j) is not sh
+                    or maturity.member_time(j) != mature):
+                stale.append(j)
+        for j in stale:
+            self._release(j)
         if not self._all:
             return None
-        mine = self._holds.get(iid)
-        return self._all - mine if mine else self._all
+        return self._holds.get(iid) or None

@@ -156,7 +156,7 @@ class PrefixIndex:
                 break
             if alive is None:
                 alive = set(held)
-            else:
+            elif not alive <= held:  # a holder's match ends here (a subset test allocates none)
                 gone = alive - held
                 if gone:
                     for iid in gone:

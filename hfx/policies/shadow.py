@@ -137,6 +137,9 @@ class Shadows:
     def __contains__(self, instance_id: object) -> bool:
         return instance_id in self._by_id
 
+    def get(self, instance_id: int) -> ShadowInstance | None:
+        return self._by_id.get(instance_id)
+
     def follow(self, view: ClusterView, targets: list[InstanceView]) -> bool:
         """Sync every target when ``view``'s version has moved since the last call (a
         snapshot, a drain, a join or a leave); returns whether it had. Snapshots change only
