@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     out: dict = {"command": "python bench/sim/prefix_cost.py " + " ".join(sys.argv[1:]),
+                 "commit": code_commit(),
                  "python": platform.python_version(), "compiled": args.native, "cases": []}
     for case in cases(args.trace, args.trace_qps):
         if args.case and not any(case["name"].startswith(c) for c in args.case):

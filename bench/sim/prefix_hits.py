@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.evaluation.capacity import seed_capacity
 from hfx.evaluation.runner import run_all
 from hfx.sim.driver import simulate
@@ -75,6 +75,7 @@ def main() -> int:
     policies, workloads = args.policies.split(","), args.workloads.split(",")
     off = set(policies) if args.off == "all" else set(args.off.split(",")) & set(policies)
     out: dict[str, Any] = {"command": "python bench/sim/prefix_hits.py " + " ".join(sys.argv[1:]),
+                           "commit": code_commit(),
                            "python": platform.python_version(), "instances": args.instances,
                            "rates_per_instance": {w: RATES[w] * args.scale for w in workloads},
                            "duration": DURATION, "warmup": WARMUP}

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.evaluation.compare import dual_capacity
 from hfx.evaluation.runner import run_all
 
@@ -71,6 +71,7 @@ def main() -> int:
                      "capacity_deadline": f["deadline"], "hit_rate_at_capacity": hits,
                      "probes": f["probes"]})
     out = {"command": "python bench/sim/prefix_routers.py " + " ".join(sys.argv[1:]),
+           "commit": code_commit(),
            "python": platform.python_version(), "instances": args.instances,
            "contenders": {n: CONTENDERS[n] for n in names}, "duration": DURATION,
            "warmup": WARMUP, "rows": rows, "summary": {}}
