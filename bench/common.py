@@ -85,4 +85,5 @@ def stats(records: list[RequestRecord]) -> dict:
 def compare(real: dict, sim: dict) -> dict:
     """Relative error of the simulator's mean and p90, per group and metric."""
     return {g: {m: {k: (sim[g][m][k] - real[g][m][k]) / real[g][m][k] for k in ("mean", "p90")}
-                for m in METRICS} for g in real if METRICS[0] in real[g] and METRICS[0] in sim[g]}
+                for m in METRICS} for g in real
+            if isinstance(real[g], dict) and METRICS[0] in real[g] and METRICS[0] in sim[g]}

@@ -13,6 +13,7 @@
 
     python bench/engine/fidelity.py --quick --json results/fidelity.json                # tiny model
     python bench/engine/fidelity.py --quick --shape mini --qps 3 --json results/f.json  # tens of ms
+    python bench/engine/fidelity.py --quick --shape mini --qps 3 --shared-prefix 0.5 ...  # hits
     python bench/engine/fidelity.py --engine vllm --vllm-python /tmp/vllm/bin/python --qps 3 \
         --json results/fidelity-vllm.json  # two vLLM servers: real_vllm/vllm_bench.py's runs
 
@@ -45,9 +46,9 @@ import torch
 from hfx.config import SimConfig
 from hfx.engine.profiler import Grid, RecordingExecutor, profile_model
 from hfx.engine.torch_executor import real_engine
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.model.build import LoadedModel, build_model
-from hfx.request import Request
+from hfx.request import Outcome, Request, RequestRecord
 from hfx.sim.clock import run
 from hfx.sim.driver import run_cluster
 from hfx.stepmodel.fit import refit, samples_of
@@ -59,19 +60,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.common import METRICS, compare, stats
 
 
-def with_prompts(requests: list[Request], vocab: int, seed: int) -> list[Request]:
-    """Random prompt token ids of each request's length (the model's weights are random too)."""
+def with_prompts(requests: list[Request], vocab: int, seed: int, shared: float = 0.0,
+                 prefixes: int = 4) -> list[Request]:
+    """Random prompt token ids of each request's length (the model's weights are random too).
+    With ``shared`` > 0, each prompt's first ``shared`` of its tokens are the start of one of
+    ``prefixes`` shared token streams (an application's system prompt, drawn per request): the
+    engines' prefix caches hit on the full blocks two prompts of one stream share."""
     rng = np.random.default_rng(seed)
-    return [replace(r, prompt_token_ids=rng.integers(0, vocab, r.prompt_len).tolist())
-            for r in requests]
+    longest = max((r.prompt_len for r in requests), default=0)
+    streams = [rng.integers(0, vocab, longest).tolist() for _ in range(prefixes)] if shared else []
+    out = []
+    for r in requests:
+        head = int(shared * r.prompt_len)
+        own = rng.integers(0, vocab, r.prompt_len - head).tolist()
+        start = streams[int(rng.integers(prefixes))][:head] if head else []
+        out.append(replace(r, prompt_token_ids=start + own))
+    return out
+
+
+def hit_rate(records: list[RequestRecord]) -> float:
+    """Prompt tokens found in the prefix cache over all prompt tokens, finished requests."""
+    done = [r for r in records if r.outcome is Outcome.FINISHED]
+    prompt = sum(r.request.prompt_len for r in done)
+    return sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
 
 
 def drift(before: Profile, after: Profile) -> float:
     """How much slower the machine ran after the run than before it: the mean ratio of the same
     grid points' times (the grid is measured in the same shuffled order each time)."""
     (p0, d0), (p1, d1) = samples_of(before), samples_of(after)
-    later = p1[len(p0):] + d1[len(d0):]  # ``after`` holds ``before``'s samples, then its own
-    ratios = [b[-1] / a[-1] for a, b in zip(p0 + d0, later, strict=True)]
+    # ``after`` holds ``before``'s samples, then its own. A prefill sample is (lengths,
+    # seconds, cached tokens), a decode sample (batch, context, seconds).
+    ratios = [b[1] / a[1] for a, b in zip(p0, p1[len(p0):], strict=True)]
+    ratios += [b[2] / a[2] for a, b in zip(d0, d1[len(d0):], strict=True)]
     return float(np.mean(ratios))
 
 
@@ -89,12 +110,14 @@ def serve(config: SimConfig, requests: list[Request], profile: Profile,
 
     control, real_end = run(run_cluster(config, requests, profile, progress=True,
                                         make_engine=make_engine), virtual=False)
-    return stats(list(control.records.values())), real_end
+    records = list(control.records.values())
+    return stats(records) | {"hit_rate": hit_rate(records)}, real_end
 
 
 def simulate(config: SimConfig, requests: list[Request], profile: Profile) -> tuple[dict, float]:
     control, sim_end = run(run_cluster(config, requests, profile), virtual=True)
-    return stats(list(control.records.values())), sim_end
+    records = list(control.records.values())
+    return stats(records) | {"hit_rate": hit_rate(records)}, sim_end
 
 
 def vllm_fidelity(args: argparse.Namespace) -> None:
@@ -128,6 +151,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: the event loop keeps the other core)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared-prefix", type=float, default=0.0,
+                    help="the share of each prompt that starts one of --prefixes shared token "
+                         "streams (0: none; the prefix caches hit on what they share)")
+    ap.add_argument("--prefixes", type=int, default=4)
     ap.add_argument("--trials", type=int, default=3, help="profile + serve + simulate, repeated")
     ap.add_argument("--json", help="write the result here")
     ap.add_argument("--engine", choices=("torch", "vllm"), default="torch",
@@ -147,7 +174,8 @@ def main() -> None:
         loads = []
         for qps in qps_list:
             requests = with_prompts(generate("four-task", qps, args.seed, per_task),
-                                    loaded.model.shape.vocab_size, args.seed)
+                                    loaded.model.shape.vocab_size, args.seed,
+                                    args.shared_prefix, args.prefixes)
             # The profile brackets the run (the grid measured before it and again after it,
             # fitted on both: this VM's speed drifts by tens of percent between minutes), and
             # takes in the steps of a calibration run: the same workload at the same rate with
@@ -160,7 +188,8 @@ def main() -> None:
                 before = profile_model(loaded, grid, capacity_tokens=65536, progress=True)
                 calibration = with_prompts(
                     generate("four-task", qps, args.seed + 1000 + trial, per_task),
-                    loaded.model.shape.vocab_size, args.seed + 1000 + trial)
+                    loaded.model.shape.vocab_size, args.seed + 1000 + trial,
+                    args.shared_prefix, args.prefixes)
                 serve(config, calibration, before, loaded, recorded)
             real, real_end = serve(config, requests, before, loaded)
             if not args.profile:
@@ -184,6 +213,7 @@ def main() -> None:
             e = loads[-1]["error"]["all"]
             print(f"trial {trial} qps {qps:g}: " + "  ".join(
                 f"{m} mean {e[m]['mean']:+.1%} p90 {e[m]['p90']:+.1%}" for m in METRICS)
+                + f"  hit rate {real['hit_rate']:.3f} real, {sim['hit_rate']:.3f} simulated"
                 + (f"  (machine {loads[-1]['drift']:.2f}x after the run)"
                    if loads[-1]["drift"] else ""))
         trials.append({"loads": loads})
@@ -193,6 +223,11 @@ def main() -> None:
         **{f"{m}_err": float(np.median([abs(f[m]["mean"]) for f in first])) for m in METRICS},
         "trials": trials, "profile": profile.to_json() | {"meta": {
             k: v for k, v in profile.meta.items() if k != "samples"}},
+        "hit_rate": {"real": float(np.median([t["loads"][0]["real"]["hit_rate"] for t in trials])),
+                     "sim": float(np.median([t["loads"][0]["sim"]["hit_rate"] for t in trials]))},
+        "shared_prefix": args.shared_prefix, "prefixes": args.prefixes,
+        "command": "python bench/engine/fidelity.py " + " ".join(sys.argv[1:]),
+        "commit": code_commit(),
         "shape": args.shape, "threads": args.threads, "machine": platform.machine(),
         "torch": torch.__version__,
     }
