@@ -96,7 +96,7 @@ class Parking:
         self._key.pop(iid, None)
 
     def asked_by(self, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
-             mixed: bool, model: StepTimeModel) -> set[str] | None:
+                 mixed: bool, model: StepTimeModel) -> set[str] | None:
         """Release what no longer stands; then the parked requests instance ``iid``'s scan asks
         Q_R for (those it holds as much of as their instance; None: none)."""
         if not self._all:
