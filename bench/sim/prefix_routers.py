@@ -54,12 +54,15 @@ def main() -> int:
     ap.add_argument("--workloads", default="trace,agent-loops")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first-seed .. first-seed + seeds - 1 (another run's seeds added)")
     ap.add_argument("--tolerance", type=float, default=0.05)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names, workloads = args.contenders.split(","), args.workloads.split(",")
-    cells = [(w, n, s) for w in workloads for n in names for s in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cells = [(w, n, s) for w in workloads for n in names for s in seeds]
     found = run_all(dual_capacity, [(config(n, w, args.trace, args.instances, s), 0.9,
                                      args.tolerance) for w, n, s in cells], args.jobs,
                     desc="capacity")
