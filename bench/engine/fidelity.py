@@ -48,7 +48,8 @@ from hfx.engine.profiler import Grid, RecordingExecutor, profile_model
 from hfx.engine.torch_executor import real_engine
 from hfx.evaluation import code_commit, write_json
 from hfx.model.build import LoadedModel, build_model
-from hfx.request import Outcome, Request, RequestRecord
+from hfx.records.metrics import summarize_records
+from hfx.request import Request
 from hfx.sim.clock import run
 from hfx.sim.driver import run_cluster
 from hfx.stepmodel.fit import refit, samples_of
@@ -78,13 +79,6 @@ def with_prompts(requests: list[Request], vocab: int, seed: int, shared: float =
     return out
 
 
-def hit_rate(records: list[RequestRecord]) -> float:
-    """Prompt tokens found in the prefix cache over all prompt tokens, finished requests."""
-    done = [r for r in records if r.outcome is Outcome.FINISHED]
-    prompt = sum(r.request.prompt_len for r in done)
-    return sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
-
-
 def drift(before: Profile, after: Profile) -> float:
     """How much slower the machine ran after the run than before it: the mean ratio of the same
     grid points' times (the grid is measured in the same shuffled order each time)."""
@@ -111,13 +105,13 @@ def serve(config: SimConfig, requests: list[Request], profile: Profile,
     control, real_end = run(run_cluster(config, requests, profile, progress=True,
                                         make_engine=make_engine), virtual=False)
     records = list(control.records.values())
-    return stats(records) | {"hit_rate": hit_rate(records)}, real_end
+    return stats(records) | {"hit_rate": summarize_records(records)["hit_rate"]}, real_end
 
 
 def simulate(config: SimConfig, requests: list[Request], profile: Profile) -> tuple[dict, float]:
     control, sim_end = run(run_cluster(config, requests, profile), virtual=True)
     records = list(control.records.values())
-    return stats(records) | {"hit_rate": hit_rate(records)}, sim_end
+    return stats(records) | {"hit_rate": summarize_records(records)["hit_rate"]}, sim_end
 
 
 def vllm_fidelity(args: argparse.Namespace) -> None:
