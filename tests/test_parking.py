@@ -3,6 +3,8 @@ instances that hold less of the prompt, and released as soon as an input of the 
 
 from __future__ import annotations
 
+import pytest
+
 from hfx.engine.sequence import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies.base import InstanceView
@@ -37,10 +39,14 @@ def parked(top: tuple[int, ...] = (1,)) -> tuple[Parking, Shadows, MaturityQueue
 
 
 def skip(p: Parking, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
-         model: StepTimeModel = MODEL) -> set[str]:
-    """The queued requests instance ``iid``'s scan of Q_R does not see now."""
+         model: StepTimeModel = MODEL, new_round: bool = True) -> set[str]:
+    """The queued requests instance ``iid``'s scan of Q_R does not see now (by default the
+    first serve of a dispatcher call)."""
     queue = p._queue
-    seen = [r.id for r in queue.scan(10, p.asked_by(iid, now, shadows, maturity, False, model))]
+    if new_round:
+        p.new_round()
+    p.refresh(now, shadows, maturity, False, model)
+    seen = [r.id for r in queue.scan(10, p.asked_by(iid))]
     assert seen == sorted(seen)  # each in its place, shown again or asked for
     return {"q", "r", "s"} - set(seen)
 
@@ -82,3 +88,38 @@ def test_parked_again_it_expires_with_its_newer_view():
     p.park("r", 1, (1,), 0.04, shadows[1], 2.0, False, MODEL)
     assert skip(p, 0, 0.06, shadows, maturity) == {"r"}  # the first view's expiry passed
     assert skip(p, 0, 0.1, shadows, maturity) == set()
+
+
+def test_within_a_call_the_instance_served_before_is_checked_again():
+    # One dispatcher call serves instance 1, then 0: the serve of 1 dispatched there, so what
+    # is parked on 1 is released before 0's scan.
+    p, shadows, maturity = parked()
+    assert skip(p, 1, 0.01, shadows, maturity) == set()  # 1 holds it: it asks for r
+    shadows[1].add(Request("x", 0.0, 10, 1, SLO(1.0, 1.0)), 1)
+    assert skip(p, 0, 0.01, shadows, maturity, new_round=False) == set() and len(p) == 0
+    # Served without a change, it stays parked for the rest of the call.
+    p, shadows, maturity = parked()
+    assert skip(p, 1, 0.01, shadows, maturity) == set()
+    assert skip(p, 0, 0.01, shadows, maturity, new_round=False) == {"r"}
+
+
+def test_a_view_read_again_the_same_keeps_the_parking_and_a_new_one_ends_it():
+    shadows, maturity = fleet()
+    queue = SLOQueue()
+    for rid in ("q", "r", "s"):
+        queue.push(Request(rid, 0.0, 10, 1, SLO(1.0, 1.0)))
+    same = {"r": True}
+    reads: list[tuple[str, float]] = []
+
+    def reread(rid: str, now: float) -> bool:
+        reads.append((rid, now))
+        return same[rid]
+
+    p = Parking(ttl=0.05, queue=queue, reread=reread)
+    p.park("r", 1, (1,), 0.0, shadows[1], 2.0, False, MODEL)
+    assert skip(p, 0, 0.06, shadows, maturity) == {"r"} and reads == [("r", 0.06)]
+    assert p.next_change() == pytest.approx(0.11)  # read at 0.06: again at 0.11
+    assert skip(p, 0, 0.1, shadows, maturity) == {"r"} and len(reads) == 1
+    same["r"] = False  # the index moved
+    assert skip(p, 0, 0.11, shadows, maturity) == set() and len(p) == 0
+    assert p.next_change() is None

@@ -566,23 +566,49 @@ def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first()
     q.set(2, 5.0)
     q.set(2, 0.5)  # supersedes 5.0
     q.set(3, 9.0)
-    served: set[int] = set()
     order = []
-    while (iid := q.pop_mature(1.0, served)) is not None:
-        served.add(iid)
+    while (iid := q.pop_mature(1.0)) is not None:
         order.append(iid)
-        q.set(iid, 1.0)  # served: mature again at once, but not twice in one call
+        q.set(iid, 1.0)  # served: mature again at once, but not twice in one round
     assert order == [0, 1, 2]  # (time, id) order; 3 is not mature
-    assert q.earliest() == 1.0
-    # The next call sees the entries set during this one.
-    assert q.pop_mature(1.0, set()) == 0
+    q.end_round()
+    # The next round sees the entries set during this one, in (time, id) order.
+    order = []
+    while (iid := q.pop_mature(1.0)) is not None:
+        order.append(iid)
+        q.set(iid, 1.0 + iid)
+    assert order == [0, 1, 2]
+    assert q.earliest() == 1.0  # ends the round too
+    assert q.pop_mature(1.0) == 0
+    q.set(0, 1.0)
+    q.end_round()
     # A non-member is never served, and its times no longer count.
     q.members([1, 3], now=2.0)
-    assert q.pop_mature(1.0, set()) == 1
+    assert q.pop_mature(2.0) == 1
     q.set(1, 4.0)  # a served instance always gets its next maturity
-    assert q.pop_mature(1.0, set()) is None
+    q.end_round()
+    assert q.pop_mature(2.0) is None
     q.set(0, 0.0)
-    assert q.earliest() == 4.0 and q.pop_mature(10.0, set()) == 1
+    assert q.earliest() == 4.0 and q.pop_mature(10.0) == 1
+
+
+def test_maturity_queue_drops_superseded_entries_and_keeps_the_order():
+    from hfx.policies.maturity import MaturityQueue
+
+    q = MaturityQueue()
+    q.members([0, 1, 2], now=0.0)
+    for k in range(500):  # re-timed often: the heap is rebuilt, never grows past a bound
+        q.set(k % 3, 10.0 - k / 100)
+    assert len(q._heap) <= 4 * 3 + 64 + 1
+    # The last times: 1 at 5.01, 0 at 5.02, 2 at 5.03.
+    assert [q.pop_mature(6.0) for _ in range(4)] == [1, 0, 2, None]
+    q.set(2, 1.0)  # served this round: aside until the round ends, even through a rebuild
+    for k in range(200):
+        q.set(0, 7.0 + k / 1000)
+    q.set(1, 8.0)
+    assert q.pop_mature(6.0) is None
+    q.end_round()
+    assert q.pop_mature(6.0) == 2 and q.earliest() == 7.199
 
 
 def test_hfx_tpot_guard_off_drops_eq5_and_the_payback_wait():
@@ -733,3 +759,36 @@ def test_hfx_deferral_to_a_cached_instance_follows_that_instance_as_it_changes()
     assert pol.schedule(v).dispatch == []
     pol.maturity.set(1, 5.0)
     assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]
+
+
+def test_hfx_does_not_wait_for_a_cached_instance_with_no_room():
+    """A full instance takes no new work when it matures: a request left for its cache would
+    wait there until its deadline (the 32-instance session trace: 1.4% of TTFTs missed)."""
+    pol = make_policy("hfx")
+    v = cache_view(0.0, 2, {"r": {1: 2400}})
+    pol.schedule(v)  # the instances join Q_W
+    pol.maturity.set(1, 0.3)  # instance 1 takes work at 0.3 s: in time for r's hit
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    assert pol.schedule(v).dispatch == []  # it waits for instance 1's hit
+    for i in range(pol.shadow[1].free_slots()):  # every sequence slot taken (256)
+        pol.shadow[1].add(req(f"b{i}", 0.0, 1, 9.0, 2.0), 1)
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]
+
+
+def test_hfx_sleeps_while_every_queued_request_waits_for_its_cached_instance():
+    """Nothing any other instance could take: the idle ones are not served (their maturity
+    stays), and the next call is when a parking can end (the view read again, MATCH_TTL)."""
+    pol = make_policy("hfx")
+    v = cache_view(0.0, 3, {"r": {1: 2400}})
+    pol.schedule(v)
+    pol.maturity.set(1, 0.3)
+    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+    d = pol.schedule(v)
+    assert d.dispatch == [] and d.wake_at == pytest.approx(0.05)
+    for now in (0.01, 0.02):
+        v.now = now
+        d = pol.schedule(v)
+        assert d.dispatch == [] and d.wake_at == pytest.approx(0.05)
+        assert pol.maturity[0] == 0.0 and pol.maturity[2] == 0.0  # not served
+    v.now = 0.3  # instance 1 matures: it takes r over its cache
+    assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 1)]

@@ -102,3 +102,33 @@ def test_each_dispatch_counts_what_the_index_says_the_instance_holds():
     index.routed(1, request("c", [1, 2, 3, 9]))  # none at 1
     index.routed(0, Request("d", 0.0, 16, 4))  # no content: nothing to say
     assert index.predicted_hits == {0: 12, 1: 0}
+
+
+def test_a_match_is_read_again_only_when_a_key_it_walked_moved():
+    """The same dict while nothing it depends on moved (what lets a waiting request's view be
+    kept, hfx.py's MATCH_TTL); a fresh one, and right, as soon as a walked key moves."""
+    index = PrefixIndex(block_size=4)
+    feeds = {i: index.watch(i) for i in (0, 1)}
+    keys, _ = index.keys(request("k", [1, 2, 3, 4, 5]))
+    for key in keys[:2]:
+        feeds[0].stored(key)
+    r = request("r", [1, 2, 3, 4, 5])
+    first = index.match(r)
+    assert first == {0: 8}
+    feeds[1].stored(keys[4])  # past where the walk stopped (key 2 is held by none): the same
+    assert index.match(r) is first
+    feeds[0].stored(keys[2])  # the key the walk stopped at: read again
+    second = index.match(r)
+    assert second == {0: 12} and second is not first and index.match(r) is second
+    feeds[1].stored(keys[0])  # a walked key gains a holder
+    assert index.match(r) == {0: 12, 1: 4}
+    feeds[0].removed(keys[1])  # a walked key loses one
+    assert index.match(r) == {0: 4, 1: 4}
+    for key in keys:  # every holder gone, then back: read again each time
+        feeds[0].removed(key)
+        feeds[1].removed(key)
+    assert index.match(r) == {}
+    feeds[1].stored(keys[0])
+    assert index.match(r) == {1: 4}
+    index.forget("r")  # the id again, for another prompt: nothing kept of the old one
+    assert index.match(request("r", [9, 9])) == {}

@@ -75,13 +75,12 @@ class HFXMigrator(Policy):
             self.maturity.members((i.id for i in targets), now)
         if not self.queue or not targets:
             return decision
-        served: set[int] = set()
         while self.queue:
-            iid = self.maturity.pop_mature(now, served)
+            iid = self.maturity.pop_mature(now)
             if iid is None:
                 break
-            served.add(iid)
             self._serve(iid, self.shadow[iid], model, now, decision)
+        self.maturity.end_round()
         if self.queue:
             earliest = self.maturity.earliest()
             assert earliest is not None  # the accepting instances are its members

@@ -9,7 +9,6 @@ pays for the instances it serves.
 
 from __future__ import annotations
 
-import builtins  # set[int] in the class body: its set() method shadows the builtin
 import heapq
 from collections.abc import Iterable
 
@@ -19,6 +18,10 @@ class MaturityQueue:
         self._time: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
         self._members: frozenset[int] = frozenset()
+        # This round's (one dispatcher call's) served instances, and their entries set during it,
+        # kept aside until the round ends rather than popped and pushed again at each pop.
+        self._served: set[int] = set()
+        self._aside: list[tuple[float, int]] = []
 
     def __getitem__(self, instance_id: int) -> float:
         return self._time[instance_id]
@@ -33,42 +36,71 @@ class MaturityQueue:
 
     def set(self, instance_id: int, time: float) -> None:
         self._time[instance_id] = time
-        if instance_id in self._members:
-            heapq.heappush(self._heap, (time, instance_id))
+        if instance_id not in self._members:
+            return
+        if instance_id in self._served:
+            self._aside.append((time, instance_id))  # not again this round
+            return
+        heap = self._heap
+        if len(heap) > 4 * len(self._members) + 64:  # mostly superseded entries: rebuild
+            self._rebuild()
+        heapq.heappush(heap, (time, instance_id))
 
     def members(self, ids: Iterable[int], now: float) -> None:
         """Order these instances from now on (the accepting ones); a new one is mature now."""
         self._members = frozenset(ids)
+        self._aside.clear()
+        self._served.clear()
         for iid in self._members:
             self._time.setdefault(iid, now)
-        self._heap = [(self._time[i], i) for i in self._members]
-        heapq.heapify(self._heap)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The heap of the members' current entries only (the served ones' wait aside)."""
+        heap = self._heap
+        heap[:] = [(self._time[i], i) for i in self._members if i not in self._served]
+        heapq.heapify(heap)
 
     def _current(self, entry: tuple[float, int]) -> bool:
         time, iid = entry
         return iid in self._members and self._time[iid] == time
 
-    def pop_mature(self, now: float, served: builtins.set[int]) -> int | None:
-        """The earliest member mature by ``now`` and not in ``served``, taken off the queue
-        (serving it sets its next maturity); None when there is none. Entries of ``served``
-        instances set during this call stay for the next one."""
-        heap, kept = self._heap, []
-        found = None
+    def pop_mature(self, now: float) -> int | None:
+        """The earliest member mature by ``now`` not yet served this round, taken off the queue
+        (serving it sets its next maturity); None when there is none."""
+        heap, members, times, served = self._heap, self._members, self._time, self._served
         while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
-            if not self._current(entry):
+            time, iid = entry
+            if iid not in members or times[iid] != time:
                 continue  # superseded, or no longer a member
-            if entry[1] in served:
-                kept.append(entry)
+            if iid in served:
+                self._aside.append(entry)  # pushed before this round served it
                 continue
-            found = entry[1]
-            break
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return found
+            served.add(iid)
+            return iid
+        return None
+
+    def ready(self, instance_id: int, now: float) -> bool:
+        """Whether a member is mature by ``now`` and not yet served this round."""
+        return (instance_id in self._members and instance_id not in self._served
+                and self._time[instance_id] <= now)
+
+    def take(self, instance_id: int) -> None:
+        """Serve this member this round, out of its turn (its entry is passed over lazily)."""
+        self._served.add(instance_id)
+
+    def end_round(self) -> None:
+        """The dispatcher call is over: every member may be served again, at the times set
+        during it."""
+        for entry in self._aside:
+            heapq.heappush(self._heap, entry)
+        self._aside.clear()
+        self._served.clear()
 
     def earliest(self) -> float | None:
-        """The earliest maturity among the members."""
+        """The earliest maturity among the members (the round ended)."""
+        self.end_round()
         heap = self._heap
         while heap and not self._current(heap[0]):
             heapq.heappop(heap)

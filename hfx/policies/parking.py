@@ -14,7 +14,13 @@ stands:
 - j's shadow (its version), its maturity, and the start (j not yet mature: the start is its
   maturity), the engine terms (``mixed``) and the step-time model: all of j's parked requests
   are released when any moves;
-- the request's view of the caches (read again ``MATCH_TTL`` after it was read): released then.
+- the request's view of the caches: read again ``MATCH_TTL`` after it was read (``reread``),
+  and released if the index says otherwise (PrefixIndex.match: the same dict while no key it
+  walked moved), or when there is no ``reread``.
+
+While every queued request is parked, only the instances that ask for one could take anything:
+the dispatcher serves those (``first_asker``) and sleeps until a parking can end by time
+(``next_change``): an arrival, a finish or a snapshot calls it anyway.
 
 One difference from scanning them: hidden requests do not count towards ``max_scan``.
 """
@@ -22,6 +28,7 @@ One difference from scanning them: hidden requests do not count towards ``max_sc
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from hfx.policies.maturity import MaturityQueue
 from hfx.policies.shadow import ShadowInstance, Shadows
@@ -30,9 +37,12 @@ from hfx.stepmodel.latency import StepTimeModel
 
 
 class Parking:
-    def __init__(self, ttl: float, queue: SLOQueue) -> None:
+    def __init__(self, ttl: float, queue: SLOQueue,
+                 reread: Callable[[str, float], bool] | None = None) -> None:
         self.ttl = ttl  # how long a request's view of the caches holds (MATCH_TTL)
         self._queue = queue  # Q_R, which hides what is parked
+        # Reads a request's view again at a time: whether it is what it was.
+        self._reread = reread
         self._on: dict[int, set[str]] = {}  # instance → request ids parked on it
         # instance → parked request ids it holds as much of as their instance (sees them)
         self._holds: dict[int, set[str]] = {}
@@ -44,6 +54,11 @@ class Parking:
         self._expiry: list[tuple[float, str]] = []  # (view read at, request id)
         self._mixed = False
         self._model: StepTimeModel | None = None
+        # Within one dispatcher call (a round) only the instance just served can have moved
+        # (its shadow, its maturity; ``now`` is the call's): the first ``asked_by`` of a round
+        # checks every parked instance, the later ones the one served before them.
+        self._checked = False
+        self._last_asked = -1
 
     def __len__(self) -> int:
         return len(self._all)
@@ -95,28 +110,69 @@ class Parking:
         self._on.pop(iid, None)
         self._key.pop(iid, None)
 
-    def asked_by(self, iid: int, now: float, shadows: Shadows, maturity: MaturityQueue,
-                 mixed: bool, model: StepTimeModel) -> set[str] | None:
-        """Release what no longer stands; then the parked requests instance ``iid``'s scan asks
-        Q_R for (those it holds as much of as their instance; None: none)."""
+    def new_round(self) -> None:
+        """A dispatcher call begins: anything may have moved since the last."""
+        self._checked = False
+        self._last_asked = -1
+
+    def refresh(self, now: float, shadows: Shadows, maturity: MaturityQueue, mixed: bool,
+                model: StepTimeModel) -> None:
+        """Release what no longer stands: everything the first time in a round, then what the
+        instance served since the last call (``asked_by``) moved."""
+        last, self._last_asked = self._last_asked, -1
         if not self._all:
-            return None
+            return
         if model is not self._model or mixed != self._mixed:
             self.clear()
-            return None
+            return
+        if self._checked:
+            if last in self._key and self._stale(last, now, shadows, maturity):
+                self._release(last)
+            return
+        self._checked = True
         expiry, where = self._expiry, self._where
         while expiry and now - expiry[0][0] >= self.ttl:
             read_at, rid = heapq.heappop(expiry)
             got = where.get(rid)
-            if got is not None and got[1] == read_at:  # not parked again since
+            if got is None or got[1] != read_at:
+                continue  # unparked, or parked again since
+            if self.ttl > 0 and self._reread is not None and self._reread(rid, now):
+                where[rid] = (got[0], now, got[2])  # the view stands: read at now
+                heapq.heappush(expiry, (now, rid))
+            else:
                 self.unpark(rid)
-        stale: list[int] = []
-        for j, (sh, version, mature) in self._key.items():
-            if (now > mature or sh.version != version or shadows.get(j) is not sh
-                    or maturity.member_time(j) != mature):
-                stale.append(j)
-        for j in stale:
+        for j in [j for j in self._key if self._stale(j, now, shadows, maturity)]:
             self._release(j)
+
+    def asked_by(self, iid: int) -> set[str] | None:
+        """The parked requests instance ``iid``, about to be served (after ``refresh``), asks
+        Q_R for: those it holds as much of as their instance (None: none)."""
+        self._last_asked = iid
+        return (self._holds.get(iid) or None) if self._all else None
+
+    def first_asker(self, maturity: MaturityQueue, now: float) -> int | None:
+        """The earliest mature instance not yet served this round that asks for a parked
+        request (in Q_W's (maturity, id) order); None when there is none."""
+        best: tuple[float, int] | None = None
+        for iid, rids in self._holds.items():
+            if rids and maturity.ready(iid, now):
+                key = (maturity[iid], iid)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[1]
+
+    def next_change(self) -> float | None:
+        """When a parking may next end by time alone: an instance holding parked requests
+        matures, or a view is read again (None: nothing is parked). The rest (a dispatch, a
+        finish, a snapshot) comes with a dispatcher call of its own."""
         if not self._all:
             return None
-        return self._holds.get(iid) or None
+        times = [mature for _, _, mature in self._key.values()]
+        if self._expiry:
+            times.append(self._expiry[0][0] + self.ttl)
+        return min(times) if times else None
+
+    def _stale(self, j: int, now: float, shadows: Shadows, maturity: MaturityQueue) -> bool:
+        sh, version, mature = self._key[j]
+        return (now > mature or sh.version != version or shadows.get(j) is not sh
+                or maturity.member_time(j) != mature)

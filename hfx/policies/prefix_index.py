@@ -37,10 +37,12 @@ ENGINE, EVENTS, ESTIMATE = "engine", "kv-events", "estimate"
 class _Feed:
     """One engine's events into the index (``CacheListener``)."""
 
-    __slots__ = ("_holders", "_id", "_mine")
+    __slots__ = ("_changed", "_holders", "_id", "_index", "_mine")
 
     def __init__(self, index: PrefixIndex, instance_id: int) -> None:
+        self._index = index
         self._holders = index._holders
+        self._changed = index._changed
         self._id = instance_id
         self._mine = index._held.setdefault(instance_id, set())
 
@@ -48,16 +50,24 @@ class _Feed:
         holders = self._holders.get(key)
         if holders is None:
             self._holders[key] = {self._id}
+        elif self._id in holders:
+            return
         else:
             holders.add(self._id)
         self._mine.add(key)
+        self._index.epoch += 1
+        self._changed[key] = self._index.epoch
 
     def removed(self, key: int) -> None:
         holders = self._holders.get(key)
-        if holders is not None:
+        if holders is not None and self._id in holders:
             holders.discard(self._id)
-            if not holders:
+            if holders:
+                self._index.epoch += 1
+                self._changed[key] = self._index.epoch
+            else:
                 del self._holders[key]
+                del self._changed[key]
         self._mine.discard(key)
 
 
@@ -65,6 +75,13 @@ class PrefixIndex:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size  # the engines' KV block size: units are keyed with it
         self._holders: dict[int, set[int]] = {}  # unit key → instances holding it
+        # Each held key's last change (a count of changes), so that a request's match is read
+        # again only when a key it walked moved: a queued request is asked for every
+        # ``MATCH_TTL`` (hfx.py), and on a prefix-heavy trace its keys rarely move meanwhile.
+        self.epoch = 0
+        self._changed: dict[int, int] = {}
+        # request id → (epoch read at, keys walked, the last walked missing, the match)
+        self._matched: dict[str, tuple[int, int, bool, dict[int, int]]] = {}
         self._held: dict[int, set[int]] = {}  # instance → the keys it holds
         # ``estimate`` instances: their routed units, least recently routed first, and how many
         # units their KV holds.
@@ -139,20 +156,27 @@ class PrefixIndex:
 
     def forget(self, request_id: str) -> None:
         self._keys.pop(request_id, None)
+        self._matched.pop(request_id, None)
 
     def match(self, request: Request) -> dict[int, int]:
         """Tokens of the request's prompt each instance holds cached (instances with none are
-        absent)."""
+        absent). The same dict as the last call's while no key it walked has moved; do not
+        modify it."""
         keys, unit = self.keys(request)
         if not keys:
             return {}
+        last = self._matched.get(request.id)
+        if last is not None and self._still(keys, last):
+            return last[3]
         limit = min(len(keys), (request.prompt_len - 1) // unit)
         out: dict[int, int] = {}
         alive: set[int] | None = None
         holders = self._holders
+        walked, missing = limit, False
         for u in range(limit):
             held = holders.get(keys[u])
             if not held:
+                walked, missing = u + 1, True
                 break
             if alive is None:
                 alive = set(held)
@@ -163,12 +187,25 @@ class PrefixIndex:
                         out[iid] = u * unit
                     alive -= gone
             if not alive:
+                walked = u + 1
                 break
         else:
             u = limit  # every key walked: the instances still alive hold them all
         for iid in alive or ():
             out[iid] = u * unit
+        self._matched[request.id] = (self.epoch, walked, missing, out)
         return out
+
+    def _still(self, keys: list[int], last: tuple[int, int, bool, dict[int, int]]) -> bool:
+        """Whether a walk now would see what the last one saw: each key it found held
+        unchanged since, and the one it found missing (if it stopped there) still missing."""
+        at, walked, missing, _ = last
+        changed = self._changed
+        for u in range(walked - 1 if missing else walked):
+            moved = changed.get(keys[u])
+            if moved is None or moved > at:
+                return False
+        return not (missing and keys[walked - 1] in changed)
 
     def units_held(self, instance_id: int) -> int:
         return len(self._held.get(instance_id, ()))
