@@ -118,8 +118,8 @@ def test_a_view_read_again_the_same_keeps_the_parking_and_a_new_one_ends_it():
     p = Parking(ttl=0.05, queue=queue, reread=reread)
     p.park("r", 1, (1,), 0.0, shadows[1], 2.0, False, MODEL)
     assert skip(p, 0, 0.06, shadows, maturity) == {"r"} and reads == [("r", 0.06)]
-    assert p.next_change() == pytest.approx(0.11)  # read at 0.06: again at 0.11
-    assert skip(p, 0, 0.1, shadows, maturity) == {"r"} and len(reads) == 1
+    assert p.next_change() == pytest.approx(0.125)  # due at 0.11, on a grid of ttl / 2
+    assert skip(p, 0, 0.1, shadows, maturity) == {"r"} and len(reads) == 1  # read at 0.06
     same["r"] = False  # the index moved
     assert skip(p, 0, 0.11, shadows, maturity) == set() and len(p) == 0
     assert p.next_change() is None

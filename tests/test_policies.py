@@ -14,7 +14,7 @@ from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, make_policy
 from hfx.policies.deadline_queue import DeadlineQueue
-from hfx.policies.hfx import maturity_time, token_budget
+from hfx.policies.hfx import HFXDispatcher, maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
 from hfx.policies.scorpio import TPOTMix
@@ -761,23 +761,31 @@ def test_hfx_deferral_to_a_cached_instance_follows_that_instance_as_it_changes()
     assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]
 
 
-def test_hfx_does_not_wait_for_a_cached_instance_with_no_room():
+def test_hfx_waits_for_a_full_cached_instance_only_while_a_cold_start_would_still_be_in_time():
     """A full instance takes no new work when it matures: a request left for its cache would
     wait there until its deadline (the 32-instance session trace: 1.4% of TTFTs missed)."""
-    pol = make_policy("hfx")
-    v = cache_view(0.0, 2, {"r": {1: 2400}})
-    pol.schedule(v)  # the instances join Q_W
-    pol.maturity.set(1, 0.3)  # instance 1 takes work at 0.3 s: in time for r's hit
-    pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
-    assert pol.schedule(v).dispatch == []  # it waits for instance 1's hit
-    for i in range(pol.shadow[1].free_slots()):  # every sequence slot taken (256)
-        pol.shadow[1].add(req(f"b{i}", 0.0, 1, 9.0, 2.0), 1)
+    def full(mature: float) -> tuple[HFXDispatcher, ClusterView]:
+        pol = make_policy("hfx")
+        v = cache_view(0.0, 2, {"r": {1: 2400}})
+        pol.schedule(v)  # the instances join Q_W
+        pol.maturity.set(1, mature)
+        pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
+        assert pol.schedule(v).dispatch == []  # it waits for instance 1's hit (100 tokens)
+        for i in range(pol.shadow[1].free_slots()):  # then every sequence slot is taken
+            pol.shadow[1].add(req(f"b{i}", 0.0, 1, 9.0, 2.0), 1)
+        return pol, v
+
+    # Instance 1 matures at 0.5 s: the 2,500 tokens uncached then (0.27 s) would be late.
+    pol, v = full(0.5)
     assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 0)]
+    # At 0.3 s they would not: it may still wait for a slot there.
+    pol, v = full(0.3)
+    assert pol.schedule(v).dispatch == []
 
 
 def test_hfx_sleeps_while_every_queued_request_waits_for_its_cached_instance():
     """Nothing any other instance could take: the idle ones are not served (their maturity
-    stays), and the next call is when a parking can end (the view read again, MATCH_TTL)."""
+    stays), and the next call is when the view is due to be read again (MATCH_TTL)."""
     pol = make_policy("hfx")
     v = cache_view(0.0, 3, {"r": {1: 2400}})
     pol.schedule(v)
@@ -785,10 +793,10 @@ def test_hfx_sleeps_while_every_queued_request_waits_for_its_cached_instance():
     pol.enqueue(req("r", 0.0, 2500, 0.7, 0.5), 0.0)
     d = pol.schedule(v)
     assert d.dispatch == [] and d.wake_at == pytest.approx(0.05)
-    for now in (0.01, 0.02):
+    for now in (0.01, 0.2):  # an arrival elsewhere; then past the TTL, read again at 0.2 s
         v.now = now
         d = pol.schedule(v)
-        assert d.dispatch == [] and d.wake_at == pytest.approx(0.05)
+        assert d.dispatch == [] and d.wake_at == pytest.approx(0.05 if now < 0.05 else 0.25)
         assert pol.maturity[0] == 0.0 and pol.maturity[2] == 0.0  # not served
     v.now = 0.3  # instance 1 matures: it takes r over its cache
     assert [(x.request.id, x.instance) for x in pol.schedule(v).dispatch] == [("r", 1)]

@@ -37,13 +37,14 @@ START = {"trace": 1.5, "agent-loops": 0.6, "shared-prompts": 1.3, "chat-sessions
 DURATION, WARMUP = 600.0, 200.0
 
 
-def config(name: str, workload: str, trace: str, instances: int, seed: int) -> SimConfig:
+def config(name: str, workload: str, trace: str, instances: int, seed: int,
+           duration: float = DURATION, warmup: float = WARMUP) -> SimConfig:
     fields: dict[str, Any] = {**CONTENDERS[name], "instances": instances, "seed": seed}
     rate = START[workload] * instances
     if workload == "trace":
         fields |= {"workload": trace, "trace_qps": rate, "slo_map": "default=2000:500"}
     else:
-        fields |= {"workload": workload, "qps": rate, "duration": DURATION, "warmup": WARMUP}
+        fields |= {"workload": workload, "qps": rate, "duration": duration, "warmup": warmup}
     return SimConfig(**fields)
 
 
@@ -57,15 +58,18 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0,
                     help="seeds first-seed .. first-seed + seeds - 1 (another run's seeds added)")
     ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--duration", type=float, default=DURATION,
+                    help="seconds simulated of a session kind (not the trace), warm-up included")
+    ap.add_argument("--warmup", type=float, default=WARMUP)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names, workloads = args.contenders.split(","), args.workloads.split(",")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     cells = [(w, n, s) for w in workloads for n in names for s in seeds]
-    found = run_all(dual_capacity, [(config(n, w, args.trace, args.instances, s), 0.9,
-                                     args.tolerance) for w, n, s in cells], args.jobs,
-                    desc="capacity")
+    found = run_all(dual_capacity, [(config(n, w, args.trace, args.instances, s, args.duration,
+                                            args.warmup), 0.9, args.tolerance)
+                                     for w, n, s in cells], args.jobs, desc="capacity")
     rows = []
     for (w, n, s), f in zip(cells, found, strict=True):
         hits = {m: next((p["hit_rate"] for p in f["probes"] if p["qps"] == f[m]), None)
@@ -76,8 +80,8 @@ def main() -> int:
     out = {"command": "python bench/sim/prefix_routers.py " + " ".join(sys.argv[1:]),
            "commit": code_commit(),
            "python": platform.python_version(), "instances": args.instances,
-           "contenders": {n: CONTENDERS[n] for n in names}, "duration": DURATION,
-           "warmup": WARMUP, "rows": rows, "summary": {}}
+           "contenders": {n: CONTENDERS[n] for n in names}, "duration": args.duration,
+           "warmup": args.warmup, "rows": rows, "summary": {}}
     for w in workloads:
         mean = {n: {m: statistics.fmean(r[f"capacity_{m}"] for r in rows
                                         if r["workload"] == w and r["contender"] == n)

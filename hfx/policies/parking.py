@@ -19,8 +19,9 @@ stands:
   walked moved), or when there is no ``reread``.
 
 While every queued request is parked, only the instances that ask for one could take anything:
-the dispatcher serves those (``first_asker``) and sleeps until a parking can end by time
-(``next_change``): an arrival, a finish or a snapshot calls it anyway.
+the dispatcher serves those (``first_asker``) and sleeps until an instance holding parked
+requests matures or views are due to be read again (``next_change``); an arrival, a finish or
+a snapshot calls it anyway.
 
 One difference from scanning them: hidden requests do not count towards ``max_scan``.
 """
@@ -28,6 +29,7 @@ One difference from scanning them: hidden requests do not count towards ``max_sc
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
 from hfx.policies.maturity import MaturityQueue
@@ -162,15 +164,21 @@ class Parking:
         return None if best is None else best[1]
 
     def next_change(self) -> float | None:
-        """When a parking may next end by time alone: an instance holding parked requests
-        matures, or a view is read again (None: nothing is parked). The rest (a dispatch, a
-        finish, a snapshot) comes with a dispatcher call of its own."""
-        if not self._all:
+        """When a parking may next end by time alone (None: nothing is parked): an instance
+        holding parked requests matures, or views are read again. Views come due on a grid
+        of half the TTL, so that they are read together: a wake-up per view every ``ttl``
+        doubled the dispatcher's calls on the 32-instance session trace (1.42x the CPU of
+        the run without the cache, against 1.28x); a grid of the whole TTL, or reading them
+        only at other calls, moved its 8-instance capacity from 17.25 to 16.5 req/s at the
+        bisection's 5% (two seeds; the 90% crossings, interpolated, 17.3 → 17.1)."""
+        if not (self._all and self._key):
             return None
-        times = [mature for _, _, mature in self._key.values()]
-        if self._expiry:
-            times.append(self._expiry[0][0] + self.ttl)
-        return min(times) if times else None
+        soonest = min(mature for _, _, mature in self._key.values())
+        if self._expiry and self.ttl > 0:
+            due = self._expiry[0][0] + self.ttl
+            grid = self.ttl / 2
+            soonest = min(soonest, math.ceil(due / grid) * grid)
+        return soonest
 
     def _stale(self, j: int, now: float, shadows: Shadows, maturity: MaturityQueue) -> bool:
         sh, version, mature = self._key[j]
