@@ -57,8 +57,8 @@ class Parking:
         self._mixed = False
         self._model: StepTimeModel | None = None
         # Within one dispatcher call (a round) only the instance just served can have moved
-        # (its shadow, its maturity; ``now`` is the call's): the first ``asked_by`` of a round
-        # checks every parked instance, the later ones the one served before them.
+        # (its shadow, its maturity; ``now`` is the call's): the first ``refresh`` of a round
+        # checks every parked instance, the later ones the one served since.
         self._checked = False
         self._last_asked = -1
 
