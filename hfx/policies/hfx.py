@@ -485,12 +485,6 @@ class HFXDispatcher(Policy):
         e_d = self.decode_step(sh, model)
         view = self._view
         also = self._parked.asked_by(iid) if view is not None else None
-        if not (also or self._best_effort or self.queue.visible()):
-            # Nothing this instance could take (on prefix-heavy work, every queued request
-            # waits for another's cache): what scanning would find, without the scans.
-            self.queue.settle()
-            self.maturity.set(iid, now + e_d if e_d > 0 else now)
-            return
         beside, wait = self.engine_terms(sh, model, e_d, mixed)
         limit = min(sh.free_kv_tokens(), self.budget(sh, model, e_d))
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of

@@ -54,9 +54,6 @@ class SLOQueue:
         self._showing: list[_Entry] = []  # shown since the last scan: placed when it starts
         self._ttfts = Tally()
         self._pushed = 0
-        # Settled (``settle``) and nothing pushed, taken, hidden or shown since: a fast path
-        # that serves every idle instance settles the same queue many times in one call.
-        self._settled = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,7 +67,6 @@ class SLOQueue:
         if old is not None:
             self.take(old.request)  # queued twice under one id: the later push stands
         self._pushed += 1
-        self._settled = False
         tag = request.fair_tag
         entry = _Entry(request, request.slo.tpot, (tag if tag is not None else 0.0,
                                                    self._pushed))
@@ -92,7 +88,6 @@ class SLOQueue:
         entry.placed = True
 
     def _kill(self, entry: _Entry) -> None:
-        self._settled = False
         if entry.live:
             entry.live = False
             if entry.placed:
@@ -135,7 +130,6 @@ class SLOQueue:
         self._hidden_total -= 1
         shown = self._entries[request_id] = _Entry(entry.request, entry.tpot, entry.key)
         self._showing.append(shown)
-        self._settled = False
 
     def min_ttft(self) -> float | None:
         return self._ttfts.tightest()
@@ -224,16 +218,6 @@ class SLOQueue:
     def visible(self) -> int:
         """Queued requests a scan that asks for none of the hidden would see."""
         return len(self._entries) - self._hidden_total
-
-    def settle(self) -> None:
-        """What a scan that sees nothing does to the queue: drop what was taken from each
-        FIFO's head, and the classes no queued request holds (``min_tpot``)."""
-        if self._settled:
-            return
-        self._place_shown()
-        for tpot in list(self._tpots):
-            self._tidy(tpot)
-        self._settled = True
 
     def _merged(self, fifo: deque[_Entry], ext: list[_Entry]) -> Iterator[_Entry]:
         """``fifo`` with the hidden ``ext`` (sorted by key) in their places, each as live while
