@@ -276,3 +276,64 @@ def test_the_profiler_sends_a_request_again_when_its_connection_broke_before_any
         assert relay.dropped == 1 and len(served.fake.bodies) == 1 + 1 + 2
     finally:
         served.stop()
+
+
+class _StartingServer:
+    """A stand-in server whose start-up goes as ``outcomes`` says, one per server made."""
+
+    def __init__(self, outcomes: list[str], made: list[_StartingServer], index: int) -> None:
+        self.outcome = outcomes.pop(0)
+        self.index = index
+        self.killed = False
+        made.append(self)
+
+    def start(self) -> _StartingServer:
+        return self
+
+    def wait_ready_blocking(self) -> None:
+        from hfx.backends.vllm.process import ServerStartError
+
+        if self.outcome != "ready":
+            raise ServerStartError(f"server {self.index}: {self.outcome}",
+                                   exited=self.outcome == "exited")
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@pytest.mark.parametrize(("outcomes", "made", "raised"), [
+    (["exited", "ready"], 2, None),  # started again on the first failure
+    (["exited", "exited"], 2, "exited"),  # once only
+    (["slow"], 1, "slow"),  # not ready in time: not started again (it would wait as long)
+])
+def test_a_server_that_exits_during_the_fleets_start_is_started_once_more(outcomes, made,
+                                                                         raised):
+    from types import SimpleNamespace
+
+    from hfx.backends.vllm.process import ServerStartError, VLLMPlacement
+
+    servers: list[_StartingServer] = []
+    placement = VLLMPlacement(SimpleNamespace(max_num_seqs=4),  # type: ignore[arg-type]
+                              new_server=lambda launch, i, n: _StartingServer(outcomes, servers,
+                                                                              i))
+    first = placement.new_server(placement.spec, 3, 4).start()
+    if raised is None:
+        assert placement._ready(first, 3, 4) is servers[-1]
+    else:
+        with pytest.raises(ServerStartError, match=raised):
+            placement._ready(first, 3, 4)
+    assert len(servers) == made and [s.index for s in servers] == [3] * made
+    assert [s.killed for s in servers[:-1]] == [True] * (made - 1)  # the failed one stopped
+
+
+def test_a_failed_start_shows_the_logs_first_traceback_as_well_as_its_tail():
+    """vLLM's engine core fails first and the API server's traceback follows: the tail alone
+    hid the root cause (a CI run showed only the API server's side)."""
+    from hfx.backends.vllm.process import failure_excerpt
+
+    log = ("INFO starting\nTraceback (most recent call last):\n  File \"core.py\"\n"
+           "ValueError: the root cause\n" + "api server traceback\n" * 400)
+    excerpt = failure_excerpt(log)
+    assert "ValueError: the root cause" in excerpt
+    assert excerpt.endswith("api server traceback\n") and "INFO starting" not in excerpt
+    assert failure_excerpt("a short log") == "a short log"  # all of it in the tail

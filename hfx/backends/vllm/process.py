@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import shlex
 import signal
@@ -40,17 +41,44 @@ from hfx.engine import EngineConfig, Role
 if TYPE_CHECKING:
     from hfx.config import VLLMSection
 
+log = logging.getLogger(__name__)
+
 HEALTH_POLL_SECONDS = 0.5
+# A server that exits during the fleet's start is started again this many times (on new ports)
+# before ``hfx serve`` gives up: one of several vLLM processes started together on a loaded
+# machine was seen to fail its engine core's start once, and the next start succeed.
+START_RETRIES = 1
 STOP_GRACE_SECONDS = 10.0
 LOG_TAIL_CHARS = 3000
+ROOT_CAUSE_CHARS = 3000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 HFX_SCHEDULER = "hfx.backends.vllm.scheduler.HFXScheduler"
+
+
+class ServerStartError(RuntimeError):
+    """A server did not come up: it exited during start-up (``exited``), or it was not ready
+    in time."""
+
+    def __init__(self, message: str, exited: bool) -> None:
+        super().__init__(message)
+        self.exited = exited
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def failure_excerpt(log: str) -> str:
+    """What a failed start shows of a server's log: its first traceback, where the root
+    cause is (vLLM's engine core fails first and the API server's own traceback follows),
+    and the tail."""
+    tail = log[-LOG_TAIL_CHARS:]
+    first = log.find("Traceback (most recent call last)")
+    if first < 0 or first >= len(log) - LOG_TAIL_CHARS:
+        return tail
+    return f"{log[first:first + ROOT_CAUSE_CHARS]}\n[...]\n{tail}"
 
 
 def block_size_for(block_size: int, device: str) -> int:
@@ -238,12 +266,12 @@ class VLLMServer:
 
     def log_tail(self) -> str:
         with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            return failure_excerpt(self.log_path.read_text(errors="replace"))
         return ""
 
-    def _not_started(self, why: str) -> RuntimeError:
-        return RuntimeError(f"vLLM server {self.index} on port {self.port} {why}; log "
-                            f"{self.log_path}:\n{self.log_tail()}")
+    def _not_started(self, why: str, exited: bool = False) -> ServerStartError:
+        return ServerStartError(f"vLLM server {self.index} on port {self.port} {why}; log "
+                                f"{self.log_path}:\n{self.log_tail()}", exited)
 
     async def wait_ready(self) -> None:
         """Until /health answers 200; raises with the log's tail if the process exits or the
@@ -252,7 +280,7 @@ class VLLMServer:
         async with httpx.AsyncClient(timeout=2.0) as client:
             while True:
                 if not self.alive():
-                    raise self._not_started("exited during start-up")
+                    raise self._not_started("exited during start-up", exited=True)
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{self.url}/health")).status_code == 200:
                         return
@@ -266,7 +294,7 @@ class VLLMServer:
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if not self.alive():
-                    raise self._not_started("exited during start-up")
+                    raise self._not_started("exited during start-up", exited=True)
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/health").status_code == 200:
                         return
@@ -371,8 +399,8 @@ class VLLMPlacement:
         servers = [self.new_server(spec, i, count).start()  # type: ignore[arg-type]
                    for i in range(count)]
         try:
-            for s in servers:
-                s.wait_ready_blocking()
+            for k in range(count):
+                servers[k] = self._ready(servers[k], k, count)
             fleet = [self._instance(iid, url, None, role[iid]) for iid, url in attached]
             fleet += [self._instance(iid, s.url, s, role[iid])
                       for iid, s in zip(to_start, servers, strict=False)]
@@ -383,6 +411,21 @@ class VLLMPlacement:
         self.warm = servers[len(to_start):]
         self._prepared = fleet
         return fleet
+
+    def _ready(self, server: ServerProcess, index: int, count: int) -> ServerProcess:
+        """``server`` once ready; one that exits during start-up is started again, up to
+        ``START_RETRIES`` times (the last failure is raised)."""
+        for attempt in range(START_RETRIES + 1):
+            try:
+                server.wait_ready_blocking()
+                return server
+            except ServerStartError as e:
+                if not e.exited or attempt == START_RETRIES:
+                    raise
+                log.warning("%s\nstarting it again", e)
+                server.kill()
+                server = self.new_server(self.spec, index, count).start()  # type: ignore[arg-type]
+        raise AssertionError("unreachable")
 
     def _instance(self, iid: int, url: str, server: ServerProcess | None,
                   role: Role) -> VLLMInstance:
