@@ -114,7 +114,8 @@ def fair_share(config: ClusterConfig) -> FairShare | None:
     if config.fair_share == "off":
         return None
     specs = load_tenants(config.tenants) if config.tenants else {}
-    return FairShare({name: spec.weight for name, spec in specs.items()}, config.fair_share)
+    return FairShare({name: spec.weight for name, spec in specs.items()}, config.fair_share,
+                     reserve=config.fair_reserve)
 
 
 def build_cluster(config: ClusterConfig, profile: Profile,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hfx.cluster.fair_share import FairShare
+from hfx.cluster.fair_share import LINGER, FairShare
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import SLO, Outcome, Request
 from hfx.sim.clock import run
@@ -145,3 +145,72 @@ def test_scope_fleet_serves_in_share_requests_first_across_classes():
     assert fleet.eligible(0.0) == 0.0 + 65536.0
     with pytest.raises(ValueError, match="fair-share scope"):
         FairShare(scope="tenant")
+
+
+def test_a_tenant_at_its_share_of_the_sequences_is_over_it_while_another_is_active():
+    fair = FairShare({"gold": 3.0})
+    for i in range(9):
+        fair.tag(req(f"f{i}", "flood"), now=0.0)
+        fair.dispatched(req(f"f{i}", "flood"))
+    assert fair.over_share(16, 0.0) == frozenset()  # the flood alone: no share to keep
+    fair.tag(req("g0", "gold"), now=0.0)
+    # 16 sequences, weights 1 and 3: the flood's share is 4, gold's 12.
+    assert fair.over_share(16, 0.0) == {"flood"}
+    fair.dispatched(req("f0", "flood"))  # resumed elsewhere: still one running request
+    for i in range(5):
+        fair.finished(f"f{i}", 10)
+    assert fair._running == {"flood": 4} and fair.over_share(16, 0.0) == {"flood"}
+    fair.finished("f5", 10)
+    assert fair.over_share(16, 0.0) == frozenset()  # 3 running, under its 4
+    fair.dispatched(req("g0", "gold"))
+    assert fair.over_share(4, 0.0) == {"flood"}  # shares 1 and 3: 3 running >= 1, 1 < 3
+    assert fair.over_share(1, 0.0) == {"flood", "gold"}
+    assert FairShare(reserve=0).over_share(1, 0.0) == frozenset()  # nothing kept, nobody over
+    fair.finished("g0", 10)  # gold has nothing open: its claim lasts LINGER past its arrival
+    assert fair.over_share(4, LINGER - 1) == {"flood"}
+    assert fair.over_share(4, LINGER) == frozenset() and "gold" not in fair._seen
+
+
+def test_a_calm_tenant_starts_on_a_sequence_kept_from_a_flood_that_fills_the_instance():
+    """HFX on one simulated instance of 4 sequences: a calm tenant's short request, a flood
+    of long ones, then the calm tenant's second. With a sequence kept (``reserve`` 1) the
+    flood runs 3 at once and the calm one starts at once; with none the flood fills all 4
+    and the calm one waits for the flood's first to end."""
+    from test_control import MODEL, PROFILE
+
+    from hfx.backends.local import LocalInstance
+    from hfx.cluster.control import ControlPlane
+    from hfx.engine import EngineConfig, EngineCore, SimExecutor
+    from hfx.policies import make_policy
+
+    def calm_wait(reserve: int) -> tuple[float, float, int]:
+        async def main() -> tuple[float, float, int]:
+            engine = EngineCore(EngineConfig(num_kv_blocks=512, block_size=16, max_num_seqs=4),
+                                SimExecutor(MODEL))
+            cp = ControlPlane([LocalInstance(0, engine)], make_policy("hfx"), PROFILE,
+                              fair=FairShare(reserve=reserve))
+            await cp.start()
+            loop = asyncio.get_running_loop()
+            cp.submit(req("calm0", "calm", prompt=20, out=2, ttft=60.0))
+            await asyncio.sleep(0.1)
+            for i in range(8):
+                cp.submit(req(f"f{i}", "flood", prompt=20, out=200, ttft=60.0))
+            await asyncio.sleep(0.3)
+            calm = cp.submit(req("calm", "calm", prompt=20, out=10, ttft=60.0,
+                                 arrival=loop.time()))
+            await cp.wait_idle()
+            await cp.stop()
+            floods = [r for r in cp.records.values() if r.request.tenant == "flood"]
+            first_end = min(r.finish_time for r in floods)
+            most = max(sum(f.dispatch_time <= t < f.finish_time for f in floods)
+                       for t in (r.dispatch_time for r in floods))
+            # (its wait, how long after the flood's first end it started, the flood's most)
+            return (calm.dispatch_time - calm.request.arrival, calm.dispatch_time - first_end,
+                    most)
+
+        return run(main(), virtual=True)
+
+    kept_wait, _, kept_most = calm_wait(1)
+    wait, after_first_end, most = calm_wait(0)
+    assert kept_most == 3 and most == 4  # the flood ran 3 at once, and 4 without the reserve
+    assert kept_wait < 0.01 and wait > 1.0 and after_first_end >= 0, (kept_wait, wait)

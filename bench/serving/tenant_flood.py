@@ -1,12 +1,15 @@
 """A flood from one tenant against a live ``hfx serve`` (issue 50), fair shares off and on.
 
-``hfx serve --executor sim`` (one instance, 16 sequences, at qwen2.5-7b@ascend-910b's speed)
-as a subprocess. A modest tenant (``x-tenant: modest``) sends a 30-token streamed request every half
-second; in the flood runs another tenant (``x-tenant: flood``) keeps 192 connections busy with
-the same requests. Three runs: the modest tenant alone; with the flood, ``--fair-share off``;
-with the flood, ``--fair-share class`` (the default). Reported per run: the modest tenant's
-median and p90 TTFT (the server's, from the stream's last chunk), its answers by status, its SLO
-attainment (the server's ``hfx_tenant_slo_total``), and the flood's requests served and refused.
+``hfx serve --executor sim`` (one instance of 16 sequences unless ``--max-num-seqs``, at
+qwen2.5-7b@ascend-910b's speed) as a subprocess. A modest tenant (``x-tenant: modest``) sends a
+30-token streamed request every half second; in the flood runs another tenant (``x-tenant:
+flood``) keeps 192 connections busy with the same requests. Four runs: the modest tenant
+alone; with the flood, ``--fair-share off``; with the flood, ``--fair-share class`` (the
+default) with no sequence kept for the modest tenant (``--fair-reserve 0``) and with one (the
+default). Reported per run: the modest tenant's median and p90 TTFT (the server's, from the
+stream's last chunk), its answers by status, its SLO attainment (the server's
+``hfx_tenant_slo_total``), the flood's requests served and refused, and the goodput (both
+tenants' requests that met their SLO, per second).
 
     python bench/serving/tenant_flood.py --json docs/data/tenants/live.json
 """
@@ -88,20 +91,26 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--flood", type=int, default=192, help="the flood's connections")
     ap.add_argument("--tokens", type=int, default=30)
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="the instance's sequences")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     runs = {}
-    for name, flood, fair in (("alone", 0, "class"), ("flood, fair off", args.flood, "off"),
-                              ("flood, fair class", args.flood, "class")):
+    for name, flood, fair, reserve in (
+            ("alone", 0, "class", 1), ("flood, fair off", args.flood, "off", 1),
+            ("flood, fair class, no reserve", args.flood, "class", 0),
+            ("flood, fair class", args.flood, "class", 1)):
         with hfx_serve("--executor", "sim", "--instances", "1",
-                       "--max-num-seqs", "16", "--fair-share", fair) as live:
+                       "--max-num-seqs", str(args.max_num_seqs),
+                       "--fair-share", fair, "--fair-reserve", str(reserve)) as live:
             run = asyncio.run(drive(live.url, live.model, args.seconds, flood, args.tokens))
             samples = scrape(live.url)
-            slo = {result: samples.get(("hfx_tenant_slo_total",
-                                        (("result", result), ("tenant", "modest"))), 0.0)
-                   for result in ("met", "missed")}
-            total = sum(slo.values())
-            run["modest_attainment"] = slo["met"] / total if total else None
+            slo = {(tenant, result): samples.get(("hfx_tenant_slo_total",
+                                                  (("result", result), ("tenant", tenant))), 0.0)
+                   for tenant in ("modest", "flood") for result in ("met", "missed")}
+            total = slo["modest", "met"] + slo["modest", "missed"]
+            run["modest_attainment"] = slo["modest", "met"] / total if total else None
+            # Goodput: requests that met their SLO, both tenants, per second of the run.
+            run["goodput"] = (slo["modest", "met"] + slo["flood", "met"]) / args.seconds
         runs[name] = run
         print(name, run)
     alone = runs["alone"]["modest_median_ttft"]
@@ -111,7 +120,10 @@ def main() -> int:
                                        capture_output=True, text=True).stdout.strip(),
               "runs": runs,
               "median_ttft_vs_alone": {k: (r["modest_median_ttft"] or 0) / alone
-                                       for k, r in runs.items()} if alone else None}
+                                       for k, r in runs.items()} if alone else None,
+              "goodput_vs_fair_off": {k: r["goodput"] / runs["flood, fair off"]["goodput"]
+                                      for k, r in runs.items()
+                                      if runs["flood, fair off"]["goodput"]}}
     if args.json:
         write_json(args.json, result)
     return 0

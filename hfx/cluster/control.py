@@ -125,6 +125,7 @@ class ControlPlane:
         self.recovery = Recovery(max_retries, self.fleet.pd)
         self.outliers = OutlierDetector(ejection or EjectionPolicy())
         self.fair = fair  # tenants' shares while saturated; None: arrival order throughout
+        self._slots = (-1, 0)  # (view version, the sequences its accepting instances run)
         self._ejections: dict[int, asyncio.Task[None]] = {}  # each ejected instance's timer
         self.scaler: ScalerHooks | None = None
         self._unserviceable = "every instance has left"  # the last instance failure, if any
@@ -312,9 +313,18 @@ class ControlPlane:
 
     def _fair_moved(self, now: float) -> None:
         """Tags were given, placed or ended: what the dispatcher serves first moved (scope
-        "fleet"; None for "class")."""
-        if self.fair is not None and self._dispatch is not None:
-            self._dispatch.view.fair_eligible = self.fair.eligible(now)
+        "fleet"; None for "class"), and who is past its share of the fleet's sequences."""
+        fair, stage = self.fair, self._dispatch
+        if fair is not None and stage is not None:
+            view = stage.view
+            view.fair_eligible = fair.eligible(now)
+            if fair.reserve:
+                if self._slots[0] != view.version:
+                    self._slots = (view.version,
+                                   sum(v.stats.max_num_seqs for v in view.accepting()))
+                view.fair_shares = fair.shares(self._slots[1], now)
+                view.fair_running = fair.running
+                view.fair_reserve = fair.reserve
 
     def _release(self) -> None:
         """Held requests to the dispatcher, in fair order, while there is room."""

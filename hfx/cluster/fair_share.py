@@ -22,6 +22,16 @@ Language Models" (Sheng et al., OSDI 2024, §4: ``input_weight`` per prompt toke
   start-tag order as room frees, the highest priority band first. One tenant alone is never
   held: there is no share to keep.
 
+- Ordering a queue does not start anything sooner while every sequence an instance runs is
+  taken: a calm tenant's request then waits for a flood's batch to end (on one 16-sequence
+  instance its median TTFT was 12x its TTFT alone). So a tenant running its weighted share of
+  the fleet's sequences or more, while another tenant is active (requests open, or one
+  arrived within ``LINGER``), may not take an instance's last ``reserve`` free sequences:
+  they are kept for the others. Preempting a flood's request would serve the same end, but
+  vLLM's scheduler preempts only when KV runs short (v1/core/sched/scheduler.py), and HFX
+  reaches its engines only through requests; a kept sequence preempts nobody, at the cost of
+  at most ``reserve`` idle sequences per instance while a flood saturates it.
+
 Dynamo's router (deficit round robin, weighted by uncached tokens) would serve the same end;
 start tags were chosen because they order a dispatcher's existing queue without holding
 anything back from it: HFX's admission needs the whole queue to find requests that can still
@@ -42,14 +52,20 @@ INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0  # VTC's w_p and w_q (Sheng et al. §4)
 # about a hundred requests of four-task's mix at VTC's weights.
 WINDOW = 65536.0
 SCOPES = ("class", "fleet")
+# Sequences per instance kept for tenants within their share of the fleet's: one starts a
+# calm tenant's request at the instance's next step.
+RESERVE = 1
+# How long a tenant's last arrival keeps its claim on kept sequences: one whose requests come
+# seconds apart (a chat's turns, a client's polling) finds one free at its next.
+LINGER = 10.0
 
 
 class FairShare:
     """The tenants' tags, and the requests held while a queueless dispatcher is saturated."""
 
     def __init__(self, weights: Mapping[str, float] | None = None, scope: str = "class",
-                 input_weight: float = INPUT_WEIGHT, output_weight: float = OUTPUT_WEIGHT
-                 ) -> None:
+                 input_weight: float = INPUT_WEIGHT, output_weight: float = OUTPUT_WEIGHT,
+                 reserve: int = RESERVE) -> None:
         if scope not in SCOPES:
             raise ValueError(f"unknown fair-share scope {scope!r}; choose one of "
                              f"{', '.join(SCOPES)}")
@@ -58,12 +74,18 @@ class FairShare:
         for tenant, w in self.weights.items():
             if not w > 0:
                 raise ValueError(f"tenant {tenant!r}: weight must be > 0, got {w}")
+        if reserve < 0:
+            raise ValueError(f"fair-share reserve must be >= 0, got {reserve}")
         self.input_weight = input_weight
         self.output_weight = output_weight
+        self.reserve = reserve
         self.virtual = 0.0  # V, the frontier (``frontier``); never moves back
         self.finish: dict[str, float] = {}  # F per tenant: the service charged to it
         self._charged: dict[str, tuple[str, int]] = {}  # request id → (tenant, max_tokens)
         self._open: dict[str, int] = {}  # tenant → its requests tagged and not ended
+        self._running: dict[str, int] = {}  # tenant → its requests placed and not ended
+        self._running_ids: set[str] = set()
+        self._seen: dict[str, float] = {}  # tenant → its last arrival
         # (tag, TTFT deadline, id) of the requests waiting for a placement, lazily pruned.
         self._waiting: list[tuple[float, float, str]] = []
         self._placed: set[str] = set()
@@ -81,6 +103,7 @@ class FairShare:
         self.finish[tenant] = start + cost / self.weights.get(tenant, 1.0)
         self._charged[request.id] = (tenant, request.max_tokens)
         self._open[tenant] = self._open.get(tenant, 0) + 1
+        self._seen[tenant] = now
         request.fair_tag = start
         slo = request.slo
         deadline = request.arrival + slo.ttft if slo is not None else float("inf")
@@ -94,8 +117,12 @@ class FairShare:
 
     def dispatched(self, request: Request) -> None:
         """It was placed: it no longer holds the frontier back."""
-        if request.id in self._charged:
-            self._placed.add(request.id)
+        rid = request.id
+        if rid in self._charged:
+            self._placed.add(rid)
+            if rid not in self._running_ids:  # a request resumed elsewhere counts once
+                self._running_ids.add(rid)
+                self._running[request.tenant] = self._running.get(request.tenant, 0) + 1
 
     def finished(self, request_id: str, tokens: int) -> None:
         """It ended with ``tokens`` output tokens: its tenant's charge is corrected from
@@ -105,13 +132,38 @@ class FairShare:
         if charged is None:
             return
         tenant, max_tokens = charged
-        n = self._open[tenant] - 1
-        if n:
-            self._open[tenant] = n
-        else:
-            del self._open[tenant]
+        _count_down(self._open, tenant)
+        if request_id in self._running_ids:
+            self._running_ids.discard(request_id)
+            _count_down(self._running, tenant)
         self.finish[tenant] -= (self.output_weight * (max_tokens - tokens)
                                 / self.weights.get(tenant, 1.0))
+
+    @property
+    def running(self) -> Mapping[str, int]:
+        """Requests placed and not ended, per tenant (live)."""
+        return self._running
+
+    def shares(self, slots: int, now: float) -> dict[str, float]:
+        """Each active tenant's weighted share of ``slots`` (the fleet's sequences): a tenant
+        running its share or more may not take an instance's last ``reserve`` free
+        sequences. Active: requests open, or one arrived within ``LINGER``. Empty while one
+        tenant alone is active (there is no share to keep) or nothing is kept."""
+        if not self.reserve:
+            return {}
+        seen, open_ = self._seen, self._open
+        for tenant in [t for t, at in seen.items() if now - at >= LINGER and t not in open_]:
+            del seen[tenant]
+        if len(seen) < 2:
+            return {}
+        weights = self.weights
+        per = slots / sum(weights.get(t, 1.0) for t in seen)
+        return {t: per * weights.get(t, 1.0) for t in seen}
+
+    def over_share(self, slots: int, now: float) -> frozenset[str]:
+        """The tenants running their share or more now (``shares``)."""
+        shares = self.shares(slots, now)
+        return frozenset(t for t, n in self._running.items() if n >= shares.get(t, n + 1))
 
     def frontier(self, now: float) -> float:
         """V: the least start tag of a request still waiting for its placement with its TTFT
@@ -173,6 +225,14 @@ class FairShare:
             return False
         self._held_ids.discard(request_id)  # its heap entry is skipped when it surfaces
         return True
+
+
+def _count_down(counts: dict[str, int], tenant: str) -> None:
+    n = counts[tenant] - 1
+    if n:
+        counts[tenant] = n
+    else:
+        del counts[tenant]
 
 
 def _band_of(request: Request) -> int:

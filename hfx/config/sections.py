@@ -160,6 +160,11 @@ class AdmissionSection(Section):
         "tenant past its share waits behind the others; fleet: across classes too (a tenant "
         "within its share is served first whatever its class: the strictest protection, at "
         "the cost of throughput under a flood: docs/results.md 'Faults and floods')"))
+    fair_reserve: int = Field(1, ge=0, description=(
+        "with fair shares, sequences per instance a tenant running its share of the fleet's "
+        "sequences or more may not take while another tenant is active: kept so a "
+        "calm tenant's request starts at the next step rather than after a flood's batch "
+        "(hfx/cluster/fair_share.py); 0: none kept"))
     tenants: str | None = Field(None, description=(
         "YAML or JSON file of tenants: {name: {weight, requests_per_second, "
         "tokens_per_minute, api_keys}}; weights shape fair shares, limits answer 429, keys "

@@ -96,6 +96,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -224,6 +225,12 @@ class HFXDispatcher(Policy):
         # (ClusterView.cached) with when they were read: read again once MATCH_TTL old.
         self._view: ClusterView | None = None
         self._eligible: float | None = None  # ClusterView.fair_eligible, per decision
+        # ClusterView.fair_shares, .fair_running and .fair_reserve, per decision, and the
+        # requests each tenant was given in this decision (not yet running).
+        self._shares: dict[str, float] = {}
+        self._running: Mapping[str, int] = {}
+        self._reserve = 0
+        self._taken: dict[str, int] = {}
         self._step_tokens: int | None = None  # ClusterView.step_tokens, per decision
         self._matches: dict[str, _Match] = {}
         # Deferrals hidden from other scans while their verdict's inputs stand.
@@ -255,6 +262,10 @@ class HFXDispatcher(Policy):
         targets = view.accepting()
         self._view = view if view.prefix is not None else None
         self._eligible = view.fair_eligible
+        self._shares, self._reserve = view.fair_shares, view.fair_reserve
+        self._running = view.fair_running
+        if self._taken:
+            self._taken = {}
         self._step_tokens = view.step_tokens
         if len(self._matches) > MATCHES_KEPT:  # requests that left the queue: read again
             self._matches = {}
@@ -480,6 +491,15 @@ class HFXDispatcher(Policy):
             return 1.0
         return 0.5 * (1.0 + math.erf((t_rem - wait / 2) / (sigma * math.sqrt(2.0))))
 
+    def _at_share(self, tenant: str, admitted: list[tuple[Request, bool]]) -> bool:
+        """Fair shares: ``tenant`` runs its share of the fleet's sequences or more, counting
+        what this decision gave it (``admitted``: the batch being formed here)."""
+        share = self._shares.get(tenant)
+        if share is None:
+            return False
+        n = self._running.get(tenant, 0) + self._taken.get(tenant, 0)
+        return n + sum(1 for r, _ in admitted if r.tenant == tenant) >= share
+
     def _serve(self, iid: int, sh: ShadowInstance, model: StepTimeModel, now: float,
                decision: Decision, mixed: bool) -> None:
         e_d = self.decode_step(sh, model)
@@ -490,6 +510,9 @@ class HFXDispatcher(Policy):
         # The engine runs at most max_num_seqs sequences; more would queue inside it, out of
         # the dispatcher's sight and its maturity model.
         slots = sh.free_slots()
+        # Fair shares: a tenant at its share of the sequences leaves the last few to others.
+        shares = self._shares
+        kept = slots - self._reserve
 
         admitted: list[tuple[Request, bool]] = []
         deferred: set[str] = set()  # left for an instance that has them cached
@@ -518,6 +541,8 @@ class HFXDispatcher(Policy):
                 continue
             if len(admitted) >= slots:
                 break
+            if shares and len(admitted) >= kept and self._at_share(req.tenant, admitted):
+                continue
             if m is not None and cached and self.elsewhere(req, iid, m, own, model, now, mixed):
                 deferred.add(req.id)
                 continue  # a hit elsewhere will start it in time
@@ -532,7 +557,9 @@ class HFXDispatcher(Policy):
         # Best effort only when no feasible request waits: hopeless work must not take the
         # capacity of requests that can still make their SLO.
         while (self._best_effort and not self.queue and len(admitted) < slots
-               and used + self._best_effort[0].prompt_len <= limit):
+               and used + self._best_effort[0].prompt_len <= limit
+               and not (shares and len(admitted) >= kept
+                        and self._at_share(self._best_effort[0].tenant, admitted))):
             req = self._best_effort.popleft()
             admitted.append((req, True))
             used += req.prompt_len
@@ -553,6 +580,8 @@ class HFXDispatcher(Policy):
         sum_len = sum_sq = sum_ck = 0
         for req, best_effort in admitted:
             decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
+            if shares:
+                self._taken[req.tenant] = self._taken.get(req.tenant, 0) + 1
             sh.add(req, self.kv_reserve(req))
             k = self.cached(req).get(iid, 0)
             c = req.prompt_len - k

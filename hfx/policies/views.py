@@ -12,6 +12,7 @@ Python even compiled (tests/test_native.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,6 +77,12 @@ class ClusterView:
     # Fair shares between tenants (hfx/cluster/fair_share.py): start tags up to this are served
     # first in each class; None: no fair shares.
     fair_eligible: float | None
+    # Each active tenant's share of the fleet's sequences while two or more are active (empty:
+    # none kept), the requests each runs (live), and how many of an instance's free sequences
+    # a tenant running its share or more may not take: FairShare.shares, .running, .reserve.
+    fair_shares: dict[str, float]
+    fair_running: Mapping[str, int]
+    fair_reserve: int
 
     def __init__(self, now: float, instances: list[InstanceView], step_model: StepTimeModel,
                  profile: Profile, mixed_steps: bool = False, version: int = 0,
@@ -89,6 +96,9 @@ class ClusterView:
         self.version = version
         self.prefix = prefix
         self.fair_eligible: float | None = None
+        self.fair_shares: dict[str, float] = {}
+        self.fair_running: Mapping[str, int] = {}
+        self.fair_reserve = 0
         self._accepting: dict[Role | None, tuple[int, list[InstanceView]]] = {}
 
     def accepting(self, role: Role | None = None) -> list[InstanceView]:
