@@ -24,13 +24,14 @@ Language Models" (Sheng et al., OSDI 2024, §4: ``input_weight`` per prompt toke
 
 - Ordering a queue does not start anything sooner while every sequence an instance runs is
   taken: a calm tenant's request then waits for a flood's batch to end (on one 16-sequence
-  instance its median TTFT was 12x its TTFT alone). So a tenant running its weighted share of
-  the fleet's sequences or more, while another tenant is active (requests open, or one
-  arrived within ``LINGER``), may not take an instance's last ``reserve`` free sequences:
-  they are kept for the others. Preempting a flood's request would serve the same end, but
-  vLLM's scheduler preempts only when KV runs short (v1/core/sched/scheduler.py), and HFX
-  reaches its engines only through requests; a kept sequence preempts nobody, at the cost of
-  at most ``reserve`` idle sequences per instance while a flood saturates it.
+  instance its median TTFT was 11x its TTFT alone: docs/results.md, "Faults and floods").
+  So a tenant running its weighted share of the fleet's sequences or more, while another
+  tenant is active (requests open, or one arrived within ``LINGER``), may not take an
+  instance's last ``reserve`` free sequences: they are kept for the others. Preempting a
+  flood's request would serve the same end, but vLLM's scheduler preempts only when KV runs
+  short (v1/core/sched/scheduler.py), and HFX reaches its engines only through requests; a
+  kept sequence preempts nobody, at the cost of at most ``reserve`` idle sequences per
+  instance while a flood saturates it.
 
 Dynamo's router (deficit round robin, weighted by uncached tokens) would serve the same end;
 start tags were chosen because they order a dispatcher's existing queue without holding
