@@ -12,7 +12,8 @@ runs per seed, each a steady-state run (warm-up left out of every figure):
 * ``calm+fair``: the calm tenants alone, fair shares on (what they cost when nothing floods).
 
 Reported per run and tenant: SLO attainment (a request still pending at the end is a miss),
-median TTFT, requests; the fleet's goodput (requests that met their SLO per second); Jain's
+median TTFT, requests; the fleet's goodput (requests that met their SLO per second, and their
+prompt and output tokens per second); Jain's
 index over the tenants' attainment; the run's CPU seconds per request.
 
     python bench/experiments/tenants.py --json docs/data/tenants/flood.json
@@ -69,12 +70,15 @@ def one(scenario: str, seed: int, args: argparse.Namespace) -> dict:
         met = [r for r in records if r.outcome is Outcome.FINISHED and r.meets_slo()]
         ttfts = [r.ttft for r in records if r.ttft is not None]
         per[tenant] = {"requests": len(records), "attainment": len(met) / len(records),
-                       "median_ttft": statistics.median(ttfts) if ttfts else None}
+                       "median_ttft": statistics.median(ttfts) if ttfts else None,
+                       "met_tokens": sum(r.request.prompt_len + r.num_tokens for r in met)}
     window = args.duration - args.warmup
     goodput = sum(p["attainment"] * p["requests"] for p in per.values()) / window
+    goodput_tokens = sum(p["met_tokens"] for p in per.values()) / window
     att = [p["attainment"] for p in per.values()]
     jain = sum(att) ** 2 / (len(att) * sum(a * a for a in att)) if any(att) else 0.0
     return {"scenario": scenario, "seed": seed, "tenants": per, "goodput": goodput,
+            "goodput_tokens": goodput_tokens,
             "jain_attainment": jain, "cpu_seconds": cpu,
             "cpu_us_per_request": cpu / len(requests) * 1e6, "requests": len(requests)}
 
@@ -90,6 +94,7 @@ def summary(runs: list[dict]) -> dict:
                     for k in ("attainment", "median_ttft")} for t in CALM}
         out[scenario] = {"calm_tenants": calm,
                          "goodput": statistics.mean(r["goodput"] for r in rows),
+                         "goodput_tokens": statistics.mean(r["goodput_tokens"] for r in rows),
                          "jain_attainment": statistics.mean(r["jain_attainment"] for r in rows),
                          "cpu_us_per_request": statistics.mean(r["cpu_us_per_request"]
                                                                for r in rows)}
@@ -100,7 +105,9 @@ def summary(runs: list[dict]) -> dict:
                                           for t in CALM),
             "median_ttft_ratio": max(fair[t]["median_ttft"] / ref[t]["median_ttft"]
                                      for t in CALM),
-            "goodput_fair_over_unfair": out["flood+fair"]["goodput"] / out["flood"]["goodput"]}
+            "goodput_fair_over_unfair": out["flood+fair"]["goodput"] / out["flood"]["goodput"],
+            "goodput_tokens_fair_over_unfair": (out["flood+fair"]["goodput_tokens"]
+                                                / out["flood"]["goodput_tokens"])}
     return out
 
 
@@ -125,7 +132,8 @@ def main() -> int:
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(one, *zip(*tasks, strict=True), [args] * len(tasks)))
     for r in runs:
-        print(f"{r['scenario']:>11} seed {r['seed']}: goodput {r['goodput']:.1f}/s, jain "
+        print(f"{r['scenario']:>11} seed {r['seed']}: goodput {r['goodput']:.1f}/s "
+              f"({r['goodput_tokens']:.0f} tokens/s), jain "
               f"{r['jain_attainment']:.3f}, " + ", ".join(
                   f"{t} {p['attainment']:.3f}/{(p['median_ttft'] or 0) * 1e3:.0f}ms"
                   for t, p in r["tenants"].items()))
