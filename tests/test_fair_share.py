@@ -128,23 +128,49 @@ def test_only_two_tenants_with_open_requests_contend():
     assert not fair.contended() and fair._open == {}
 
 
-def test_scope_fleet_serves_in_share_requests_first_across_classes():
-    queue = SLOQueue()
-    strict = Request("flood-strict", 0.0, 10, 10, SLO(1.0, 0.1), tenant="flood")
-    strict.fair_tag = 500.0
-    loose = Request("calm-loose", 0.0, 10, 10, SLO(1.0, 0.9), tenant="calm")
-    loose.fair_tag = 10.0
-    queue.push(strict)
-    queue.push(loose)
-    assert [r.id for r in queue.scan(10)] == ["flood-strict", "calm-loose"]  # class first
-    assert [r.id for r in queue.scan(10, eligible=100.0)] == ["calm-loose", "flood-strict"]
-    assert [r.id for r in queue.scan(1, eligible=100.0)] == ["calm-loose"]  # one limit
-    assert FairShare(scope="class").eligible(0.0) is None
-    fleet = FairShare(scope="fleet")
-    fleet.tag(req("x", "a"), now=0.0)
-    assert fleet.eligible(0.0) == 0.0 + 65536.0
-    with pytest.raises(ValueError, match="fair-share scope"):
-        FairShare(scope="tenant")
+def test_a_tenant_served_a_window_past_the_least_served_is_past_its_share():
+    fair = FairShare(scope="fleet")
+    for i in range(40):  # 40 x (2,000 + 2 x 50) = 84,000 units charged
+        fair.tag(req(f"f{i}", "flood", prompt=2000, out=50), now=0.0)
+    assert fair.past_share() == frozenset()  # one tenant: no share to keep
+    fair.tag(req("c0", "calm"), now=0.0)
+    assert fair.past_share() == {"flood"}  # 84,000 past calm's 30 > WINDOW
+    for i in range(10):  # ends early: charged 10 output tokens of 50 each
+        fair.finished(f"f{i}", 10)
+    assert fair.past_share() == {"flood"}
+    for i in range(10, 40):
+        fair.finished(f"f{i}", 10)
+    assert fair.past_share() == frozenset()  # the flood has nothing open
+
+
+def test_scope_fleet_serves_a_calm_tenants_loose_class_before_a_floods_strict_backlog():
+    """HFX on one simulated instance: a flood queues strict-TPOT requests, then a calm tenant
+    sends one of a looser class. Algorithm 1 scans the strictest class first, so with scope
+    "class" the calm request waits behind the flood's whole backlog; with "fleet" the flood
+    (weight 0.01: its backlog is far past its share) waits behind the calm request."""
+    from test_control import cluster
+
+    def started_before(scope: str) -> int:
+        async def main() -> int:
+            cp = cluster("hfx", n=1, fair=FairShare({"flood": 0.01}, scope=scope, reserve=0))
+            await cp.start()
+            loop = asyncio.get_running_loop()
+            for i in range(60):
+                cp.submit(Request(f"f{i}", loop.time(), 1000, 50, SLO(60.0, 0.1),
+                                  tenant="flood"))
+            await asyncio.sleep(0.01)
+            calm = cp.submit(Request("calm", loop.time(), 1000, 50, SLO(60.0, 0.5),
+                                     tenant="calm"))
+            await cp.wait_idle()
+            await cp.stop()
+            assert calm.outcome is Outcome.FINISHED
+            return sum(r.dispatch_time is not None and r.dispatch_time < calm.dispatch_time
+                       for r in cp.records.values() if r.request.tenant == "flood")
+
+        return run(main(), virtual=True)
+
+    by_class, fleet = started_before("class"), started_before("fleet")
+    assert fleet <= 5 and by_class >= 50, (fleet, by_class)
 
 
 def test_a_tenant_at_its_share_of_the_sequences_is_over_it_while_another_is_active():

@@ -312,12 +312,12 @@ class ControlPlane:
             for v in targets)
 
     def _fair_moved(self, now: float) -> None:
-        """Tags were given, placed or ended: what the dispatcher serves first moved (scope
-        "fleet"; None for "class"), and who is past its share of the fleet's sequences."""
+        """Tags were given, placed or ended: who is past its share moved (of the service, for
+        scope "fleet"; of the fleet's sequences, for the kept ones)."""
         fair, stage = self.fair, self._dispatch
         if fair is not None and stage is not None:
             view = stage.view
-            view.fair_eligible = fair.eligible(now)
+            view.fair_past = fair.past_share() if fair.scope == "fleet" else None
             if fair.reserve:
                 if self._slots[0] != view.version:
                     self._slots = (view.version,

@@ -49,8 +49,9 @@ from collections.abc import Callable, Iterator, Mapping
 from hfx.request import Request
 
 INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0  # VTC's w_p and w_q (Sheng et al. §4)
-# Scope "fleet": how far past the frontier a start tag counts as within its tenant's share,
-# about a hundred requests of four-task's mix at VTC's weights.
+# Scope "fleet": how far a tenant's charged service may run past the least-served open
+# tenant's and still count as within its share, about a hundred requests of four-task's mix
+# at VTC's weights.
 WINDOW = 65536.0
 SCOPES = ("class", "fleet")
 # Sequences per instance kept for tenants within their share of the fleet's: one starts a
@@ -161,6 +162,17 @@ class FairShare:
         per = slots / sum(weights.get(t, 1.0) for t in seen)
         return {t: per * weights.get(t, 1.0) for t in seen}
 
+    def past_share(self) -> frozenset[str]:
+        """Tenants whose charged service runs more than ``WINDOW`` past the least-served
+        tenant with requests open: each of their requests waits behind the others'. Empty
+        while fewer than two tenants have requests open."""
+        open_ = self._open
+        if len(open_) < 2:
+            return frozenset()
+        finish = self.finish
+        least = min(finish.get(t, 0.0) for t in open_)
+        return frozenset(t for t in open_ if finish.get(t, 0.0) > least + WINDOW)
+
     def over_share(self, slots: int, now: float) -> frozenset[str]:
         """The tenants running their share or more now (``shares``)."""
         shares = self.shares(slots, now)
@@ -182,12 +194,6 @@ class FairShare:
             heapq.heappop(waiting)
             self._placed.discard(rid)
         return self.virtual
-
-    def eligible(self, now: float) -> float | None:
-        """Scope "fleet": the start tags served first, ahead of every class, up to ``WINDOW``
-        past the frontier (a tenant within its share has its tags there); None for scope
-        "class"."""
-        return None if self.scope == "class" else self.frontier(now) + WINDOW
 
     # ---- holding, for dispatchers without a queue ----------------------------------------
     @property

@@ -96,7 +96,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -224,13 +224,18 @@ class HFXDispatcher(Policy):
         # The decision's view, and each queued request's cached prompt tokens per instance
         # (ClusterView.cached) with when they were read: read again once MATCH_TTL old.
         self._view: ClusterView | None = None
-        self._eligible: float | None = None  # ClusterView.fair_eligible, per decision
         # ClusterView.fair_shares, .fair_running and .fair_reserve, per decision, and the
         # requests each tenant was given in this decision (not yet running).
         self._shares: dict[str, float] = {}
         self._running: Mapping[str, int] = {}
         self._reserve = 0
         self._taken: dict[str, int] = {}
+        # ClusterView.fair_past, per decision; while a tenant is past its share, the queued
+        # requests of those within theirs, scanned before Q_R's order (by id, in arrival
+        # order), and the arrivals not yet sorted into them.
+        self._past: frozenset[str] | None = None
+        self._promoted: dict[str, Request] = {}
+        self._fair_new: list[Request] = []
         self._step_tokens: int | None = None  # ClusterView.step_tokens, per decision
         self._matches: dict[str, _Match] = {}
         # Deferrals hidden from other scans while their verdict's inputs stand.
@@ -240,6 +245,8 @@ class HFXDispatcher(Policy):
     def enqueue(self, request: Request, now: float) -> None:
         self._parked.unpark(request.id)  # a request resumed after a failure starts anew
         self.queue.push(request)
+        if request.fair_tag is not None:
+            self._fair_new.append(request)
         if self.override:
             self._arrived.append(request)
 
@@ -261,9 +268,11 @@ class HFXDispatcher(Policy):
         now, model = view.now, view.step_model
         targets = view.accepting()
         self._view = view if view.prefix is not None else None
-        self._eligible = view.fair_eligible
         self._shares, self._reserve = view.fair_shares, view.fair_reserve
         self._running = view.fair_running
+        self._past = view.fair_past
+        if self._fair_new or self._promoted:
+            self._promote()
         if self._taken:
             self._taken = {}
         self._step_tokens = view.step_tokens
@@ -491,6 +500,37 @@ class HFXDispatcher(Policy):
             return 1.0
         return 0.5 * (1.0 + math.erf((t_rem - wait / 2) / (sigma * math.sqrt(2.0))))
 
+    def _promote(self) -> None:
+        """Fair shares of scope "fleet": while a tenant is past its share, the arrivals of
+        the others go to the head of the scan, whatever their class."""
+        past, promoted = self._past, self._promoted
+        if not past:  # nobody past a share: Q_R's order for all
+            self._fair_new.clear()
+            promoted.clear()
+            return
+        for req in self._fair_new:
+            if req.tenant not in past and req in self.queue:
+                promoted[req.id] = req
+        self._fair_new.clear()
+        for rid in [rid for rid, r in promoted.items() if r not in self.queue]:
+            del promoted[rid]
+
+    def _scan(self, also: Collection[str] | None) -> Iterator[Request]:
+        """Q_R's scan, requests of tenants within their share first (fair shares, scope
+        "fleet")."""
+        promoted = self._promoted
+        if not promoted:
+            yield from self.queue.scan(self.max_scan, also)
+            return
+        past = self._past or frozenset()
+        queue = self.queue
+        for req in list(promoted.values()):
+            if req.tenant not in past and queue.shown(req, also):
+                yield req
+        for req in self.queue.scan(self.max_scan, also):
+            if req.id not in promoted or req.tenant in past:
+                yield req
+
     def _at_share(self, tenant: str, admitted: list[tuple[Request, bool]]) -> bool:
         """Fair shares: ``tenant`` runs its share of the fleet's sequences or more, counting
         what this decision gave it (``admitted``: the batch being formed here)."""
@@ -518,7 +558,7 @@ class HFXDispatcher(Policy):
         deferred: set[str] = set()  # left for an instance that has them cached
         used = sum_sq = sum_ck = 0
         deadline = float("inf")  # earliest TTFT deadline in the batch being formed
-        for req in self.queue.scan(self.max_scan, also, self._eligible):
+        for req in self._scan(also):
             assert req.slo is not None
             own = req.arrival + req.slo.ttft
             if view is None:
@@ -565,7 +605,7 @@ class HFXDispatcher(Policy):
             used += req.prompt_len
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
-            head = next((r for r in self.queue.scan(self.max_scan, also, self._eligible)
+            head = next((r for r in self._scan(also)
                          if r.id not in deferred),
                         None)
             if head is not None and head.prompt_len <= sh.free_kv_tokens():

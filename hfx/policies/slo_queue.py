@@ -61,6 +61,13 @@ class SLOQueue:
     def __contains__(self, request: Request) -> bool:
         return request.id in self._entries
 
+    def shown(self, request: Request, also: Collection[str] | None = None) -> bool:
+        """Whether a scan asked for ``also`` would yield ``request``: queued and not hidden
+        (or hidden and in ``also``)."""
+        entry = self._entries.get(request.id)
+        return entry is not None and (not entry.hidden
+                                      or (also is not None and request.id in also))
+
     def push(self, request: Request) -> None:
         assert request.slo is not None
         old = self._entries.get(request.id)
@@ -137,13 +144,10 @@ class SLOQueue:
     def min_tpot(self) -> float | None:
         return self._tpots[0] if self._tpots else None
 
-    def scan(self, limit: int, also: Collection[str] | None = None,
-             eligible: float | None = None) -> Iterator[Request]:
+    def scan(self, limit: int, also: Collection[str] | None = None) -> Iterator[Request]:
         """Requests in (TPOT, arrival) order (start-tag order with fair shares), at most
         ``limit`` of them, with the hidden ones whose ids are in ``also`` in their places. The
-        caller may ``take`` and ``hide`` what it is given while scanning. With fair shares,
-        ``eligible`` (ClusterView.fair_eligible): the requests whose start tag is within it
-        come first, in (TPOT, tag) order, then the rest (a tenant far past its share)."""
+        caller may ``take`` and ``hide`` what it is given while scanning."""
         self._place_shown()
         extra: dict[float, list[_Entry]] | None = None
         if also:
@@ -154,26 +158,6 @@ class SLOQueue:
                     extra.setdefault(entry.tpot, []).append(entry)
             for entries in extra.values():
                 entries.sort(key=_key)
-        if eligible is None:
-            yield from self._scan(limit, extra, None, True)
-            return
-        seen = 0
-        for within in (True, False):
-            for req in self._scan(limit - seen, extra, eligible, within):
-                yield req
-                seen += 1
-            if seen >= limit:
-                return
-
-    def _place_shown(self) -> None:
-        for shown in self._showing:
-            if shown.live and self._entries.get(shown.request.id) is shown:
-                self._place(shown)
-        self._showing.clear()
-
-    def _scan(self, limit: int, extra: dict[float, list[_Entry]] | None,
-              eligible: float | None, within: bool) -> Iterator[Request]:
-        """``scan``'s pass over the requests within ``eligible`` (``within``) or past it."""
         seen = 0
         for tpot in list(self._tpots):
             fifo = self._tidy(tpot)
@@ -183,17 +167,16 @@ class SLOQueue:
             for entry in (fifo if ext is None else self._merged(fifo, ext)):
                 if not entry.live:
                     continue
-                req = entry.request
-                if eligible is not None:
-                    tag = req.fair_tag
-                    if (tag is None or tag <= eligible) != within:
-                        if within:
-                            break  # in tag order: the rest of this FIFO is past it too
-                        continue
-                yield req
+                yield entry.request
                 seen += 1
                 if seen >= limit:
                     return
+
+    def _place_shown(self) -> None:
+        for shown in self._showing:
+            if shown.live and self._entries.get(shown.request.id) is shown:
+                self._place(shown)
+        self._showing.clear()
 
     def _tidy(self, tpot: float) -> deque[_Entry] | None:
         """TPOT class ``tpot``'s FIFO rid of its dead head (of all its dead, once they outnumber

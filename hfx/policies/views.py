@@ -74,13 +74,14 @@ class ClusterView:
     version: int
     # What each instance's prefix cache holds (None: prefix caching is off).
     prefix: CacheMatch | None
-    # Fair shares between tenants (hfx/cluster/fair_share.py): start tags up to this are served
-    # first in each class; None: no fair shares.
-    fair_eligible: float | None
     # Each active tenant's share of the fleet's sequences while two or more are active (empty:
     # none kept), the requests each runs (live), and how many of an instance's free sequences
     # a tenant running its share or more may not take: FairShare.shares, .running, .reserve.
     fair_shares: dict[str, float]
+    # Fair shares of scope "fleet" (hfx/cluster/fair_share.py): the tenants past their share,
+    # whose requests wait behind the others' whatever their class (FairShare.past_share);
+    # None: scope "class", or no fair shares.
+    fair_past: frozenset[str] | None
     fair_running: Mapping[str, int]
     fair_reserve: int
 
@@ -95,8 +96,8 @@ class ClusterView:
         self.step_tokens = step_tokens
         self.version = version
         self.prefix = prefix
-        self.fair_eligible: float | None = None
         self.fair_shares: dict[str, float] = {}
+        self.fair_past: frozenset[str] | None = None
         self.fair_running: Mapping[str, int] = {}
         self.fair_reserve = 0
         self._accepting: dict[Role | None, tuple[int, list[InstanceView]]] = {}
