@@ -85,32 +85,36 @@ def test_a_bad_weight_is_refused():
         FairShare({"x": 0.0})
 
 
-def test_on_a_saturated_fleet_a_calm_tenant_goes_before_a_flood_that_came_first():
-    """The control plane with HFX's dispatcher on one simulated instance: a flood queued
-    first, then one request of a calm tenant in the same class. With fair shares the calm one
-    starts before the flood's backlog; without, it waits behind it."""
+def floods_before_calm(fair: FairShare | None, prompt: int, flood_slo: SLO,
+                       calm_slo: SLO) -> int:
+    """The control plane with HFX's dispatcher on one simulated instance: 60 requests of a
+    flood, then (10 ms later) one of a calm tenant. How many of the flood's were dispatched
+    before the calm one."""
     from test_control import cluster
 
-    def started_before(fair: bool) -> int:
-        async def main() -> int:
-            from hfx.cluster.fair_share import FairShare as Fair
+    async def main() -> int:
+        cp = cluster("hfx", n=1, fair=fair)
+        await cp.start()
+        loop = asyncio.get_running_loop()
+        for i in range(60):
+            cp.submit(Request(f"f{i}", loop.time(), prompt, 50, flood_slo, tenant="flood"))
+        await asyncio.sleep(0.01)
+        calm = cp.submit(Request("calm", loop.time(), prompt, 50, calm_slo, tenant="calm"))
+        await cp.wait_idle()
+        await cp.stop()
+        assert calm.outcome is Outcome.FINISHED
+        return sum(r.dispatch_time is not None and r.dispatch_time < calm.dispatch_time
+                   for r in cp.records.values() if r.request.tenant == "flood")
 
-            cp = cluster("hfx", n=1, fair=Fair() if fair else None)
-            await cp.start()
-            for i in range(60):
-                cp.submit(req(f"f{i}", "flood", prompt=400, out=50, ttft=30.0))
-            await asyncio.sleep(0.01)
-            calm = cp.submit(req("calm", "calm", prompt=400, out=50, ttft=30.0,
-                                 arrival=asyncio.get_running_loop().time()))
-            await cp.wait_idle()
-            await cp.stop()
-            assert calm.outcome is Outcome.FINISHED
-            return sum(r.dispatch_time is not None and r.dispatch_time < calm.dispatch_time
-                       for r in cp.records.values() if r.request.tenant == "flood")
+    return run(main(), virtual=True)
 
-        return run(main(), virtual=True)
 
-    unfair, fair = started_before(False), started_before(True)
+def test_on_a_saturated_fleet_a_calm_tenant_goes_before_a_flood_that_came_first():
+    """A flood queued first, then one request of a calm tenant in the same class: with fair
+    shares the calm one starts before the flood's backlog; without, it waits behind it."""
+    slo = SLO(30.0, 0.1)
+    unfair = floods_before_calm(None, 400, slo, slo)
+    fair = floods_before_calm(FairShare(), 400, slo, slo)
     assert fair <= 2 and unfair >= 50, (fair, unfair)  # measured: 1 and 56
 
 
@@ -144,32 +148,15 @@ def test_a_tenant_served_a_window_past_the_least_served_is_past_its_share():
 
 
 def test_scope_fleet_serves_a_calm_tenants_loose_class_before_a_floods_strict_backlog():
-    """HFX on one simulated instance: a flood queues strict-TPOT requests, then a calm tenant
-    sends one of a looser class. Algorithm 1 scans the strictest class first, so with scope
-    "class" the calm request waits behind the flood's whole backlog; with "fleet" the flood
-    (weight 0.01: its backlog is far past its share) waits behind the calm request."""
-    from test_control import cluster
-
-    def started_before(scope: str) -> int:
-        async def main() -> int:
-            cp = cluster("hfx", n=1, fair=FairShare({"flood": 0.01}, scope=scope, reserve=0))
-            await cp.start()
-            loop = asyncio.get_running_loop()
-            for i in range(60):
-                cp.submit(Request(f"f{i}", loop.time(), 1000, 50, SLO(60.0, 0.1),
-                                  tenant="flood"))
-            await asyncio.sleep(0.01)
-            calm = cp.submit(Request("calm", loop.time(), 1000, 50, SLO(60.0, 0.5),
-                                     tenant="calm"))
-            await cp.wait_idle()
-            await cp.stop()
-            assert calm.outcome is Outcome.FINISHED
-            return sum(r.dispatch_time is not None and r.dispatch_time < calm.dispatch_time
-                       for r in cp.records.values() if r.request.tenant == "flood")
-
-        return run(main(), virtual=True)
-
-    by_class, fleet = started_before("class"), started_before("fleet")
+    """The flood's requests have the strictest TPOT, the calm tenant's a looser one.
+    Algorithm 1 scans the strictest class first, so with scope "class" the calm request waits
+    behind the flood's whole backlog; with "fleet" the flood (weight 0.01: its backlog is far
+    past its share) waits behind the calm request."""
+    strict, loose = SLO(60.0, 0.1), SLO(60.0, 0.5)
+    by_class = floods_before_calm(FairShare({"flood": 0.01}, scope="class", reserve=0), 1000,
+                                  strict, loose)
+    fleet = floods_before_calm(FairShare({"flood": 0.01}, scope="fleet", reserve=0), 1000,
+                               strict, loose)
     assert fleet <= 5 and by_class >= 50, (fleet, by_class)
 
 
