@@ -88,6 +88,11 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   end too late cost it nothing and gave tiered-4096-1024 its short prompts' TTFT back: after
   an 8k prefill beside a 20 ms batch the payback wait is about one more prefill
   (docs/log/2026-11-28-architecture-history.md).
+- Fair shares between tenants (ours; hfx/cluster/fair_share.py): Q_R's classes are in
+  start-tag order; with scope "fleet", while a tenant is past its share the others' requests
+  are scanned first whatever their class (``ClusterView.fair_past``); and a tenant running
+  its share of the fleet's sequences leaves each instance's last ``fair_reserve`` free ones
+  to the others (``ClusterView.fair_shares``).
 """
 
 from __future__ import annotations
