@@ -1,6 +1,6 @@
 """The faulty mix of issue 50 against ``hfx serve --engine vllm``: healthy streams beside
 requests that meet an upstream fault on every server, with 2 and 4 upstreams and 1 and 2 front
-processes.
+processes, colocated and P/D (half the upstreams prefill, half decode).
 
 The upstreams are bench/serving/fake_upstream.py with ``--faults`` (a prompt starting with
 ``# $ % & *`` meets a dropped connection, a malformed event, a 500, an end without a finish
@@ -106,12 +106,15 @@ async def burst(url: str, model: str, healthy: int, faulty: int) -> tuple[list[d
     return results, seen
 
 
-def cell(checkpoint: str, n: int, fronts: int, args: argparse.Namespace) -> dict:
+def cell(checkpoint: str, n: int, fronts: int, mode: str, args: argparse.Namespace) -> dict:
+    # P/D: the first half of the upstreams prefill, the rest decode.
+    roles = ([] if mode == "colocated" else
+             ["--mode", "pd", "--prefill", str(n // 2), "--decode", str(n - n // 2)])
     with upstreams(n) as urls, hfx_serve(
             "--engine", "vllm", "--checkpoint", checkpoint, "--profile", "tiny@cpu",
             "--max-model-len", "2048", "--policy", "rr", "--calibrate-every", "0",
             "--upstream-idle-timeout", str(IDLE_TIMEOUT), "--api-workers", str(fronts),
-            *[a for u in urls for a in ("--backend", u)]) as live:
+            *roles, *[a for u in urls for a in ("--backend", u)]) as live:
         results, seen = asyncio.run(burst(live.url, live.model, args.healthy, args.faulty))
         after, _ = asyncio.run(burst(live.url, live.model, args.after, 0))
         time.sleep(0.5)
@@ -122,7 +125,7 @@ def cell(checkpoint: str, n: int, fronts: int, args: argparse.Namespace) -> dict
     floor = n - policy.allowed(n)
     ejections = sum(v for (name, _), v in samples.items() if name == "hfx_ejections_total")
     return {
-        "upstreams": n, "fronts": fronts,
+        "mode": mode, "upstreams": n, "fronts": fronts,
         "healthy_whole": sum(r["status"] == 200 and r["tokens"] == TOKENS for r in healthy),
         "healthy": len(healthy),
         "faulty_ended_with_error": sum(r["status"] != 200 and bool(r["error"]) for r in faulty),
@@ -144,6 +147,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--upstreams", default="2,4")
     ap.add_argument("--fronts", default="1,2")
+    ap.add_argument("--modes", default="colocated,pd", help="colocated and/or pd (half the "
+                    "upstreams prefill, half decode)")
     ap.add_argument("--healthy", type=int, default=20)
     ap.add_argument("--faulty", type=int, default=10)
     ap.add_argument("--after", type=int, default=8)
@@ -152,11 +157,12 @@ def main() -> int:
     cells = []
     with tempfile.TemporaryDirectory() as d:
         checkpoint = str(write_random_checkpoint("tiny", Path(d)))
-        for n in (int(x) for x in args.upstreams.split(",")):
-            for fronts in (int(x) for x in args.fronts.split(",")):
-                result = cell(checkpoint, n, fronts, args)
-                print(json.dumps(result))
-                cells.append(result)
+        for mode in args.modes.split(","):
+            for n in (int(x) for x in args.upstreams.split(",")):
+                for fronts in (int(x) for x in args.fronts.split(",")):
+                    result = cell(checkpoint, n, fronts, mode, args)
+                    print(json.dumps(result))
+                    cells.append(result)
     out = {"command": "python bench/serving/fault_mix.py " + " ".join(
                f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
            "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
