@@ -6,12 +6,13 @@ qwen2.5-7b@ascend-910b's speed) as a subprocess. A modest tenant (``x-tenant: mo
 flood``) keeps 192 connections busy with the same requests. Four runs: the modest tenant
 alone; with the flood, ``--fair-share off``; with the flood, ``--fair-share class`` (the
 default) with no sequence kept for the modest tenant (``--fair-reserve 0``) and with one (the
-default). Reported per run: the modest tenant's median and p90 TTFT (the server's, from the
-stream's last chunk), its answers by status, its SLO attainment (the server's
-``hfx_tenant_slo_total``), the flood's requests served and refused, and the goodput (both
-tenants' requests that met their SLO, per second).
+default); ``--repeats`` runs each setting that many times, interleaved. Reported per run and
+as means: the modest tenant's median and p90 TTFT (the server's, from the stream's last chunk),
+its answers by status, its SLO attainment (the server's ``hfx_tenant_slo_total``), the flood's
+requests served and refused, and the goodput (both tenants' requests that met their SLO, per
+second).
 
-    python bench/serving/tenant_flood.py --json docs/data/tenants/live.json
+    python bench/serving/tenant_flood.py --repeats 3 --json docs/data/tenants/live.json
 """
 
 from __future__ import annotations
@@ -86,44 +87,59 @@ async def drive(url: str, model: str, seconds: float, flood: int, tokens: int) -
             "flood_status": dict(flood_status)}
 
 
+SETTINGS = (("alone", False, "class", 1), ("flood, fair off", True, "off", 1),
+            ("flood, fair class, no reserve", True, "class", 0),
+            ("flood, fair class", True, "class", 1))
+MEANS = ("modest_median_ttft", "modest_p90_ttft", "modest_attainment", "goodput")
+
+
+def one_run(flood: int, fair: str, reserve: int, args: argparse.Namespace) -> dict:
+    with hfx_serve("--executor", "sim", "--instances", "1",
+                   "--max-num-seqs", str(args.max_num_seqs),
+                   "--fair-share", fair, "--fair-reserve", str(reserve)) as live:
+        run = asyncio.run(drive(live.url, live.model, args.seconds, flood, args.tokens))
+        samples = scrape(live.url)
+    slo = {(tenant, result): samples.get(("hfx_tenant_slo_total",
+                                          (("result", result), ("tenant", tenant))), 0.0)
+           for tenant in ("modest", "flood") for result in ("met", "missed")}
+    total = slo["modest", "met"] + slo["modest", "missed"]
+    run["modest_attainment"] = slo["modest", "met"] / total if total else None
+    # Goodput: requests that met their SLO, both tenants, per second of the run.
+    run["goodput"] = (slo["modest", "met"] + slo["flood", "met"]) / args.seconds
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--flood", type=int, default=192, help="the flood's connections")
     ap.add_argument("--tokens", type=int, default=30)
     ap.add_argument("--max-num-seqs", type=int, default=16, help="the instance's sequences")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each setting, interleaved (the means are reported)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    runs = {}
-    for name, flood, fair, reserve in (
-            ("alone", 0, "class", 1), ("flood, fair off", args.flood, "off", 1),
-            ("flood, fair class, no reserve", args.flood, "class", 0),
-            ("flood, fair class", args.flood, "class", 1)):
-        with hfx_serve("--executor", "sim", "--instances", "1",
-                       "--max-num-seqs", str(args.max_num_seqs),
-                       "--fair-share", fair, "--fair-reserve", str(reserve)) as live:
-            run = asyncio.run(drive(live.url, live.model, args.seconds, flood, args.tokens))
-            samples = scrape(live.url)
-            slo = {(tenant, result): samples.get(("hfx_tenant_slo_total",
-                                                  (("result", result), ("tenant", tenant))), 0.0)
-                   for tenant in ("modest", "flood") for result in ("met", "missed")}
-            total = slo["modest", "met"] + slo["modest", "missed"]
-            run["modest_attainment"] = slo["modest", "met"] / total if total else None
-            # Goodput: requests that met their SLO, both tenants, per second of the run.
-            run["goodput"] = (slo["modest", "met"] + slo["flood", "met"]) / args.seconds
-        runs[name] = run
-        print(name, run)
-    alone = runs["alone"]["modest_median_ttft"]
+    runs: dict[str, list[dict]] = {name: [] for name, *_ in SETTINGS}
+    for _ in range(args.repeats):
+        for name, flooded, fair, reserve in SETTINGS:
+            run = one_run(args.flood if flooded else 0, fair, reserve, args)
+            runs[name].append(run)
+            print(name, run)
+    means = {name: {k: statistics.fmean(r[k] for r in rs) if all(r[k] is not None for r in rs)
+                    else None for k in MEANS} for name, rs in runs.items()}
+    alone = means["alone"]["modest_median_ttft"]
+    off = means["flood, fair off"]["goodput"]
     result = {"command": "python bench/serving/tenant_flood.py " + " ".join(
-                  f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
+                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),
               "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
                                        capture_output=True, text=True).stdout.strip(),
-              "runs": runs,
-              "median_ttft_vs_alone": {k: (r["modest_median_ttft"] or 0) / alone
-                                       for k, r in runs.items()} if alone else None,
-              "goodput_vs_fair_off": {k: r["goodput"] / runs["flood, fair off"]["goodput"]
-                                      for k, r in runs.items()
-                                      if runs["flood, fair off"]["goodput"]}}
+              "runs": runs, "means": means,
+              "median_ttft_vs_alone": {k: (m["modest_median_ttft"] or 0) / alone
+                                       for k, m in means.items()} if alone else None,
+              "goodput_vs_fair_off": {k: m["goodput"] / off for k, m in means.items()}
+              if off else None}
+    print(json.dumps({k: result[k] for k in ("means", "median_ttft_vs_alone",
+                                              "goodput_vs_fair_off")}, indent=1))
     if args.json:
         write_json(args.json, result)
     return 0
