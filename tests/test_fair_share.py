@@ -160,28 +160,29 @@ def test_scope_fleet_serves_a_calm_tenants_loose_class_before_a_floods_strict_ba
     assert fleet <= 5 and by_class >= 50, (fleet, by_class)
 
 
-def test_a_tenant_at_its_share_of_the_sequences_is_over_it_while_another_is_active():
+def test_active_tenants_share_the_sequences_by_weight_and_a_claim_lasts_linger():
     fair = FairShare({"gold": 3.0})
     for i in range(9):
         fair.tag(req(f"f{i}", "flood"), now=0.0)
         fair.dispatched(req(f"f{i}", "flood"))
-    assert fair.over_share(16, 0.0) == frozenset()  # the flood alone: no share to keep
+    assert fair.shares(16, 0.0) == {}  # the flood alone: no share to keep
     fair.tag(req("g0", "gold"), now=0.0)
     # 16 sequences, weights 1 and 3: the flood's share is 4, gold's 12.
-    assert fair.over_share(16, 0.0) == {"flood"}
+    assert fair.shares(16, 0.0) == {"flood": 4.0, "gold": 12.0}
+    assert fair.running == {"flood": 9}  # at its share or more: it leaves the last ones
     fair.dispatched(req("f0", "flood"))  # resumed elsewhere: still one running request
     for i in range(5):
         fair.finished(f"f{i}", 10)
-    assert fair._running == {"flood": 4} and fair.over_share(16, 0.0) == {"flood"}
+    assert fair.running == {"flood": 4}
     fair.finished("f5", 10)
-    assert fair.over_share(16, 0.0) == frozenset()  # 3 running, under its 4
+    assert fair.running == {"flood": 3}  # under its 4
     fair.dispatched(req("g0", "gold"))
-    assert fair.over_share(4, 0.0) == {"flood"}  # shares 1 and 3: 3 running >= 1, 1 < 3
-    assert fair.over_share(1, 0.0) == {"flood", "gold"}
-    assert FairShare(reserve=0).over_share(1, 0.0) == frozenset()  # nothing kept, nobody over
+    assert fair.shares(4, 0.0) == {"flood": 1.0, "gold": 3.0}
+    assert fair.running == {"flood": 3, "gold": 1}
+    assert FairShare(reserve=0).shares(1, 0.0) == {}  # nothing kept: no shares
     fair.finished("g0", 10)  # gold has nothing open: its claim lasts LINGER past its arrival
-    assert fair.over_share(4, LINGER - 1) == {"flood"}
-    assert fair.over_share(4, LINGER) == frozenset() and "gold" not in fair._seen
+    assert fair.shares(4, LINGER - 1) == {"flood": 1.0, "gold": 3.0}
+    assert fair.shares(4, LINGER) == {} and "gold" not in fair._seen
 
 
 def test_a_calm_tenant_starts_on_a_sequence_kept_from_a_flood_that_fills_the_instance():

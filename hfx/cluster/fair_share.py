@@ -173,11 +173,6 @@ class FairShare:
         least = min(finish.get(t, 0.0) for t in open_)
         return frozenset(t for t in open_ if finish.get(t, 0.0) > least + WINDOW)
 
-    def over_share(self, slots: int, now: float) -> frozenset[str]:
-        """The tenants running their share or more now (``shares``)."""
-        shares = self.shares(slots, now)
-        return frozenset(t for t, n in self._running.items() if n >= shares.get(t, n + 1))
-
     def frontier(self, now: float) -> float:
         """V: the least start tag of a request still waiting for its placement with its TTFT
         ahead. With several instances serving out of tag order this stands for SFQ's "tag of

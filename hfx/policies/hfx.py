@@ -532,7 +532,7 @@ class HFXDispatcher(Policy):
         for req in list(promoted.values()):
             if req.tenant not in past and queue.shown(req, also):
                 yield req
-        for req in self.queue.scan(self.max_scan, also):
+        for req in queue.scan(self.max_scan, also):
             if req.id not in promoted or req.tenant in past:
                 yield req
 
