@@ -245,6 +245,8 @@ class HFXDispatcher(Policy):
         self._matches: dict[str, _Match] = {}
         # Deferrals hidden from other scans while their verdict's inputs stand.
         self._parked = Parking(MATCH_TTL, self.queue, self._reread)
+        # The mature instance a request the current serve deferred waits for (-1: none).
+        self._toward = -1
 
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
@@ -291,10 +293,17 @@ class HFXDispatcher(Policy):
             return decision
         # Q_W: instances in maturity order; each mature one is served once per call.
         self._parked.new_round()
+        self._toward = -1
         while self.num_queued():
             if self._view is not None:
                 self._parked.refresh(now, self.shadow, self.maturity, view.mixed_steps, model)
-            if self._view is not None and not (self._best_effort or self.queue.visible()):
+            toward, self._toward = self._toward, -1
+            if toward >= 0 and self.maturity.ready(toward, now):
+                # A request the last serve left for a mature instance: serve that one next,
+                # rather than every instance before it in Q_W, each leaving it again.
+                self.maturity.take(toward)
+                found: int | None = toward
+            elif self._view is not None and not (self._best_effort or self.queue.visible()):
                 # Every queued request is parked for its cached instance: only the instances
                 # that hold as much of one could take it (the rest would scan nothing).
                 found = self._parked.first_asker(self.maturity, now)
@@ -432,8 +441,11 @@ class HFXDispatcher(Policy):
         if m.shadow is not sh or m.key != key:
             m.verdict = self._likely(req, best, cached[best], deadline, model, now, mixed)
             m.shadow, m.key = sh, key
-        if m.verdict and mature > now:
-            self._parked.park(req.id, best, m.top, m.read_at, sh, mature, mixed, model)
+        if m.verdict:
+            if mature > now:
+                self._parked.park(req.id, best, m.top, m.read_at, sh, mature, mixed, model)
+            elif self._toward < 0 and self.maturity.ready(best, now):
+                self._toward = best
         return m.verdict
 
     def _likely(self, req: Request, iid: int, cached: int, deadline: float,
