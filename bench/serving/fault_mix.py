@@ -1,10 +1,15 @@
 """The faulty mix of issue 50 against ``hfx serve --engine vllm``: healthy streams beside
 requests that meet an upstream fault on every server, with 2 and 4 upstreams and 1 and 2 front
-processes, colocated and P/D (half the upstreams prefill, half decode).
+processes, colocated and P/D (half the upstreams prefill, half decode), the servers given by
+``--backend`` or started by HFX itself.
 
 The upstreams are bench/serving/fake_upstream.py with ``--faults`` (a prompt starting with
 ``# $ % & *`` meets a dropped connection, a malformed event, a 500, an end without a finish
-reason, or silence). Per grid cell one burst: ``--healthy`` 64-token streams and ``--faulty``
+reason, or silence). Started servers (``--servers started``): HFX starts each as it starts vLLM
+(``python -m vllm.entrypoints.openai.api_server`` under ``--vllm-python``, health-polled, its
+KV events subscribed), the interpreter given being a wrapper under which that module is the
+fake upstream; HFX's own process supervision, restarts and event-stream fallback are then in
+the path. Per grid cell one burst: ``--healthy`` 64-token streams and ``--faulty``
 requests, all at once, then ``--after`` healthy ones once the burst is over. Reported per cell:
 healthy streams finished whole, faulty requests and how they ended (status, time), the least
 number of instances taking work seen while the burst ran (sampled from ``/metrics`` every
@@ -69,6 +74,34 @@ def upstreams(n: int) -> Iterator[list[str]]:
             p.wait(timeout=10)
 
 
+SHIM = """import argparse, sys
+sys.path.insert(0, {here!r})
+from fake_upstream import main, run
+ap = argparse.ArgumentParser()
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--served-model-name", default="fake")
+a, _ = ap.parse_known_args()  # vLLM's other flags, which HFX passes, are not the fake's
+run(main(argparse.Namespace(host=a.host, port=a.port, model=a.served_model_name,
+                            tokens_per_tick=1, tick_ms=10.0, token_id=1234, text=" tok",
+                            faults=True)))
+"""
+
+
+def fake_vllm_python(root: Path) -> str:
+    """An interpreter path under which ``python -m vllm.entrypoints.openai.api_server`` is the
+    fake upstream with faults on cue: what ``hfx serve --vllm-python`` starts."""
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(SHIM.format(here=str(Path(__file__).parent)))
+    python = root / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root}" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
 def accepting(url: str) -> int:
     samples = scrape(url)
     return int(sum(v for (name, labels), v in samples.items()
@@ -106,15 +139,28 @@ async def burst(url: str, model: str, healthy: int, faulty: int) -> tuple[list[d
     return results, seen
 
 
-def cell(checkpoint: str, n: int, fronts: int, mode: str, args: argparse.Namespace) -> dict:
+@contextlib.contextmanager
+def servers(kind: str, n: int, mode: str, python: str) -> Iterator[list[str]]:
+    """``hfx serve``'s arguments for ``n`` faulty servers: ``--backend`` URLs of upstreams
+    running here, or the fake started by HFX (``--vllm-python``)."""
+    if kind == "started":
+        yield (["--vllm-python", python] if mode == "pd" else
+               ["--vllm-python", python, "--instances", str(n)])
+        return
+    with upstreams(n) as urls:
+        yield [a for u in urls for a in ("--backend", u)]
+
+
+def cell(checkpoint: str, n: int, fronts: int, mode: str, kind: str, python: str,
+         args: argparse.Namespace) -> dict:
     # P/D: the first half of the upstreams prefill, the rest decode.
     roles = ([] if mode == "colocated" else
              ["--mode", "pd", "--prefill", str(n // 2), "--decode", str(n - n // 2)])
-    with upstreams(n) as urls, hfx_serve(
+    with servers(kind, n, mode, python) as given, hfx_serve(
             "--engine", "vllm", "--checkpoint", checkpoint, "--profile", "tiny@cpu",
             "--max-model-len", "2048", "--policy", "rr", "--calibrate-every", "0",
             "--upstream-idle-timeout", str(IDLE_TIMEOUT), "--api-workers", str(fronts),
-            *roles, *[a for u in urls for a in ("--backend", u)]) as live:
+            *roles, *given, start_timeout=120.0) as live:
         results, seen = asyncio.run(burst(live.url, live.model, args.healthy, args.faulty))
         after, _ = asyncio.run(burst(live.url, live.model, args.after, 0))
         time.sleep(0.5)
@@ -125,7 +171,7 @@ def cell(checkpoint: str, n: int, fronts: int, mode: str, args: argparse.Namespa
     floor = n - policy.allowed(n)
     ejections = sum(v for (name, _), v in samples.items() if name == "hfx_ejections_total")
     return {
-        "mode": mode, "upstreams": n, "fronts": fronts,
+        "mode": mode, "servers": kind, "upstreams": n, "fronts": fronts,
         "healthy_whole": sum(r["status"] == 200 and r["tokens"] == TOKENS for r in healthy),
         "healthy": len(healthy),
         "faulty_ended_with_error": sum(r["status"] != 200 and bool(r["error"]) for r in faulty),
@@ -149,6 +195,8 @@ def main() -> int:
     ap.add_argument("--fronts", default="1,2")
     ap.add_argument("--modes", default="colocated,pd", help="colocated and/or pd (half the "
                     "upstreams prefill, half decode)")
+    ap.add_argument("--servers", default="backend,started", help="backend (--backend URLs) "
+                    "and/or started (HFX starts them, as it starts vLLM)")
     ap.add_argument("--healthy", type=int, default=20)
     ap.add_argument("--faulty", type=int, default=10)
     ap.add_argument("--after", type=int, default=8)
@@ -157,12 +205,14 @@ def main() -> int:
     cells = []
     with tempfile.TemporaryDirectory() as d:
         checkpoint = str(write_random_checkpoint("tiny", Path(d)))
-        for mode in args.modes.split(","):
-            for n in (int(x) for x in args.upstreams.split(",")):
-                for fronts in (int(x) for x in args.fronts.split(",")):
-                    result = cell(checkpoint, n, fronts, mode, args)
-                    print(json.dumps(result))
-                    cells.append(result)
+        python = fake_vllm_python(Path(d) / "fake-vllm")
+        for kind in args.servers.split(","):
+            for mode in args.modes.split(","):
+                for n in (int(x) for x in args.upstreams.split(",")):
+                    for fronts in (int(x) for x in args.fronts.split(",")):
+                        result = cell(checkpoint, n, fronts, mode, kind, python, args)
+                        print(json.dumps(result))
+                        cells.append(result)
     out = {"command": "python bench/serving/fault_mix.py " + " ".join(
                f"--{k} {v}" for k, v in vars(args).items() if k != "json"),
            "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
