@@ -6,10 +6,9 @@ processes, colocated and P/D (half the upstreams prefill, half decode), the serv
 The upstreams are bench/serving/fake_upstream.py with ``--faults`` (a prompt starting with
 ``# $ % & *`` meets a dropped connection, a malformed event, a 500, an end without a finish
 reason, or silence). Started servers (``--servers started``): HFX starts each as it starts vLLM
-(``python -m vllm.entrypoints.openai.api_server`` under ``--vllm-python``, health-polled, its
-KV events subscribed), the interpreter given being a wrapper under which that module is the
-fake upstream; HFX's own process supervision, restarts and event-stream fallback are then in
-the path. Per grid cell one burst: ``--healthy`` 64-token streams and ``--faulty``
+(``python -m vllm.entrypoints.openai.api_server`` under ``--vllm-python``, with the flags it
+gives vLLM, health-polled, stopped at the end), the interpreter given being a wrapper under which
+that module is the fake upstream. Per grid cell one burst: ``--healthy`` 64-token streams and ``--faulty``
 requests, all at once, then ``--after`` healthy ones once the burst is over. Reported per cell:
 healthy streams finished whole, faulty requests and how they ended (status, time), the least
 number of instances taking work seen while the burst ran (sampled from ``/metrics`` every
