@@ -6,18 +6,22 @@ planner: the same engine terms). Writes JSON; not a test.
     python bench/sim/make_session_trace.py --out /tmp/sessions.jsonl
     python bench/sim/prefix_routers.py --trace /tmp/sessions.jsonl --instances 8 \\
         --json docs/data/prefix_cache/routers_8.json
+    python bench/sim/prefix_routers.py --crossings docs/data/prefix_cache/routers_8.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from hfx.config import SimConfig
 from hfx.evaluation import code_commit, write_json
+from hfx.evaluation.capacity import crossing
 from hfx.evaluation.compare import dual_capacity
 from hfx.evaluation.runner import run_all
 
@@ -48,9 +52,36 @@ def config(name: str, workload: str, trace: str, instances: int, seed: int,
     return SimConfig(**fields)
 
 
+def crossings(files: list[str]) -> None:
+    """The 90% crossing of each contender, interpolated between the bisection's probes
+    (``hfx.evaluation.capacity.crossing``; the rows keep every probe), mean over the seeds of
+    the runs given together, and HFX's over the best other's, per workload and metric."""
+    found: dict[tuple[str, str], dict[str, list[float]]] = {}
+    commits = set()
+    for f in files:
+        run = json.loads(Path(f).read_text())
+        commits.add(run.get("commit"))
+        for r in run["rows"]:
+            for m, key in (("eq4", "attainment"), ("deadline", "attainment_dslo")):
+                scores = {p["qps"]: p[key] for p in r["probes"]}
+                x = crossing(scores, r[f"capacity_{m}"], 0.9)
+                found.setdefault((r["workload"], m), {}).setdefault(r["contender"], []).append(x)
+    print(f"commits: {', '.join(sorted(str(c) for c in commits))}")
+    for (w, m), by in found.items():
+        mean = {n: statistics.fmean(v) for n, v in by.items()}
+        line = "  ".join(f"{n} {v:.1f} ({len(by[n])} seeds)" for n, v in mean.items())
+        peers = {n: v for n, v in mean.items() if not n.startswith("hfx")}
+        if peers and "hfx" in mean:
+            best = max(peers, key=lambda n: peers[n])
+            line += f"  | hfx / {best} = {mean['hfx'] / peers[best]:.2f}"
+        print(f"{w:15s} {m:8s} {line}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
+    ap.add_argument("--crossings", nargs="+", metavar="JSON",
+                    help="print the 90%% crossings of these earlier runs and exit")
+    ap.add_argument("--trace")
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--workloads", default="trace,agent-loops")
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
@@ -64,6 +95,11 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.crossings:
+        crossings(args.crossings)
+        return 0
+    if not args.trace:
+        ap.error("--trace is required")
     names, workloads = args.contenders.split(","), args.workloads.split(",")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     cells = [(w, n, s) for w in workloads for n in names for s in seeds]
