@@ -371,3 +371,45 @@ def test_deadline_chunked_prefills_alone_only_while_decodes_are_ahead_and_slots_
     vloop.run_until_complete(scenario())
     assert ex.plans[:4] == [{"a": 8}, {"a": 1}, {"a": 1}, {"a": 1}]
     assert ex.plans[4] == step_with_b
+
+
+def test_deadline_queue_serves_earliest_ttft_deadline_first_and_the_late_last():
+    """DeadlineWaitingQueue: in-time prompts by TTFT deadline; past it, best effort or with no
+    TTFT, after them in arrival order; a preempted one goes back by its deadline."""
+    from hfx.engine.waiting import DeadlineWaitingQueue
+
+    q = DeadlineWaitingQueue(lambda n: -(-n // 4))
+    a, b, c = (seq("a", 8, 2, prefill_deadline=3.0), seq("b", 8, 2, prefill_deadline=1.0),
+               seq("c", 8, 2, prefill_deadline=2.0))
+    none, lost = seq("n", 4, 2), seq("x", 4, 2, prefill_deadline=0.5, best_effort=True)
+    for s in (none, a, b, lost, c):
+        q.append(s)
+    assert [s.request_id for s in q] == ["b", "c", "a", "n", "x"]
+    assert q[0] is b and len(q) == 5 and q.blocks == 3 * 2 + 2 * 1
+    q.settle(1.5)  # b's deadline has passed: behind everything still in time
+    assert [s.request_id for s in q] == ["c", "a", "n", "x", "b"]
+    q.remove(c)
+    q.appendleft(c)  # preempted: back by its deadline, ahead of a
+    assert [s.request_id for s in q] == ["c", "a", "n", "x", "b"]
+    for s in (c, a, none, lost, b):
+        assert q[0] is s
+        q.remove(s)
+    assert not q and q.blocks == 0
+
+
+def test_deadline_chunked_admits_the_earliest_ttft_deadline_first(vloop):
+    """A burst placed at once: the tight task's prompt starts before the loose one's that came
+    first; one past its deadline waits for both (as FCFS, the first would have)."""
+    model = StepTimeModel(1e-3, 1e-5, 0.0, 1e-3, 0.0, 1e-4)
+    engine, ex = make_engine(num_blocks=256, planner="deadline-chunked", step_model=model,
+                             max_num_seqs=1)
+    engine.add_request(seq("loose", 40, 1, tpot=1.0, prefill_deadline=5.0))
+    engine.add_request(seq("late", 40, 1, tpot=0.5, prefill_deadline=-1.0))
+    engine.add_request(seq("tight", 40, 1, tpot=0.5, prefill_deadline=0.5))
+
+    async def scenario():
+        for _ in range(3):
+            await engine.step()
+
+    vloop.run_until_complete(scenario())
+    assert ex.plans[:3] == [{"tight": 40}, {"loose": 40}, {"late": 40}]

@@ -10,6 +10,16 @@ of a prompt at this step's budget would not be done early enough before its TTFT
 step, which the running requests' mean TPOT (Eq. 4) spreads over their outputs. A prompt past
 saving keeps the paced chunks: stalling every decode for it would buy nothing.
 
+Waiting prompts start earliest TTFT deadline first, those already past it last
+(``DeadlineWaitingQueue``; PolyServe §4.2's bins are EDF). First come first served, a dispatcher
+that places every request at once (round robin, least-loaded) put wikisql's long prompts ahead
+of every tight task's short ones, and steps paced to a 0.5 s TPOT carried them: round robin on
+four-task at 120 QPS (2 instances, 1,024 sequences, seed 0) attained 0.392 FCFS, 0.917 EDF with
+the late last, 0.917 EDF alone (0.428 and 0.365 at 150 QPS); least-loaded on two-task at 120
+QPS 0.686, 0.896 and 0.811. HFX's own dispatcher sends about what the next steps take, and
+moved by at most 0.5 points (four-task, two-task, bursty-four-task at their knees;
+docs/log/2026-11-29-engine-probes.md).
+
 ``prefill_alone`` (ours; 0, off, by default): while fewer than this share of ``max_num_seqs``
 run, and every decoding request is far enough ahead of its TPOT schedule to sit out one step, a
 step with prompts to start prefills them alone (the prefill-first engine's step) instead of
@@ -26,11 +36,14 @@ stays off (docs/results.md, "The comparison in detail").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hfx.engine.planners.base import EngineState, SchedulerOutput
 from hfx.engine.planners.pacing import runs_whole
 from hfx.engine.planners.prefill_first import PrefillFirstPlanner, prefill_whole
 from hfx.engine.planners.tpot_chunked import TPOTChunkedPlanner
 from hfx.engine.sequence import Sequence
+from hfx.engine.waiting import DeadlineWaitingQueue, WaitingQueue
 
 # A prefill-alone step's token budget: the prefill-first engine's.
 PREFILL_ALONE_TOKENS = PrefillFirstPlanner.default_token_budget
@@ -46,7 +59,11 @@ class DeadlineChunkedPlanner(TPOTChunkedPlanner):
     prefill_alone = 0.0
     tunables = ("slack_share", "prefill_alone")
 
+    def make_waiting(self, blocks_for: Callable[[int], int]) -> WaitingQueue:
+        return DeadlineWaitingQueue(blocks_for)
+
     def plan(self, state: EngineState) -> SchedulerOutput:
+        state.waiting.settle(state.now)  # prompts past their TTFT deadline go last
         if self.prefill_alone and state.waiting and \
                 len(state.running) < self.prefill_alone * self.config.max_num_seqs and \
                 self._decodes_can_wait(state):
