@@ -90,6 +90,13 @@ def test_hfx_runs_a_prompt_whole_when_paced_chunks_would_miss_its_ttft(probed, v
     assert prompt_chunks(probed["tight"]) == [1000] == own_engine_chunks(vloop, 0.3)
 
 
+def test_hfx_starts_the_earliest_ttft_deadline_first_and_the_late_last(probed):
+    # Stock vLLM: first come first served. HFX's: by deadline, one already past it last, as
+    # its own deadline-chunked planner orders them (DeadlineWaitingQueue).
+    assert probed["order_stock"] == [{"loose": 40}, {"late": 40}, {"tight": 40}]
+    assert probed["order_hfx"] == [{"tight": 40}, {"loose": 40}, {"late": 40}]
+
+
 @pytest.mark.parametrize("case", ["no_profile", "malformed", "missing"])
 def test_without_what_the_plan_needs_vllm_schedules_as_stock(probed, case):
     assert probed[case] == probed["stock"]

@@ -121,6 +121,16 @@ def priority_scenario(checkpoint: str) -> dict[str, list]:
     return {"scenario": PRIORITY_SCENARIO, "plans": plans, "preempted": preempted}
 
 
+def deadline_order(cls: type[Scheduler], checkpoint: str, profile: str | None) -> list:
+    """Three one-token requests queued at once, a prompt a step (a 40-token budget): the loose
+    one first in, then one whose TTFT (1 ms) is past, then a tight one."""
+    s = scheduler(cls, checkpoint, profile, budget=40)
+    for rid, ttft in (("loose", 10_000), ("late", 1), ("tight", 1_000)):
+        s.add_request(request(rid, 40, 1, {"hfx_ttft_ms": ttft, "hfx_tpot_ms": 50}))
+    time.sleep(0.01)  # late's deadline passes
+    return [step(s) for _ in range(3)]
+
+
 def main() -> None:
     checkpoint, folder = sys.argv[1], Path(sys.argv[2])
     profile = folder / "profile.json"
@@ -138,6 +148,8 @@ def main() -> None:
                                            {"hfx_tpot_ms": None, "hfx_ttft_ms": [1]}),
         "missing": prompt_beside_decodes(HFXScheduler, checkpoint, str(profile), None, None),
         "priority": priority_scenario(checkpoint),
+        "order_stock": deadline_order(Scheduler, checkpoint, None),
+        "order_hfx": deadline_order(HFXScheduler, checkpoint, str(profile)),
     }
     print(json.dumps(results))
 

@@ -20,6 +20,8 @@ Each step, before vLLM's own ``schedule`` runs:
 * the first prompt to plan (one under way, else the head of the waiting queue) runs whole
   rather than in paced chunks when the chunks would cost it its TTFT and its prefill alone
   would not (``pacing.runs_whole``, HFX's deadline override); else a paced chunk;
+* waiting requests start earliest TTFT deadline first, those past it or with none last
+  (deadline_queue.py), whatever priority they carry;
 * the step's budget is the decodes' tokens and that chunk, and no prompt takes more than the
   chunk: every decode still has its token, as in HFX's planner, which plans decodes first.
   (vLLM visits the running list in admission order: where two prompts under way come before
@@ -45,6 +47,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from hfx.backends.vllm.deadline_queue import DeadlineRequestQueue
 from hfx.backends.vllm.slo_args import slo_of
 from hfx.engine.planners.pacing import runs_whole, time2bs
 
@@ -99,10 +102,13 @@ class _HFXPlanning:
         self._hfx_failed = False
         self._hfx_slos: dict[str, tuple[float | None, float | None]] = {}
         # What vLLM was configured with; each step's plan lowers them, never raises them.
-        self._hfx_budget = self.max_num_scheduled_tokens  # type: ignore[attr-defined]
+        self._hfx_budget = self.max_num_scheduled_tokens  # type: ignore[attr-defined,has-type]
         self._hfx_threshold = \
             self.scheduler_config.long_prefill_token_threshold  # type: ignore[attr-defined]
         self.hfx_planned_steps = 0  # steps planned here (the rest fell back to stock)
+        # Waiting requests by TTFT deadline, the late last (deadline_queue.py), as HFX's
+        # deadline-chunked planner in the simulator orders them.
+        self.waiting = DeadlineRequestQueue(self._hfx_deadline)
 
     # ---- inputs -----------------------------------------------------------------------------
     def _hfx_slo(self, request: Any) -> tuple[float | None, float | None]:
@@ -112,6 +118,12 @@ class _HFXPlanning:
             slo = self._hfx_slos[request.request_id] = slo_of(
                 getattr(params, "extra_args", None))
         return slo
+
+    def _hfx_deadline(self, request: Any) -> float | None:
+        """A request's TTFT deadline (wall clock, as vLLM's ``arrival_time``); None without
+        a TTFT."""
+        ttft, _ = self._hfx_slo(request)
+        return None if ttft is None else request.arrival_time + ttft
 
     def _hfx_load_profile(self) -> None:
         """(Re)read the profile when its file changed; keep the last good one otherwise."""
@@ -182,6 +194,7 @@ class _HFXPlanning:
         plan = None
         if not self._hfx_failed:
             try:
+                self.waiting.settle(time.time())
                 self._hfx_load_profile()
                 plan = self._hfx_plan()
             except Exception:  # a plan it cannot make: this step, and the rest, go stock
