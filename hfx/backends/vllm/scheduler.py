@@ -21,7 +21,7 @@ Each step, before vLLM's own ``schedule`` runs:
   rather than in paced chunks when the chunks would cost it its TTFT and its prefill alone
   would not (``pacing.runs_whole``, HFX's deadline override); else a paced chunk;
 * waiting requests start earliest TTFT deadline first, those past it or with none last
-  (deadline_queue.py), whatever priority they carry;
+  (waiting.py), whatever priority they carry;
 * the step's budget is the decodes' tokens and that chunk, and no prompt takes more than the
   chunk: every decode still has its token, as in HFX's planner, which plans decodes first.
   (vLLM visits the running list in admission order: where two prompts under way come before
@@ -47,8 +47,8 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from hfx.backends.vllm.deadline_queue import DeadlineRequestQueue
 from hfx.backends.vllm.slo_args import slo_of
+from hfx.backends.vllm.waiting import DeadlineRequestQueue
 from hfx.engine.planners.pacing import runs_whole, time2bs
 
 # Under vLLM's logger: its server log shows these beside its own.
@@ -106,7 +106,7 @@ class _HFXPlanning:
         self._hfx_threshold = \
             self.scheduler_config.long_prefill_token_threshold  # type: ignore[attr-defined]
         self.hfx_planned_steps = 0  # steps planned here (the rest fell back to stock)
-        # Waiting requests by TTFT deadline, the late last (deadline_queue.py), as HFX's
+        # Waiting requests by TTFT deadline, the late last (waiting.py), as HFX's
         # deadline-chunked planner in the simulator orders them.
         self.waiting = DeadlineRequestQueue(self._hfx_deadline)
 

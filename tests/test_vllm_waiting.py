@@ -1,4 +1,4 @@
-"""The waiting queue of HFX's scheduler inside vLLM (hfx/backends/vllm/deadline_queue.py), with
+"""The waiting queue of HFX's scheduler inside vLLM (hfx.backends.vllm.waiting.py), with
 stand-in requests: the order vLLM's scheduler gets from it, and the calls it makes on it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from hfx.backends.vllm.deadline_queue import DeadlineRequestQueue
+from hfx.backends.vllm.waiting import DeadlineRequestQueue
 
 
 @dataclass(eq=False)
