@@ -66,8 +66,23 @@ class WaitingQueue:
         return seq in self._queue
 
 
-# A heap entry: (priority, arrival, sequence); arrivals are unique, so sequences never compare.
-_Entry = tuple[int, int, Sequence]
+# A heap entry: (key, arrival, sequence), the key a priority or a deadline; arrivals are
+# unique, so sequences never compare.
+_Entry = tuple[float, int, Sequence]
+
+
+def _heap_remove(heap: list[_Entry], seq: Sequence) -> bool:
+    """Take ``seq`` off the heap; whether it was there."""
+    if heap and heap[0][2] is seq:  # admitted: the head, nearly always
+        heapq.heappop(heap)
+        return True
+    for i, entry in enumerate(heap):
+        if entry[2] is seq:
+            heap[i] = heap[-1]
+            heap.pop()
+            heapq.heapify(heap)
+            return True
+    return False
 
 
 class PriorityWaitingQueue(WaitingQueue):
@@ -96,18 +111,8 @@ class PriorityWaitingQueue(WaitingQueue):
         self.blocks += self._blocks(seq)
 
     def remove(self, seq: Sequence) -> None:
-        heap = self._heap
-        if heap[0][2] is seq:  # admitted: the head, nearly always
-            heapq.heappop(heap)
-        else:
-            for i, entry in enumerate(heap):
-                if entry[2] is seq:
-                    heap[i] = heap[-1]
-                    heap.pop()
-                    heapq.heapify(heap)
-                    break
-            else:
-                raise ValueError(f"{seq.request_id} is not waiting")
+        if not _heap_remove(self._heap, seq):
+            raise ValueError(f"{seq.request_id} is not waiting")
         self.blocks -= self._blocks(seq)
 
     def clear(self) -> None:
@@ -133,10 +138,6 @@ class PriorityWaitingQueue(WaitingQueue):
         return any(entry[2] is seq for entry in self._heap)
 
 
-# A deadline heap entry: (TTFT deadline, arrival, sequence).
-_Due = tuple[float, int, Sequence]
-
-
 class DeadlineWaitingQueue(WaitingQueue):
     """Waiting sequences by TTFT deadline (arrival + TTFT), earliest first, while it is still
     ahead; those whose deadline has passed (``settle``), those sent best effort and those with
@@ -153,7 +154,7 @@ class DeadlineWaitingQueue(WaitingQueue):
 
     def __init__(self, blocks_for: Callable[[int], int]) -> None:
         super().__init__(blocks_for)
-        self._heap: list[_Due] = []
+        self._heap: list[_Entry] = []
         self._late: deque[Sequence] = deque()
 
     def append(self, seq: Sequence) -> None:
@@ -184,20 +185,11 @@ class DeadlineWaitingQueue(WaitingQueue):
             late.append(heapq.heappop(heap)[2])
 
     def remove(self, seq: Sequence) -> None:
-        heap = self._heap
-        if heap and heap[0][2] is seq:  # admitted: the head, nearly always
-            heapq.heappop(heap)
-        elif self._late and self._late[0] is seq:
-            self._late.popleft()
-        else:
-            for i, entry in enumerate(heap):
-                if entry[2] is seq:
-                    heap[i] = heap[-1]
-                    heap.pop()
-                    heapq.heapify(heap)
-                    break
-            else:
-                self._late.remove(seq)  # ValueError if it is not waiting
+        late = self._late
+        if late and late[0] is seq:
+            late.popleft()
+        elif not _heap_remove(self._heap, seq):
+            late.remove(seq)  # ValueError if it is not waiting
         self.blocks -= self._blocks(seq)
 
     def clear(self) -> None:
