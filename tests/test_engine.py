@@ -388,10 +388,10 @@ def test_deadline_queue_serves_earliest_ttft_deadline_first_and_the_late_last():
     assert q[0] is b and len(q) == 5 and q.blocks == 3 * 2 + 2 * 1
     q.settle(1.5)  # b's deadline has passed: behind everything still in time
     assert [s.request_id for s in q] == ["c", "a", "n", "x", "b"]
-    q.remove(c)
-    q.appendleft(c)  # preempted: back by its deadline, ahead of a
-    assert [s.request_id for s in q] == ["c", "a", "n", "x", "b"]
-    for s in (c, a, none, lost, b):
+    q.remove(a)
+    q.appendleft(a)  # preempted: it has started, so before every waiting one
+    assert [s.request_id for s in q] == ["a", "c", "n", "x", "b"]
+    for s in (a, c, none, lost, b):
         assert q[0] is s
         q.remove(s)
     assert not q and q.blocks == 0

@@ -40,6 +40,9 @@ def test_earliest_ttft_deadline_first_then_the_late_and_those_without_one():
     assert [q.pop_request(), q.pop_request()] == [loose, none]
     q.prepend_requests([none, loose])
     assert ids(q) == ["loose", "none", "tight"]
+    # A preempted request (prepend_request) goes before all of them.
+    q.prepend_request(old)
+    assert ids(q) == ["old", "loose", "none", "tight"] and q.peek_request() is old
 
 
 def test_remove_and_empty_queue_errors_as_vllms_queues_do():

@@ -141,41 +141,38 @@ class PriorityWaitingQueue(WaitingQueue):
 class DeadlineWaitingQueue(WaitingQueue):
     """Waiting sequences by TTFT deadline (arrival + TTFT), earliest first, while it is still
     ahead; those whose deadline has passed (``settle``), those sent best effort and those with
-    no TTFT, after them, first come first served. PolyServe's bins are earliest-deadline-first
-    (PolyServe §4.2); a sequence that can no longer make its first token goes last, so that
-    under overload the late do not push every other request late in turn (EDF's domino).
+    no TTFT, after them, first come first served; a preempted one before all of them.
+    PolyServe's bins are earliest-deadline-first (PolyServe §4.2); a sequence that can no
+    longer make its first token goes last, so that under overload the late do not push every
+    other request late in turn (EDF's domino).
 
     A dispatcher that holds its queue (HFX's) sends the engine about what its next steps take,
     so the order barely matters there; one that places every request at once (round robin,
     least-loaded) meets this queue with a burst, where first come first served put the long
     prompts of the loosest task ahead of every tight task's short ones."""
 
-    __slots__ = ("_heap", "_late")
+    __slots__ = ("_front", "_heap", "_late")
 
     def __init__(self, blocks_for: Callable[[int], int]) -> None:
         super().__init__(blocks_for)
+        self._front: deque[Sequence] = deque()  # preempted: before every newcomer, as FCFS
         self._heap: list[_Entry] = []
         self._late: deque[Sequence] = deque()
 
     def append(self, seq: Sequence) -> None:
         self._arrivals += 1
         seq.arrival = self._arrivals
-        self._push(seq)
-
-    def appendleft(self, seq: Sequence) -> None:
-        """A preempted sequence goes back by its deadline (a late one to the late's front)."""
-        if seq.best_effort or seq.prefill_deadline is None:
-            self._late.appendleft(seq)
-            self.blocks += self._blocks(seq)
-        else:
-            self._push(seq)
-
-    def _push(self, seq: Sequence) -> None:
         due = seq.prefill_deadline
         if seq.best_effort or due is None:
             self._late.append(seq)
         else:
             heapq.heappush(self._heap, (due, seq.arrival, seq))
+        self.blocks += self._blocks(seq)
+
+    def appendleft(self, seq: Sequence) -> None:
+        """A preempted sequence goes before every waiting one: it has started (its TTFT
+        deadline is behind it), and its decodes wait on it."""
+        self._front.appendleft(seq)
         self.blocks += self._blocks(seq)
 
     def settle(self, now: float) -> None:
@@ -185,33 +182,42 @@ class DeadlineWaitingQueue(WaitingQueue):
             late.append(heapq.heappop(heap)[2])
 
     def remove(self, seq: Sequence) -> None:
-        late = self._late
-        if late and late[0] is seq:
+        front, late = self._front, self._late
+        if front and front[0] is seq:
+            front.popleft()
+        elif late and late[0] is seq:
             late.popleft()
         elif not _heap_remove(self._heap, seq):
-            late.remove(seq)  # ValueError if it is not waiting
+            if seq in front:
+                front.remove(seq)
+            else:
+                late.remove(seq)  # ValueError if it is not waiting
         self.blocks -= self._blocks(seq)
 
     def clear(self) -> None:
+        self._front.clear()
         self._heap.clear()
         self._late.clear()
         self.blocks = 0
 
     def __getitem__(self, i: int) -> Sequence:
-        heap = self._heap
         if i == 0:
-            return heap[0][2] if heap else self._late[0]
+            if self._front:
+                return self._front[0]
+            return self._heap[0][2] if self._heap else self._late[0]
         return list(self)[i]
 
     def __iter__(self) -> Iterator[Sequence]:
         """In the order the queue serves them (a sorted copy: for the rare full read)."""
-        return iter([entry[2] for entry in sorted(self._heap)] + list(self._late))
+        return iter(list(self._front) + [entry[2] for entry in sorted(self._heap)]
+                    + list(self._late))
 
     def __len__(self) -> int:
-        return len(self._heap) + len(self._late)
+        return len(self._front) + len(self._heap) + len(self._late)
 
     def __bool__(self) -> bool:
-        return bool(self._heap) or bool(self._late)
+        return bool(self._front) or bool(self._heap) or bool(self._late)
 
     def __contains__(self, seq: object) -> bool:
-        return any(entry[2] is seq for entry in self._heap) or seq in self._late
+        return (seq in self._front or any(entry[2] is seq for entry in self._heap)
+                or seq in self._late)

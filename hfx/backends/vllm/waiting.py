@@ -7,9 +7,10 @@ request at once does not meet a first-come queue with steps paced to the loosest
 
 It has the methods vLLM's scheduler calls on ``self.waiting`` (vLLM 0.32's
 ``v1/core/sched/request_queue.py``: ``RequestQueue``) and imports neither vLLM nor the rest of
-HFX: it runs in vLLM's interpreter, and the tests drive it with stand-in requests. vLLM's
-priority queue prepends by re-adding; so does this one, except that a request already past its
-deadline goes to the front of the late.
+HFX: it runs in vLLM's interpreter, and the tests drive it with stand-in requests. vLLM puts a
+preempted request back with ``prepend_request``: it goes before every waiting one (it has
+started, its TTFT is behind it), as vLLM's first-come queue does. The requests a step skipped
+come back with ``prepend_requests``: each to its place.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _Entry = tuple[float, float, int, Any]
 class DeadlineRequestQueue:
     def __init__(self, deadline_of: Callable[[Any], float | None]) -> None:
         self._deadline_of = deadline_of  # a request's TTFT deadline (s, wall clock), or None
+        self._front: deque[Any] = deque()  # preempted
         self._heap: list[_Entry] = []
         self._late: deque[Any] = deque()
         self._tie = itertools.count()
@@ -45,6 +47,8 @@ class DeadlineRequestQueue:
             heapq.heappush(self._heap, (deadline, request.arrival_time, next(self._tie), request))
 
     def pop_request(self) -> Any:
+        if self._front:
+            return self._front.popleft()
         if self._heap:
             return heapq.heappop(self._heap)[3]
         if self._late:
@@ -52,6 +56,8 @@ class DeadlineRequestQueue:
         raise IndexError("pop from an empty queue")
 
     def peek_request(self) -> Any:
+        if self._front:
+            return self._front[0]
         if self._heap:
             return self._heap[0][3]
         if self._late:
@@ -59,14 +65,17 @@ class DeadlineRequestQueue:
         raise IndexError("peek at an empty queue")
 
     def prepend_request(self, request: Any) -> None:
-        if self._deadline_of(request) is None:
-            self._late.appendleft(request)
-        else:
-            self.add_request(request)
+        """A preempted request: before every waiting one."""
+        self._front.appendleft(request)
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
-        for request in reversed(list(requests)):  # the first given ends up first
-            self.prepend_request(request)
+        """Requests a step skipped: each back to its place (one without a deadline to the
+        late's front, the first given first)."""
+        for request in reversed(list(requests)):
+            if self._deadline_of(request) is None:
+                self._late.appendleft(request)
+            else:
+                self.add_request(request)
 
     def remove_request(self, request: Any) -> None:
         self.remove_requests((request,))
@@ -77,14 +86,16 @@ class DeadlineRequestQueue:
         if len(heap) != len(self._heap):
             heapq.heapify(heap)
             self._heap = heap
+        self._front = deque(r for r in self._front if id(r) not in gone)
         self._late = deque(r for r in self._late if id(r) not in gone)
 
     def __bool__(self) -> bool:
-        return bool(self._heap) or bool(self._late)
+        return bool(self._front) or bool(self._heap) or bool(self._late)
 
     def __len__(self) -> int:
-        return len(self._heap) + len(self._late)
+        return len(self._front) + len(self._heap) + len(self._late)
 
     def __iter__(self) -> Iterator[Any]:
         """In the order the queue serves them."""
-        return iter([e[3] for e in sorted(self._heap, key=lambda e: e[:3])] + list(self._late))
+        return iter(list(self._front) + [e[3] for e in sorted(self._heap, key=lambda e: e[:3])]
+                    + list(self._late))
