@@ -40,9 +40,10 @@ def test_earliest_ttft_deadline_first_then_the_late_and_those_without_one():
     assert [q.pop_request(), q.pop_request()] == [loose, none]
     q.prepend_requests([none, loose])
     assert ids(q) == ["loose", "none", "tight"]
-    # A preempted request (prepend_request) goes before all of them.
-    q.prepend_request(old)
-    assert ids(q) == ["old", "loose", "none", "tight"] and q.peek_request() is old
+    # A preempted request (prepend_request) goes before all of them, whatever its deadline.
+    started = Req("started", 0.0, 9.0)
+    q.prepend_request(started)
+    assert ids(q) == ["started", "loose", "none", "tight"] and q.peek_request() is started
 
 
 def test_remove_and_empty_queue_errors_as_vllms_queues_do():
