@@ -7,13 +7,13 @@ The upstreams are bench/serving/fake_upstream.py with ``--faults`` (a prompt sta
 ``# $ % & *`` meets a dropped connection, a malformed event, a 500, an end without a finish
 reason, or silence). Started servers (``--servers started``): HFX starts each as it starts vLLM
 (``python -m vllm.entrypoints.openai.api_server`` under ``--vllm-python``, with the flags it
-gives vLLM, health-polled, stopped at the end), the interpreter given being a wrapper under which
-that module is the fake upstream. Per grid cell one burst: ``--healthy`` 64-token streams and ``--faulty``
-requests, all at once, then ``--after`` healthy ones once the burst is over. Reported per cell:
-healthy streams finished whole, faulty requests and how they ended (status, time), the least
-number of instances taking work seen while the burst ran (sampled from ``/metrics`` every
-50 ms) against the fleet less its allowed ejected share, ejections, and the gauges once it is
-over (queued and in flight: 0).
+gives vLLM, health-polled, stopped at the end), the interpreter given being a wrapper under
+which that module is the fake upstream. Per grid cell one burst: ``--healthy`` 64-token streams
+and ``--faulty`` requests, all at once, then ``--after`` healthy ones once the burst is over.
+Reported per cell: healthy streams finished whole, faulty requests and how they ended (status,
+time), the least number of instances taking work seen while the burst ran (sampled from
+``/metrics`` every 50 ms) against the fleet less its allowed ejected share, ejections, and the
+gauges once it is over (queued and in flight: 0).
 
     python bench/serving/fault_mix.py --json docs/data/faults/fault_mix.json
 """
