@@ -17,6 +17,7 @@ Poisson, ``--requests-per-task`` each, one run per (scheduler, seed, QPS, policy
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import statistics
@@ -26,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.model.build import write_random_checkpoint
 from hfx.workloads.load import generate
 
@@ -58,7 +59,8 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hfx-vllm-scheduler-"))
     checkpoint = str(write_random_checkpoint("mini", work / "mini"))
-    result: dict = {"command": " ".join(sys.argv),
+    result: dict = {"command": " ".join(sys.argv), "commit": code_commit(),
+                    "date": datetime.date.today().isoformat(),
                     "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
                     "model": "mini (3.3M parameters, random weights), float32, vLLM 0.32.0 CPU",
                     "runs": []}
