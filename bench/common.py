@@ -1,7 +1,8 @@
 """What several benchmarks share: ``hfx serve`` as a subprocess on a free loopback port, for
 those that talk HTTP to it (soak, guidellm, long prompts, vLLM): started, waited on until
-``/ready``, stopped with SIGTERM; and the fidelity statistics of served against simulated
-records (mean and p90 per task and metric, and their relative error)."""
+``/ready``, stopped with SIGTERM; a stand-in for vLLM's interpreter, for servers HFX starts
+itself (the fault mix, the Ray and process tests); and the fidelity statistics of served
+against simulated records (mean and p90 per task and metric, and their relative error)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -57,6 +59,23 @@ def hfx_serve(*args: str, start_timeout: float = 60.0) -> Iterator[Live]:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def stand_in_vllm_python(root: Path, api_server: str, path: list[str]) -> str:
+    """An interpreter path for ``hfx serve --vllm-python`` (``VLLMLaunch.python``) under which
+    ``python -m vllm.entrypoints.openai.api_server`` runs ``api_server`` (Python source), with
+    ``path`` on ``PYTHONPATH``: a stand-in server that HFX starts, health-polls, streams from
+    and stops as it does vLLM, with no vLLM installed. Written under ``root``."""
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(api_server)
+    python = root / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{":".join([str(root), *path])}" '
+                      f'exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return str(python)
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -288,7 +288,7 @@ def test_the_dispatcher_is_calibrated_on_what_vllm_served(gw):
     # fit between the requests and the call would leave this one nothing new to fit on.
     gw.call_async(calibrator.stop)
     rounds = calibrator.rounds
-    before = len(calibrator.served)
+    before = calibrator.new  # the window (``served``) is capped; this count is not
     base = server.control.step_model
 
     def one(i: int) -> int:
@@ -299,7 +299,8 @@ def test_the_dispatcher_is_calibrated_on_what_vllm_served(gw):
     with ThreadPoolExecutor(8) as pool:
         assert sorted(pool.map(one, range(48))) == sorted(24 + i % 17 for i in range(48))
     # Every stream that ended was observed, with the instance and times vLLM served it at.
-    wait_for(lambda: len(calibrator.served) >= before + 48, 30, "48 served requests observed")
+    wait_for(lambda: calibrator.new >= before + 48, 30, "48 served requests observed",
+             lambda: f"{calibrator.new - before} observed")
     assert {s.instance for s in calibrator.served} <= set(server.control.instances) | set(
         server.control.retired)
     fit = gw.call_async(calibrator.calibrate, timeout=120)

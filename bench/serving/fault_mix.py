@@ -39,7 +39,7 @@ from hfx.evaluation import write_json
 from hfx.model.build import write_random_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common import hfx_serve, scrape
+from bench.common import hfx_serve, scrape, stand_in_vllm_python
 
 FAULTY_PREFIXES = "#$%&*"
 TOKENS = 64
@@ -73,8 +73,8 @@ def upstreams(n: int) -> Iterator[list[str]]:
             p.wait(timeout=10)
 
 
-SHIM = """import argparse, sys
-sys.path.insert(0, {here!r})
+# ``python -m vllm.entrypoints.openai.api_server`` as the fake upstream with faults on cue.
+SHIM = """import argparse
 from fake_upstream import main, run
 ap = argparse.ArgumentParser()
 ap.add_argument("--host", default="127.0.0.1")
@@ -85,20 +85,6 @@ run(main(argparse.Namespace(host=a.host, port=a.port, model=a.served_model_name,
                             tokens_per_tick=1, tick_ms=10.0, token_id=1234, text=" tok",
                             faults=True)))
 """
-
-
-def fake_vllm_python(root: Path) -> str:
-    """An interpreter path under which ``python -m vllm.entrypoints.openai.api_server`` is the
-    fake upstream with faults on cue: what ``hfx serve --vllm-python`` starts."""
-    pkg = root / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True)
-    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text(SHIM.format(here=str(Path(__file__).parent)))
-    python = root / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root}" exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    return str(python)
 
 
 def accepting(url: str) -> int:
@@ -204,7 +190,7 @@ def main() -> int:
     cells = []
     with tempfile.TemporaryDirectory() as d:
         checkpoint = str(write_random_checkpoint("tiny", Path(d)))
-        python = fake_vllm_python(Path(d) / "fake-vllm")
+        python = stand_in_vllm_python(Path(d) / "fake-vllm", SHIM, [str(Path(__file__).parent)])
         for kind in args.servers.split(","):
             for mode in args.modes.split(","):
                 for n in (int(x) for x in args.upstreams.split(",")):

@@ -26,6 +26,7 @@ What can go wrong is told apart, because it decides who pays for it:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ import orjson
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT = 120.0  # seconds a stream may be silent (vLLM may queue it that long)
+# Seconds an idle pooled connection is kept: under uvicorn's (so vLLM's) 5 s keep-alive, so the
+# client lets a connection go before the server closes it under a request just sent.
+KEEPALIVE = 4.0
 _DATA = b"data: "
 _DONE = b"[DONE]"
 
@@ -67,12 +71,15 @@ OnTokens = Callable[[list[int], "str | None"], None]
 TextIds = Callable[[str], list[int]]
 
 
-def new_session() -> aiohttp.ClientSession:
+def new_session(fresh: bool = False) -> aiohttp.ClientSession:
     """One per server: no connection limit (each stream holds its connection for its whole
-    life), no total timeout (a stream lasts as long as its output)."""
+    life), no total timeout (a stream lasts as long as its output). ``fresh``: a new
+    connection for each request, none kept."""
+    connector = (aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=True) if fresh
+                 else aiohttp.TCPConnector(limit=0, ttl_dns_cache=None,
+                                           keepalive_timeout=KEEPALIVE))
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-        timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
         skip_auto_headers=("User-Agent",), json_serialize=lambda o: orjson.dumps(o).decode())
 
 
@@ -82,40 +89,45 @@ async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict
                             text_ids: TextIds | None = None) -> str:
     """POST a streaming completion and call ``on_tokens`` per event; returns the finish reason.
     An event without ``token_ids`` gives ``text_ids`` of its text (none: no tokens). A
-    connection that breaks before any answer is sent once more on a fresh one: the server
-    closed it, idle, just as the request went out (it never saw it)."""
+    connection that breaks before any answer is sent once more on a new connection, not one
+    from the pool: the server closed it, idle, just as the request went out (it never saw it),
+    and the pool's other idle connections may be as old."""
     data = orjson.dumps(body)
     timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=idle_timeout)
     headers = {**headers, "Content-Type": "application/json"}
-    for attempt in range(2):
-        try:
-            response = await session.post(url, data=data, headers=headers, timeout=timeout)
-            break
-        except aiohttp.ClientConnectorError as e:
-            raise ServerUnreachable(f"{type(e).__name__}: {e}") from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            if attempt:
-                raise UpstreamFault("dropped", f"no answer: {type(e).__name__}: {e}") from None
-            log.warning("%s had no answer (%s); sending it again", url, type(e).__name__)
-        except asyncio.TimeoutError:
-            raise UpstreamFault("stalled", f"no answer in {idle_timeout:g} s") from None
-    async with response:
-        if response.status != 200:
-            detail = (await response.read()).decode(errors="replace")[:500]
-            message = f"the server answered {response.status}: {detail}"
-            if 400 <= response.status < 500:
-                raise RequestRefused(response.status, message)
-            raise UpstreamFault("status", message)
-        try:
-            return await _events(response, on_tokens, text_ids)
-        except asyncio.TimeoutError:
-            raise UpstreamFault("stalled", f"the stream was silent for {idle_timeout:g} s"
-                                ) from None
-        except aiohttp.ClientPayloadError as e:
-            raise UpstreamFault("dropped", f"the stream broke off: {e}") from None
-        except (aiohttp.ClientConnectionError, ConnectionError) as e:
-            raise UpstreamFault("dropped", f"the stream broke off: {type(e).__name__}: {e}"
-                                ) from None
+    async with contextlib.AsyncExitStack() as stack:
+        for attempt in range(2):
+            try:
+                response = await session.post(url, data=data, headers=headers, timeout=timeout)
+                break
+            except aiohttp.ClientConnectorError as e:
+                raise ServerUnreachable(f"{type(e).__name__}: {e}") from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if attempt:
+                    raise UpstreamFault("dropped", f"no answer: {type(e).__name__}: {e}"
+                                        ) from None
+                log.warning("%s had no answer (%s); sending it again", url, type(e).__name__)
+                session = await stack.enter_async_context(new_session(fresh=True))
+            except asyncio.TimeoutError:
+                raise UpstreamFault("stalled", f"no answer in {idle_timeout:g} s") from None
+        async with response:
+            if response.status != 200:
+                detail = (await response.read()).decode(errors="replace")[:500]
+                message = f"the server answered {response.status}: {detail}"
+                if 400 <= response.status < 500:
+                    raise RequestRefused(response.status, message)
+                raise UpstreamFault("status", message)
+            try:
+                return await _events(response, on_tokens, text_ids)
+            except asyncio.TimeoutError:
+                raise UpstreamFault("stalled", f"the stream was silent for {idle_timeout:g} s"
+                                    ) from None
+            except aiohttp.ClientPayloadError as e:
+                raise UpstreamFault("dropped", f"the stream broke off: {e}") from None
+            except (aiohttp.ClientConnectionError, ConnectionError) as e:
+                raise UpstreamFault("dropped", f"the stream broke off: {type(e).__name__}: {e}"
+                                    ) from None
+    raise AssertionError("unreachable")  # the loop breaks with a response or raises
 
 
 async def _events(response: aiohttp.ClientResponse, on_tokens: OnTokens,

@@ -241,20 +241,12 @@ def as_vllm_python(root) -> str:
     vllm.entrypoints.openai.api_server`` is this fake as a process: what HFX starts, health
     polls, streams from and kills, with no vLLM installed. ``root``: a directory to write it in.
     """
-    import sys
     from pathlib import Path
 
-    root = Path(root)
-    pkg = root / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True)
-    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text("from fake_vllm import main\n\nmain()\n")
-    python = root / "python"
-    here = Path(__file__).resolve().parent
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root}:{here}" exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    return str(python)
+    from bench.common import stand_in_vllm_python
+
+    return stand_in_vllm_python(Path(root), "from fake_vllm import main\n\nmain()\n",
+                                [str(Path(__file__).resolve().parent)])
 
 
 def main() -> None:
