@@ -160,3 +160,29 @@ def test_on_one_engine_every_contender_runs_its_planner_without_its_planners_kno
     assert config.planner == "vllm" and config.planner_params == {}
     assert CONTENDERS["hfx-paper"].config({}, "vllm", workload="four-task").planner == "vllm"
     assert hfx.grid_on(None) == hfx.grid
+
+
+def test_a_fleet_given_for_the_run_is_every_probes_over_each_workloads_own():
+    calls: list[SimConfig] = []
+
+    def probe(config: SimConfig) -> dict:
+        calls.append(config)
+        return {"qps": config.qps, "attainment": 1.0 if config.qps <= 50 else 0.0,
+                "attainment_dslo": 1.0 if config.qps <= 50 else 0.0,
+                "shed": 0, "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    fleet = {"model": "llama-3-70b", "hardware": "h200"}
+    tuned = tune(["rr"], regimes=(256,), jobs=1, probe=probe, progress=False, fleet=fleet)
+    rows = compare.evaluate(tuned, ["four-task", "tiered-512-512"], [0], (256,), jobs=1,
+                            probe=probe, progress=False, fleet=fleet)
+    assert {(c.model, c.hardware) for c in calls} == {("llama-3-70b", "h200")}
+    assert {c.workload for c in calls} == {compare.TUNING_WORKLOAD, "four-task",
+                                           "tiered-512-512"}
+    assert [(r["workload"], r["model"], r["hardware"]) for r in rows] == [
+        ("four-task", "llama-3-70b", "h200"), ("tiered-512-512", "llama-3-70b", "h200")]
+    # Without one, each workload keeps its own: PolyServe's tiered setting on its H200 fleet.
+    calls.clear()
+    compare.evaluate(tuned, ["four-task", "tiered-512-512"], [0], (256,), jobs=1, probe=probe,
+                     progress=False)
+    assert {(c.workload, c.model, c.hardware) for c in calls} == {
+        ("four-task", "qwen2.5-7b", "ascend-910b"), ("tiered-512-512", "llama-3.1-8b", "h200")}

@@ -8,6 +8,8 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
     python bench/experiments/compare.py --tuned docs/data/compare.json ...  # tuning from there
     python bench/experiments/compare.py --engine vllm --json docs/data/compare_vllm.json
         # dispatchers on the same engine: every contender on vLLM's planner
+    python bench/experiments/compare.py --engine vllm --model llama-3-70b --hardware h200 \
+        --tuned docs/data/compare_engine/vllm_1024.json ...  # a second model and hardware pair
 
 A table is rendered from searches of one commit only (each row names its commit); --render
 --allow-mixed-commits prints one anyway, saying which contender ran at which.
@@ -45,6 +47,7 @@ from hfx.evaluation.compare import (
     one_commit,
     tune,
 )
+from hfx.stepmodel.profiles import shipped_profiles
 
 
 def main() -> int:
@@ -61,6 +64,10 @@ def main() -> int:
     ap.add_argument("--engine", choices=sorted(PLANNERS), default=None,
                     help="every contender on this engine planner (dispatchers on the same "
                     "engine); default: each on its own")
+    ap.add_argument("--model", default=None,
+                    help="every run on this model's shipped profile, with --hardware (a second "
+                    "model and hardware pair); default: each workload's own")
+    ap.add_argument("--hardware", default=None, help="the device of --model's profile")
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="render a table whose searches ran at different commits")
@@ -81,6 +88,14 @@ def main() -> int:
             print(f"mixed commits: {e}")
         print(headline(cells(result["searches"])))
         return 0
+    fleet: dict[str, str] = {}
+    if (args.model is None) != (args.hardware is None):
+        ap.error("--model and --hardware go together")
+    if args.model is not None:
+        if f"{args.model}@{args.hardware}" not in shipped_profiles():
+            ap.error(f"no shipped profile {args.model}@{args.hardware}; choose from "
+                     f"{', '.join(shipped_profiles())}")
+        fleet = {"model": args.model, "hardware": args.hardware}
     names = args.contenders.split(",")
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
@@ -89,7 +104,7 @@ def main() -> int:
     out: dict = {
         "command": " ".join(["python", *sys.argv]),
         "protocol": {"target": TARGET, "metrics": METRICS, "regimes": regimes,
-                     "engine": args.engine,
+                     "engine": args.engine, "fleet": fleet or None,
                      "tuning_workload": TUNING_WORKLOAD, "tuning_seed": TUNING_SEED,
                      "tuning_run": TUNING_RUN, "evaluation_run": EVALUATION_RUN,
                      "contenders": {n: {"fields": CONTENDERS[n].fields, "help": CONTENDERS[n].help,
@@ -104,7 +119,7 @@ def main() -> int:
         out["tuned_from"] = args.tuned
     else:
         out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
-                             engine=args.engine)
+                             engine=args.engine, fleet=fleet)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():
@@ -126,7 +141,8 @@ def main() -> int:
     for workload in args.workloads.split(","):
         rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
                          [int(s) for s in args.seeds.split(",")],
-                         regimes, args.jobs, args.ray_address, engine=args.engine)
+                         regimes, args.jobs, args.ray_address, engine=args.engine,
+                         fleet=fleet)
         out["evaluation_seconds"] = round(time.perf_counter() - t1)
         out["searches"] = rows
         out["table"] = cells(rows)

@@ -215,9 +215,10 @@ def one_commit(rows: Sequence[dict]) -> str:
 def _search(name: str, setting: dict[str, Any], run: dict[str, float], fields: dict[str, Any],
             probe: Probe = simulate, engine: str | None = None) -> dict:
     workload = fields["workload"]
+    # ``fields`` (a fleet given for the whole run among them) over the workload's own fleet.
+    merged = {**WORKLOAD_CONFIG.get(workload, {}), **fields}
     config = CONTENDERS[name].config(setting, engine, qps=START.get(workload, 20.0),
-                                     duration=run["duration"], warmup=run["warmup"],
-                                     **WORKLOAD_CONFIG.get(workload, {}), **fields)
+                                     duration=run["duration"], warmup=run["warmup"], **merged)
     return dual_capacity(config, TARGET, run["tolerance"], probe)
 
 
@@ -231,11 +232,13 @@ def regimes_of(name: str, regimes: Sequence[int]) -> list[int]:
 
 def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | None = None,
          ray_address: str | None = None, probe: Probe = simulate,
-         progress: bool = True, engine: str | None = None) -> dict[str, dict[str, dict]]:
+         progress: bool = True, engine: str | None = None,
+         fleet: dict[str, Any] | None = None) -> dict[str, dict[str, dict]]:
     """Each contender's capacity per grid setting on the tuning workload and seed, per regime,
-    and the setting chosen: {name: {regime: {"settings", "capacities", "chosen"}}}."""
+    and the setting chosen: {name: {regime: {"settings", "capacities", "chosen"}}}. ``fleet``:
+    config fields (``model``, ``hardware``) for every run, over each workload's own."""
     calls = [(n, setting, TUNING_RUN, {"workload": TUNING_WORKLOAD, "seed": TUNING_SEED,
-                                       "max_num_seqs": regime}, probe, engine)
+                                       "max_num_seqs": regime, **(fleet or {})}, probe, engine)
              for n in names for regime in regimes_of(n, regimes)
              for setting in CONTENDERS[n].grid_on(engine)]
     found = iter(run_all(_search, calls, jobs, ray_address, progress, "tuning"))
@@ -258,20 +261,21 @@ def evaluate(tuned: dict[str, dict[str, dict]], workloads: Sequence[str] = WORKL
              seeds: Sequence[int] = SEEDS, regimes: Sequence[int] = REGIMES,
              jobs: int | None = None, ray_address: str | None = None,
              probe: Probe = simulate, progress: bool = True,
-             engine: str | None = None) -> list[dict]:
+             engine: str | None = None, fleet: dict[str, Any] | None = None) -> list[dict]:
     """Every tuned contender's dual capacity per workload × seed × regime: one row each,
-    naming the commit it ran at."""
+    naming the commit it ran at (and ``fleet``, as ``tune`` takes it, where given)."""
     from hfx.evaluation import code_commit
 
     commit = code_commit()
+    fleet = fleet or {}
     keys = [(n, w, s, regime) for n in tuned for w in workloads
             for regime in regimes_of(n, regimes) for s in seeds]
     calls = [(n, tuned[n][str(regime)]["chosen"], EVALUATION_RUN,
-              {"workload": w, "seed": s, "max_num_seqs": regime}, probe, engine)
+              {"workload": w, "seed": s, "max_num_seqs": regime, **fleet}, probe, engine)
              for n, w, s, regime in keys]
     results = run_all(_search, calls, jobs, ray_address, progress, "evaluation")
-    return [{"contender": n, "workload": w, "seed": s, "regime": regime, "commit": commit, **r}
-            for (n, w, s, regime), r in zip(keys, results, strict=True)]
+    return [{"contender": n, "workload": w, "seed": s, "regime": regime, "commit": commit,
+             **fleet, **r} for (n, w, s, regime), r in zip(keys, results, strict=True)]
 
 
 def cells(rows: Sequence[dict]) -> list[dict]:
