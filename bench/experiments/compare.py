@@ -86,6 +86,10 @@ def main() -> int:
                 print(f"not rendered: {e}", file=sys.stderr)
                 return 1
             print(f"mixed commits: {e}")
+        protocol = result.get("protocol", {})
+        fleet = protocol.get("fleet")
+        print(f"engine {protocol.get('engine') or 'each its own'}; fleet "
+              + (f"{fleet['model']} on {fleet['hardware']}" if fleet else "each workload's own"))
         print(headline(cells(result["searches"])))
         return 0
     fleet: dict[str, str] = {}
