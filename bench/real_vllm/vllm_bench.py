@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -150,13 +151,20 @@ def serve_policy(config: SimConfig, requests: list[Request], profile, urls: list
         if n:
             server[name] = (after[f"{key}_sum"] - before.get(f"{key}_sum", 0)) / n
     return {"summary": summarize(records, [(0.0, end)]), "stats": stats(records),
-            "seconds": end, "vllm_side": server}
+            "seconds": end, "vllm_side": server, "per_instance": per_instance(records)}
+
+
+def per_instance(records: list) -> dict[str, int]:
+    """Requests each instance served (the placement's balance)."""
+    return {str(k): v for k, v in sorted(Counter(r.instance for r in records).items(),
+                                         key=lambda kv: str(kv[0]))}
 
 
 def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
     control, _ = run(run_cluster(config, requests, profile), virtual=True)
     records = list(control.records.values())
-    return {"summary": summarize(records, [(0.0, 0.0)]), "stats": stats(records)}
+    return {"summary": summarize(records, [(0.0, 0.0)]), "stats": stats(records),
+            "per_instance": per_instance(records)}
 
 
 def pooled(runs: list[dict]) -> tuple[float, float]:

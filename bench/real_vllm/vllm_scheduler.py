@@ -90,7 +90,10 @@ def main() -> int:
                                "attainment": real["summary"]["attainment"],
                                "attainment_dslo": real["summary"]["attainment_dslo"],
                                "sim_attainment": sim["summary"]["attainment"],
-                               "real": real["stats"], "sim": sim["stats"]}
+                               "real": real["stats"], "sim": sim["stats"],
+                               "vllm_side": real["vllm_side"],
+                               "per_instance": {"real": real["per_instance"],
+                                                "sim": sim["per_instance"]}}
                         result["runs"].append(run)
                         print(f"{scheduler} scheduler, {policy}@{qps:g} seed {seed}: "
                               f"attainment {run['attainment']:.3f} (per-token "
