@@ -156,8 +156,7 @@ def serve_policy(config: SimConfig, requests: list[Request], profile, urls: list
 
 def per_instance(records: list) -> dict[str, int]:
     """Requests each instance served (the placement's balance)."""
-    return {str(k): v for k, v in sorted(Counter(r.instance for r in records).items(),
-                                         key=lambda kv: str(kv[0]))}
+    return dict(sorted(Counter(str(r.instance) for r in records).items()))
 
 
 def simulate(config: SimConfig, requests: list[Request], profile) -> dict:
