@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from hfx.config import SimConfig
+from hfx.evaluation.presets import SEED_DISPATCHER
 from hfx.records.columns import FoldFinished
 from hfx.sim import driver as sim
 from hfx.sim.driver import simulate
@@ -34,7 +35,7 @@ POLICIES = ("hfx", "rr", "least-loaded", "scorpio", "aladdin", "sa", "slos-serve
 # HFX as the seed has it: the cases below pin the seed's engine and dispatcher (HFX's defaults
 # moved in issue 17: a deadline-aware chunked engine and the guard's override; the
 # "-default-engine" cases pin those).
-SEED = {"planner": "prefill-first", "policy_params": {"override": "off"},
+SEED = {"planner": "prefill-first", "policy_params": SEED_DISPATCHER,
         "wait_indicator": "mean"}
 
 

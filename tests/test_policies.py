@@ -592,6 +592,45 @@ def test_maturity_queue_serves_each_mature_member_once_per_call_earliest_first()
     assert q.earliest() == 4.0 and q.pop_mature(10.0) == 1
 
 
+def test_maturity_queue_with_an_order_serves_the_least_ranked_mature_member_first():
+    from hfx.policies.maturity import MaturityQueue
+
+    q = MaturityQueue()
+    q.members([0, 1, 2, 3], now=0.0)
+    for iid, t in ((0, 0.1), (1, 0.2), (2, 0.3), (3, 5.0)):
+        q.set(iid, t)
+    load = {0: 3.0, 1: 1.0, 2: 1.0, 3: 0.0}
+    order = []
+    while (iid := q.pop_mature(1.0, load.__getitem__)) is not None:
+        order.append(iid)
+        q.set(iid, 0.0)  # served: mature again at once, but not twice in one round
+    # 3 is the lightest but not mature; 1 and 2 tie, the earlier first; 0 last.
+    assert order == [1, 2, 0]
+    q.end_round()
+    # Only the ``look`` earliest mature members are ranked.
+    q.members([0, 1, 2], now=1.0)
+    for iid, t in ((0, 0.1), (1, 0.2), (2, 0.3)):
+        q.set(iid, t)
+    assert q.pop_mature(1.0, {0: 2.0, 1: 1.0, 2: 0.0}.__getitem__, look=2) == 1
+
+
+def test_hfx_serves_the_lightest_of_the_mature_instances_first():
+    # Instance 0 mature since 0.0 and running 3 requests; instance 1 mature since 0.5, idle.
+    def dispatched(order: str) -> list[int]:
+        pol = make_policy("hfx", mature_order=order)
+        v = view(1.0, n=2)
+        pol.schedule(v)  # the shadows follow the view
+        for k in range(3):
+            pol.shadow[0].add(req(f"run{k}", 0.0, 100, 2.0, 0.5), 10.0)
+        pol.maturity.set(1, 0.5)
+        pol.maturity.set(0, 0.0)
+        pol.enqueue(req("r", 1.0, 100, 2.0, 0.5), 1.0)
+        return [x.instance for x in pol.schedule(v).dispatch]
+
+    assert dispatched("lightest") == [1]
+    assert dispatched("maturity") == [0]  # the seed's: mature longest
+
+
 def test_maturity_queue_drops_superseded_entries_and_keeps_the_order():
     from hfx.policies.maturity import MaturityQueue
 

@@ -26,7 +26,7 @@ from hfx.config import SimConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.capacity import over_seeds, seed_capacity, steady
 from hfx.evaluation.compare import WORKLOAD_CONFIG
-from hfx.evaluation.presets import PRESETS
+from hfx.evaluation.presets import PRESETS, SEED_DISPATCHER
 
 # Where each search starts (requests/s for 2 instances): near the knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "wikisql": 8.0, "tiered-512-512": 40.0,
@@ -37,9 +37,9 @@ VARIANTS = {"hfx+deadline-chunked": {"policy": "hfx", "planner": "deadline-chunk
                                      "policy_params": {"override": "on"}},
             # The default before the override (issue 17's first tables).
             "hfx+tpot-chunked": {"policy": "hfx", "planner": "tpot-chunked",
-                                 "policy_params": {"override": "off"}},
+                                 "policy_params": SEED_DISPATCHER},
             "hfx+prefill-first": {"policy": "hfx", "planner": "prefill-first",  # the seed's
-                                  "policy_params": {"override": "off"}},
+                                  "policy_params": SEED_DISPATCHER},
             # HFX as it ships with admission's wait bound: a request still without a
             # first token 10 s past its TTFT is shed (a miss either way), so none waits unbounded.
             "hfx+max-wait-10": {"policy": "hfx", "planner": "deadline-chunked",

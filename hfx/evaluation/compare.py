@@ -41,6 +41,7 @@ from typing import Any
 
 from hfx.config import SimConfig
 from hfx.evaluation.capacity import crossing, is_trace, seed_capacity
+from hfx.evaluation.presets import SEED_DISPATCHER
 from hfx.evaluation.runner import run_all
 from hfx.sim.driver import simulate
 
@@ -131,7 +132,7 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
         theta=(0.8, 0.9), lead_prefills=(2.5, 5.0, 10.0), planner__slack_share=(0.25, 0.4)),
         help="as shipped: deadline-chunked engine, the override on"),
     Contender("hfx-paper", {"policy": "hfx", "planner": "prefill-first",
-                            "policy_params": {"override": "off"}},
+                            "policy_params": SEED_DISPATCHER},
               _grid(theta=(0.7, 0.8, 0.9, 0.95), prefill_cv=(0.05, 0.1, 0.2)),
               help="HyperFlexis §5.1's dispatcher on the prefill-first engine"),
     # SLOs-Serve §4: how many instances a request may be routed over, and the decode pace (the

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (HyperFlexis §7.1)
-SEED_DISPATCHER = {"override": "off"}  # Algorithm 1 as the seed has it (hfx.py)
+# Algorithm 1 as the seed has it (hfx.py): no override, mature instances served in maturity order.
+SEED_DISPATCHER = {"override": "off", "mature_order": "maturity"}
 SEED_SCALER = {"wait_indicator": "mean"}  # W over the whole queue (HFX paper §3.3.3; scaler.py)
 
 

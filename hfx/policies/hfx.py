@@ -62,6 +62,14 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   marked best-effort in its record (it counts as a miss unless it still makes it).
 - An idle instance with nothing admitted by the budget takes the most urgent queued request
   anyway: with nothing in flight there is nothing to protect.
+- ``mature_order`` (ours; "lightest" by default, "maturity" is the seed's): when several
+  instances are mature at one call, Q_W serves first the one with the lightest running batch
+  (the least E_d, of the 8 mature longest) rather than the one mature longest: both can take a
+  prompt now, and its first token comes with a step that carries that batch (or after it). On
+  the simulator's exact clock several instances are rarely mature at once and the two orders
+  attained alike (four-task, two-task and bursty-four-task, 2 and 8 instances, vLLM's and the
+  deadline-chunked engine, to the fourth digit); on a real clock a late wake-up finds several
+  mature with a burst queued, and the first one served takes the whole burst.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -166,6 +174,9 @@ def token_budget(ttft: float, tpot: float, e_d: float, a: float, b: float) -> fl
 
 TPOT_GUARDS = ("eq5", "off")
 SWITCH = ("on", "off")
+# Which of several instances mature at once Q_W serves first: the one mature longest
+# (Algorithm 1 as the seed has it), or the one whose running batch is lightest.
+MATURE_ORDERS = ("maturity", "lightest")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -193,7 +204,7 @@ class HFXDispatcher(Policy):
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
                  output_length: str = "history", tpot_guard: str = "eq5",
                  override: str | None = None, lead_prefills: float = 5.0,
-                 lead_steps: float = 20.0) -> None:
+                 lead_steps: float = 20.0, mature_order: str = "lightest") -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -206,6 +217,11 @@ class HFXDispatcher(Policy):
             raise ValueError(f"tpot_guard must be one of {TPOT_GUARDS}, got {tpot_guard!r}")
         if override not in SWITCH:
             raise ValueError(f"override must be one of {SWITCH}, got {override!r}")
+        if mature_order not in MATURE_ORDERS:
+            raise ValueError(f"mature_order must be one of {MATURE_ORDERS}, "
+                             f"got {mature_order!r}")
+        self.lightest_first = mature_order == "lightest"
+        self._model: StepTimeModel | None = None  # the decision's, for _lightness
         self.lead_prefills, self.lead_steps = float(lead_prefills), float(lead_steps)
         if self.lead_prefills < 0 or self.lead_steps < 0:
             raise ValueError("lead_prefills and lead_steps must be >= 0")
@@ -274,6 +290,7 @@ class HFXDispatcher(Policy):
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
+        self._model = model
         self._view = view if view.prefix is not None else None
         self._shares, self._reserve = view.fair_shares, view.fair_reserve
         self._running = view.fair_running
@@ -310,7 +327,8 @@ class HFXDispatcher(Policy):
                 if found is not None:
                     self.maturity.take(found)
             else:
-                found = self.maturity.pop_mature(now)
+                found = self.maturity.pop_mature(
+                    now, self._lightness if self.lightest_first else None)
             if found is None:
                 break
             self._serve(found, self.shadow[found], model, now, decision, view.mixed_steps)
@@ -330,6 +348,13 @@ class HFXDispatcher(Policy):
             if self._urgent and self._urgent[0][0] < decision.wake_at:
                 decision.wake_at = max(self._urgent[0][0], now + 1e-6)
         return decision
+
+    def _lightness(self, iid: int) -> float:
+        """How soon a prompt sent to a mature instance now gets its first token, relatively:
+        its running batch's decode step, which the prompt's step carries (mixed steps) or
+        waits for (prefill-first)."""
+        assert self._model is not None
+        return self.decode_step(self.shadow[iid], self._model)
 
     def urgent_at(self, req: Request, model: StepTimeModel) -> float:
         """When ``req``, still queued, becomes urgent: its TTFT deadline less a lead of

@@ -10,7 +10,7 @@ pays for the instances it serves.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class MaturityQueue:
@@ -65,11 +65,14 @@ class MaturityQueue:
         time, iid = entry
         return iid in self._members and self._time[iid] == time
 
-    def pop_mature(self, now: float) -> int | None:
-        """The earliest member mature by ``now`` not yet served this round, taken off the queue
-        (serving it sets its next maturity); None when there is none."""
+    def pop_mature(self, now: float, order: Callable[[int], float] | None = None,
+                   look: int = 8) -> int | None:
+        """A member mature by ``now`` not yet served this round, taken off the queue (serving it
+        sets its next maturity); None when there is none. The earliest one; with ``order``, of
+        the ``look`` earliest mature ones the one ``order`` ranks least (ties: the earliest)."""
         heap, members, times, served = self._heap, self._members, self._time, self._served
-        while heap and heap[0][0] <= now:
+        found: list[tuple[float, int]] = []
+        while heap and heap[0][0] <= now and len(found) < (look if order is not None else 1):
             entry = heapq.heappop(heap)
             time, iid = entry
             if iid not in members or times[iid] != time:
@@ -77,9 +80,21 @@ class MaturityQueue:
             if iid in served:
                 self._aside.append(entry)  # pushed before this round served it
                 continue
-            served.add(iid)
-            return iid
-        return None
+            found.append(entry)
+        if not found:
+            return None
+        pick = found[0]
+        if order is not None:
+            best = order(pick[1])
+            for entry in found[1:]:
+                rank = order(entry[1])
+                if rank < best:
+                    pick, best = entry, rank
+            for entry in found:
+                if entry is not pick:
+                    heapq.heappush(heap, entry)  # still mature, for a later pop this round
+        served.add(pick[1])
+        return pick[1]
 
     def ready(self, instance_id: int, now: float) -> bool:
         """Whether a member is mature by ``now`` and not yet served this round."""
