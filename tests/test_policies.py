@@ -153,19 +153,49 @@ def test_hfx_counts_the_running_decodes_in_a_mixed_first_step(mixed: bool):
         assert d.dispatch == [] and pol.num_queued() == 1
 
 
+@pytest.mark.parametrize("prefill_wait", ["batch", "admitted"])
 @pytest.mark.parametrize("step_tokens", [None, 256])
-def test_hfx_counts_the_steps_an_engine_that_chunks_prompts_takes(step_tokens):
+def test_hfx_counts_the_steps_an_engine_that_chunks_prompts_takes(step_tokens, prefill_wait):
     stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 6250, 16, 0, 256, 0.0, 0)
     view = ClusterView(0.0, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE,
                        mixed_steps=True, step_tokens=step_tokens)
-    pol = make_policy("hfx")
+    pol = make_policy("hfx", prefill_wait=prefill_wait)
     pol.enqueue(req("long", 0.0, 1000, 20.0, 1.0), 0.0)
     assert [x.request.id for x in pol.schedule(view).dispatch] == ["long"]
     e_d = 0.0301  # Eq. 2 with "long" decoding
     # Whole: E_p = 0.02 + 1e-4·1000. In 255-token chunks beside its own decode: 4 steps, each
     # past the first adding the fixed 0.02 s (nothing ran beside it when it was planned).
     e_p = 0.12 if step_tokens is None else 0.12 + 3 * 0.02
-    assert pol.maturity[0] == pytest.approx(e_p + e_p / (1.0 - e_d) * e_d)
+    payback = e_p / (1.0 - e_d) * e_d
+    if prefill_wait == "batch":  # Algorithm 1: after the whole prefill
+        assert pol.maturity[0] == pytest.approx(e_p + payback)
+    else:  # when its last prefill step starts: at once for one step, after 3 of 4
+        steps = 1 if step_tokens is None else 4
+        assert pol.maturity[0] == pytest.approx(e_p * (steps - 1) / steps + payback)
+
+
+def test_hfx_sends_a_prompt_to_join_the_next_step_on_an_engine_that_admits_at_every_step():
+    """A second request arriving while the first one's prefill runs: with ``prefill_wait``
+    "admitted" it goes at once (it joins the engine's next step either way); with the seed's
+    wait it is held until the first one's prefill is predicted done. Prefill-first engines
+    hold it either way."""
+    def second_held_until(prefill_wait: str, mixed: bool) -> float | None:
+        stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 6250, 16, 0, 256, 0.0, 0)
+        view = ClusterView(0.0, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE,
+                           mixed_steps=mixed)
+        pol = make_policy("hfx", prefill_wait=prefill_wait)
+        pol.enqueue(req("first", 0.0, 1000, 20.0, 1.0), 0.0)
+        assert len(pol.schedule(view).dispatch) == 1
+        view.now = 0.01
+        pol.enqueue(req("second", 0.01, 100, 20.0, 1.0), 0.01)
+        d = pol.schedule(view)
+        return None if d.dispatch else d.wake_at
+
+    assert second_held_until("admitted", mixed=True) is None
+    held = second_held_until("batch", mixed=True)
+    assert held is not None and held > 0.12  # the first one's E_p
+    assert second_held_until("admitted", mixed=False) == second_held_until("batch", mixed=False)
+    assert second_held_until("admitted", mixed=False) is not None
 
 
 def test_hfx_on_vllms_scheduler_holds_what_its_steps_cannot_take():

@@ -197,10 +197,14 @@ def calibration_runs(config: SimConfig, seeds: range, per_task: int
 
 
 def vllm_config(policy: str, qps: float, seed: int) -> SimConfig:
-    """The simulated twin of the two servers: vLLM's chunked prefill and token budget."""
-    return SimConfig(policy=policy, qps=qps, instances=2, seed=seed, max_num_seqs=MAX_SEQS,
-                     kv_capacity_tokens=KV_TOKENS, block_size=BLOCK, planner="chunked",
-                     max_num_batched_tokens=VLLM_TOKEN_BUDGET, step_noise=0.0)
+    """The simulated twin of the two servers: vLLM's chunked prefill and token budget.
+    ``policy`` is a name, or ``NAME:KEY=VALUE,...`` with policy parameters (a variant)."""
+    name, _, spec = policy.partition(":")
+    params = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
+    return SimConfig(policy=name, policy_params=params, qps=qps, instances=2, seed=seed,
+                     max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS, block_size=BLOCK,
+                     planner="chunked", max_num_batched_tokens=VLLM_TOKEN_BUDGET,
+                     step_noise=0.0)
 
 
 def predict(config: SimConfig, requests: list[Request], profile, fit: Calibration) -> dict:
