@@ -192,6 +192,18 @@ def test_hfx_sends_a_prompt_to_join_the_next_step_on_an_engine_that_admits_at_ev
         return None if d.dispatch else d.wake_at
 
     assert second_held_until("admitted", mixed=True) is None
+    # With a request left queued (one sequence: the second cannot join), Algorithm 1's wait.
+    waits = []
+    for prefill_wait in ("admitted", "batch"):
+        stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 6250, 16, 0, 1, 0.0, 0)
+        view = ClusterView(0.0, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE,
+                           mixed_steps=True)
+        pol = make_policy("hfx", prefill_wait=prefill_wait)
+        pol.enqueue(req("first", 0.0, 1000, 20.0, 1.0), 0.0)
+        pol.enqueue(req("left", 0.0, 100, 20.0, 1.0), 0.0)
+        assert len(pol.schedule(view).dispatch) == 1 and pol.num_queued() == 1
+        waits.append(pol.maturity[0])
+    assert waits[0] == waits[1] > 0.12
     held = second_held_until("batch", mixed=True)
     assert held is not None and held > 0.12  # the first one's E_p
     assert second_held_until("admitted", mixed=False) == second_held_until("batch", mixed=False)

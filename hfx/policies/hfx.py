@@ -71,11 +71,12 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   deadline-chunked engine, to the fourth digit); on a real clock a late wake-up finds several
   mature with a burst queued, and the first one served takes the whole burst.
 - ``prefill_wait`` (ours; "batch", the seed's, by default): on an engine that admits prompts at
-  every step, "admitted" ends Algorithm 1's wait after a batch when the batch's last prefill
-  step starts, counted from the end of what was sent before (``mature_after``), instead of when
-  its prefill ends: a prompt sent meanwhile joins the engine's next step anyway. In the
-  simulator it costs 5-8 points of attainment at the knee (four-task, two-task; vLLM's engine
-  and deadline-chunked, 2 instances): what HFX holds in Q_R it orders and admits better than
+  every step, "admitted" ends Algorithm 1's wait after a batch that left Q_R empty when the
+  batch's last prefill step starts (``mature_after``), not when its prefill ends: the next
+  request to arrive joins the engine's next step after the batch's whether held or not. With
+  requests left queued the wait is the seed's: ending it there too cost 5-8 points of
+  attainment at the knee in the simulator (four-task, two-task; vLLM's engine and
+  deadline-chunked, 2 instances), as what HFX holds in Q_R it orders and admits better than
   the engine's queue does. On real vLLM servers, where the profile is 1.5-2x faster than the
   loaded servers and the loop wakes late, the held requests are what misses (docs/results.md,
   "On real vLLM").
@@ -725,18 +726,18 @@ class HFXDispatcher(Policy):
         """``prefill_wait`` "admitted", on an engine that admits prompts at every step: the
         next maturity after a batch of ``tokens`` new prompt tokens went to ``sh``, its prefill
         (``e_p``) to start at ``start`` (after what was sent there before). Algorithm 1 waits
-        for the batch's prefill to end; here it ends when the batch's last prefill step starts
-        (of ``chunked``'s steps; the payback is kept): a prompt sent earlier joins the
-        engine's next step after the batch's, as it would if held. Held to the batch's end, it
-        reached a real engine after that step had started (transit, the loop's wake-up) and
-        waited a step more: four-task on two vLLM CPU servers at 12 QPS attained 4.6 ± 3.5
-        points below least-loaded that way (docs/results.md, "On real vLLM"). Counting from
-        the end of what was sent before keeps what an instance is sent to what its steps take,
-        past the engine's throughput as before."""
+        for the batch's prefill to end, and so does this while requests are left queued (Q_R
+        orders and admits them better than the engine's queue would). With none left it waits
+        only until the batch's last prefill step starts (of ``chunked``'s steps; the payback
+        is kept): the next request to arrive joins the engine's next step after the batch's,
+        as it would if held, and is not held meanwhile."""
+        at = self.next_maturity(start, e_p, sh, model)
+        if self.num_queued():
+            return at
         steps = 1
         if self._step_tokens is not None:
             steps = -(-tokens // max(1, self._step_tokens - sh.batch_size))
-        return max(now, self.next_maturity(start, e_p, sh, model) - e_p / steps)
+        return max(now, at - e_p / steps)
 
     def kv_reserve(self, request: Request) -> float:
         """Output tokens whose KV the instance will hold for ``request``."""
