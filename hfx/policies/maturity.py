@@ -68,11 +68,15 @@ class MaturityQueue:
     def pop_mature(self, now: float, order: Callable[[int], float] | None = None,
                    look: int = 8) -> int | None:
         """A member mature by ``now`` not yet served this round, taken off the queue (serving it
-        sets its next maturity); None when there is none. The earliest one; with ``order``, of
-        the ``look`` earliest mature ones the one ``order`` ranks least (ties: the earliest)."""
+        sets its next maturity); None when there is none. The earliest one; with ``order`` (a
+        rank >= 0), of the ``look`` earliest mature ones the one ranked least (ties: the
+        earliest; one ranked 0 at once, as none can rank below it)."""
         heap, members, times, served = self._heap, self._members, self._time, self._served
-        found: list[tuple[float, int]] = []
-        while heap and heap[0][0] <= now and len(found) < (look if order is not None else 1):
+        pick: tuple[float, int] | None = None
+        best = 0.0
+        passed: list[tuple[float, int]] = []  # mature candidates not picked, pushed back
+        seen = 0
+        while heap and heap[0][0] <= now:
             entry = heapq.heappop(heap)
             time, iid = entry
             if iid not in members or times[iid] != time:
@@ -80,19 +84,23 @@ class MaturityQueue:
             if iid in served:
                 self._aside.append(entry)  # pushed before this round served it
                 continue
-            found.append(entry)
-        if not found:
+            if order is None:
+                pick = entry
+                break
+            rank = order(iid)
+            if pick is None or rank < best:
+                if pick is not None:
+                    passed.append(pick)
+                pick, best = entry, rank
+            else:
+                passed.append(entry)
+            seen += 1
+            if best <= 0.0 or seen >= look:
+                break
+        for entry in passed:
+            heapq.heappush(heap, entry)  # still mature, for a later pop this round
+        if pick is None:
             return None
-        pick = found[0]
-        if order is not None:
-            best = order(pick[1])
-            for entry in found[1:]:
-                rank = order(entry[1])
-                if rank < best:
-                    pick, best = entry, rank
-            for entry in found:
-                if entry is not pick:
-                    heapq.heappush(heap, entry)  # still mature, for a later pop this round
         served.add(pick[1])
         return pick[1]
 
