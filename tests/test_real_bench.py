@@ -36,3 +36,4 @@ def test_a_policy_variant_carries_its_parameters():
     assert config.policy == "hfx"
     assert config.policy_params == {"prefill_wait": "admitted", "mature_order": "maturity"}
     assert vllm_config("least-loaded", 8.0, 1).policy_params == {}
+    assert vllm_config("hfx:theta=0.8", 8.0, 1).policy_params == {"theta": 0.8}  # a number

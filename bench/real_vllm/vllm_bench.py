@@ -50,7 +50,7 @@ from hfx.backends.vllm.metrics import parse_metrics
 from hfx.backends.vllm.process import VLLMLaunch, VLLMPlacement, VLLMServer
 from hfx.backends.vllm.profiler import VLLMGrid, profile_vllm
 from hfx.cluster.provisioner import Plan
-from hfx.config import SimConfig
+from hfx.config import SimConfig, parse_params
 from hfx.engine import EngineConfig
 from hfx.evaluation import write_json
 from hfx.evaluation.calibration import Calibration, fit_calibration
@@ -200,8 +200,7 @@ def vllm_config(policy: str, qps: float, seed: int) -> SimConfig:
     """The simulated twin of the two servers: vLLM's chunked prefill and token budget.
     ``policy`` is a name, or ``NAME:KEY=VALUE,...`` with policy parameters (a variant)."""
     name, _, spec = policy.partition(":")
-    params = dict(kv.split("=", 1) for kv in spec.split(",")) if spec else {}
-    return SimConfig(policy=name, policy_params=params, qps=qps, instances=2, seed=seed,
+    return SimConfig(policy=name, policy_params=parse_params(spec), qps=qps, instances=2, seed=seed,
                      max_num_seqs=MAX_SEQS, kv_capacity_tokens=KV_TOKENS, block_size=BLOCK,
                      planner="chunked", max_num_batched_tokens=VLLM_TOKEN_BUDGET,
                      step_noise=0.0)
