@@ -424,8 +424,7 @@ class HFXDispatcher(Policy):
             best.add(req, self.kv_reserve(req))
             start = max(now, self._prefilled_at.get(best.id, now))
             self._prefilled_at[best.id] = start + e_p
-            at = (self.mature_after(now, start, e_p, best_c, best, model)
-                  if self.wait_admitted and mixed else self.next_maturity(now, e_p, best, model))
+            at = self.mature_after(now, start, e_p, best_c, best, model, mixed)
             self.maturity.set(best.id, max(self.maturity[best.id], at))
 
     def cached(self, req: Request) -> dict[int, int]:
@@ -693,13 +692,10 @@ class HFXDispatcher(Policy):
             sum_ck += c * k
         e_p = self.chunked(model.prefill_time(sum_len, sum_sq, sum_ck), sum_len, sh, model,
                            beside)
-        if self.wait_admitted and mixed:
-            start = max(now, self._prefilled_at.get(iid, now))
-            self._prefilled_at[iid] = start + e_p
-            self.maturity.set(iid, self.mature_after(now, start, e_p, sum_len, sh, model))
-        else:
-            self._prefilled_at[iid] = now + e_p
-            self.maturity.set(iid, self.next_maturity(now, e_p, sh, model))
+        # The seed's wait counts from now; "admitted" from the end of what was sent before.
+        start = max(now, self._prefilled_at.get(iid, now)) if self.wait_admitted and mixed else now
+        self._prefilled_at[iid] = start + e_p
+        self.maturity.set(iid, self.mature_after(now, start, e_p, sum_len, sh, model, mixed))
 
     # ---- what the P stage of P/D changes (HFX paper §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
@@ -722,15 +718,18 @@ class HFXDispatcher(Policy):
         return maturity_time(now, e_p, self.decode_step(sh, model), min_tpot)
 
     def mature_after(self, now: float, start: float, e_p: float, tokens: int,
-                     sh: ShadowInstance, model: StepTimeModel) -> float:
-        """``prefill_wait`` "admitted", on an engine that admits prompts at every step: the
-        next maturity after a batch of ``tokens`` new prompt tokens went to ``sh``, its prefill
-        (``e_p``) to start at ``start`` (after what was sent there before). Algorithm 1 waits
-        for the batch's prefill to end, and so does this while requests are left queued (Q_R
-        orders and admits them better than the engine's queue would). With none left it waits
-        only until the batch's last prefill step starts (of ``chunked``'s steps; the payback
-        is kept): the next request to arrive joins the engine's next step after the batch's,
-        as it would if held, and is not held meanwhile."""
+                     sh: ShadowInstance, model: StepTimeModel, mixed: bool) -> float:
+        """The next maturity after a batch of ``tokens`` new prompt tokens went to ``sh``, its
+        prefill (``e_p``) to start at ``start``. Algorithm 1 (``next_maturity``) waits for the
+        batch's prefill to end. With ``prefill_wait`` "admitted", on an engine that admits
+        prompts at every step (``mixed``), the wait counts from ``start`` (after what was sent
+        there before) and, while requests are left queued, is the same (Q_R orders and admits
+        them better than the engine's queue would); with none left it ends when the batch's
+        last prefill step starts (of ``chunked``'s steps; the payback is kept): the next
+        request to arrive joins the engine's next step after the batch's, as it would if
+        held, and is not held meanwhile."""
+        if not (self.wait_admitted and mixed):
+            return self.next_maturity(now, e_p, sh, model)
         at = self.next_maturity(start, e_p, sh, model)
         if self.num_queued():
             return at
