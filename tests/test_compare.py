@@ -77,6 +77,23 @@ def test_a_cell_scores_each_hfx_against_the_best_peer_and_never_against_itself()
     assert set(HFX) <= set(eq4["capacities"])
 
 
+def test_a_cell_says_when_the_goal_is_not_the_dispatchers_to_meet():
+    def rows(rr: float) -> list[dict]:
+        return [{"contender": n, "workload": w, "regime": 256, "seed": 0, "eq4": v,
+                 "deadline": v} for w in ("a", "b")
+                for n, v in (("hfx", 120.0), ("slos-serve", 100.0), ("rr", rr))]
+
+    # Round robin within 3% of the best contender (HFX here): fleet-bound.
+    eq4 = cells(rows(117.0))[0]
+    assert eq4["rr_share"] == pytest.approx(117 / 120) and eq4["note"] == "fleet-bound"
+    assert cells(rows(116.0))[0]["note"] == ""
+    # 1.2x the best peer (120) above the work bound: no dispatcher meets the goal there.
+    a, _, b, _ = cells(rows(80.0), {("a", 256): 119.0, ("b", 256): 121.0})
+    assert (a["note"], b["note"]) == ("goal above the bound", "")
+    assert a["bound"] == 119.0 and a["hfx_over_bound"] == pytest.approx(120 / 119)
+    assert "| 119.0 | 101% | goal above the bound |" in compare.headline([a])
+
+
 def test_every_contender_fits_the_budget_and_builds():
     for c in CONTENDERS.values():
         assert 1 <= len(c.grid) <= 12

@@ -11,6 +11,8 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
     python bench/experiments/compare.py --engine vllm --model llama-3-70b --hardware h200 \
         --tuned docs/data/compare_engine/vllm_1024.json ...  # a second model and hardware pair
 
+Each cell names its work bound (hfx/evaluation/bound.py, computed when the table is made):
+the most requests/s any dispatcher and engine could carry there, and HFX's share of it.
 A table is rendered from searches of one commit only (each row names its commit); --render
 --allow-mixed-commits prints one anyway, saying which contender ran at which.
 
@@ -41,6 +43,7 @@ from hfx.evaluation.compare import (
     TUNING_SEED,
     TUNING_WORKLOAD,
     WORKLOADS,
+    cell_bounds,
     cells,
     evaluate,
     headline,
@@ -90,7 +93,7 @@ def main() -> int:
         fleet = protocol.get("fleet")
         print(f"engine {protocol.get('engine') or 'each its own'}; fleet "
               + (f"{fleet['model']} on {fleet['hardware']}" if fleet else "each workload's own"))
-        print(headline(cells(result["searches"])))
+        print(headline(cells(result["searches"], cell_bounds(result["searches"]))))
         return 0
     fleet: dict[str, str] = {}
     if (args.model is None) != (args.hardware is None):
@@ -149,7 +152,7 @@ def main() -> int:
                          fleet=fleet)
         out["evaluation_seconds"] = round(time.perf_counter() - t1)
         out["searches"] = rows
-        out["table"] = cells(rows)
+        out["table"] = cells(rows, cell_bounds(rows))
         print(headline([c for c in out["table"] if c["workload"] == workload]), flush=True)
         if args.json:
             write_json(args.json, out)

@@ -13,8 +13,8 @@ def add_parser(sub: Any) -> None:
     cap = sub.add_parser("capacity", help="the highest sustained QPS at a target attainment",
                          description="Bisect over steady-state runs (--duration, default 300 s "
                          "after a 60 s --warmup) for the highest QPS whose attainment meets "
-                         "--target, per seed; print each seed's and the mean ± std. --qps is "
-                         "where the search starts.")
+                         "--target, per seed; print each seed's and the mean ± std, and the "
+                         "fleet's work bound. --qps is where the search starts.")
     cap.add_argument("--config", help="YAML file of options (flags override it)")
     cap.add_argument("--json", metavar="PATH", help="write the result here")
     cap.add_argument("--target", type=float, default=0.9,
@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
           f"{result['capacity_std']:.2g} QPS ({result['per_instance_mean']:.4g} per instance; "
           f"{len(result['seeds'])} seeds, {result['duration']:g} s steady state after "
           f"{result['warmup']:g} s warm-up)")
+    bound = result["work_bound"]
+    if bound is not None:
+        print(f"work bound {bound['qps']:.4g} QPS (the most any policy could carry here, "
+              f"counting work only: hfx/evaluation/bound.py); this capacity is "
+              f"{result['capacity_mean'] / bound['qps']:.0%} of it")
     if args.json:
         write_json(args.json, result)
     return 0

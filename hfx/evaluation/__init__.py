@@ -2,7 +2,8 @@
 with their tables and plots (sweep.py), run one after another, on a process pool or on a Ray
 cluster (runner.py); the seeds' experiment presets (presets.py); capacity, the highest QPS a
 fleet sustains at a target attainment, by bracketing and bisection over steady-state runs
-(capacity.py); the comparison protocol every policy is measured under (compare.py); a trace
+(capacity.py) and the most any policy could carry, counting work only (bound.py); the
+comparison protocol every policy is measured under (compare.py); a trace
 under every policy and fleet size (whatif.py); a profile calibrated on served runs
 (calibration.py); and the client that drives a live server (client.py). The workloads are
 hfx/workloads/, the metrics hfx/records/.
