@@ -24,6 +24,19 @@ def test_scan_is_strictest_tpot_first_then_arrival() -> None:
     assert q.min_tpot() == 0.1
 
 
+def test_shortest_first_orders_each_class_by_prompt_then_arrival() -> None:
+    q = SLOQueue(shortest_first=True)
+    lengths = {0: 300, 1: 50, 2: 300, 3: 10, 4: 50}
+    for i, n in lengths.items():
+        q.push(Request(f"r{i}", float(i), n, 10, SLO(1.0, 0.2 if i == 4 else 0.1)))
+    # The stricter TPOT class first, whatever its prompts; within it the shortest, then arrival.
+    assert ids(q) == ["r3", "r1", "r0", "r2", "r4"]
+    q.hide("r1")
+    q.push(Request("r5", 5.0, 20, 10, SLO(1.0, 0.1)))
+    q.show("r1")  # back in its place by length, behind the later but shorter r5
+    assert ids(q) == ["r3", "r5", "r1", "r0", "r2", "r4"]
+
+
 def test_hidden_requests_are_scanned_only_when_asked_for_in_their_places() -> None:
     q = SLOQueue()
     for r in (req(0, 0.2), req(1, 0.1), req(2, 0.2), req(3, 0.1), req(4, 0.1)):

@@ -80,6 +80,14 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   the engine's queue does. On real vLLM servers, where the profile is 1.5-2x faster than the
   loaded servers and the loop wakes late, the held requests are what misses (docs/results.md,
   "On real vLLM").
+- ``queue_order`` (ours; "arrival", the seed's, by default): "shortest" orders each TPOT class
+  of Q_R by prompt length, then arrival. Where a backlog forms some requests must miss, and
+  missing the longest prompts leaves the most in time: Moore's rule for the fewest late jobs
+  on one machine (J. M. Moore, "An n job, one machine sequencing algorithm for minimizing the
+  number of tardy jobs", Management Science 15(1), 1968) drops the longest job of the
+  schedule whenever one would be late, and the work bound (hfx/evaluation/bound.py) leaves the
+  costliest unserved the same way. Without a backlog the order changes nothing; under
+  sustained overload a class's long prompts are the ones that miss.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -191,6 +199,7 @@ MATURE_ORDERS = ("maturity", "lightest")
 # every step: the batch's whole prefill (Algorithm 1 as the seed has it), or only the start of
 # its last prefill step, as a prompt sent before then joins a step of its own anyway.
 PREFILL_WAITS = ("batch", "admitted")
+QUEUE_ORDERS = ("arrival", "shortest")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -219,7 +228,7 @@ class HFXDispatcher(Policy):
                  output_length: str = "history", tpot_guard: str = "eq5",
                  override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0, mature_order: str = "lightest",
-                 prefill_wait: str = "batch") -> None:
+                 prefill_wait: str = "batch", queue_order: str = "arrival") -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -250,7 +259,9 @@ class HFXDispatcher(Policy):
         self.prefill_cv = prefill_cv
         self.max_scan = int(max_scan)
         self.predictor = OutputLengthPredictor(output_length)
-        self.queue = SLOQueue()  # Q_R
+        if queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"queue_order must be one of {QUEUE_ORDERS}, got {queue_order!r}")
+        self.queue = SLOQueue(queue_order == "shortest")  # Q_R
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W

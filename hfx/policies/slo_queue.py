@@ -30,21 +30,24 @@ class _Entry:
 
     __slots__ = ("hidden", "key", "live", "placed", "request", "tpot")
 
-    def __init__(self, request: Request, tpot: float, key: tuple[float, int]) -> None:
+    def __init__(self, request: Request, tpot: float, key: tuple[float, int, int]) -> None:
         self.request = request
         self.tpot = tpot
-        self.key = key  # (start tag, 0 without fair shares; push order): its FIFO's order
+        # (start tag, 0 without fair shares; prompt length, 0 unless shortest first; push
+        # order): its FIFO's order
+        self.key = key
         self.live = True  # a scan of its FIFO yields it
         self.placed = False  # in its FIFO (a shown request waits for the next scan)
         self.hidden = False
 
 
-def _key(entry: _Entry) -> tuple[float, int]:
+def _key(entry: _Entry) -> tuple[float, int, int]:
     return entry.key
 
 
 class SLOQueue:
-    def __init__(self) -> None:
+    def __init__(self, shortest_first: bool = False) -> None:
+        self.shortest_first = shortest_first
         self._classes: dict[float, deque[_Entry]] = {}  # TPOT target → FIFO by key
         self._tpots: list[float] = []  # sorted keys of _classes
         self._entries: dict[str, _Entry] = {}  # queued requests by id
@@ -75,8 +78,9 @@ class SLOQueue:
             self.take(old.request)  # queued twice under one id: the later push stands
         self._pushed += 1
         tag = request.fair_tag
-        entry = _Entry(request, request.slo.tpot, (tag if tag is not None else 0.0,
-                                                   self._pushed))
+        entry = _Entry(request, request.slo.tpot, (
+            tag if tag is not None else 0.0,
+            request.prompt_len if self.shortest_first else 0, self._pushed))
         self._entries[request.id] = entry
         self._ttfts.add(request.slo.ttft)
         self._place(entry)
