@@ -102,6 +102,24 @@ def test_hfx_hopeless_request_is_best_effort_after_feasible_ones():
     assert [x.request.id for x in d.dispatch] == ["fresh", "late"]
 
 
+def test_hfx_best_effort_idle_waits_for_an_instance_with_nothing_in_flight():
+    pol = make_policy("hfx", best_effort="idle")
+    pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
+    pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 5.0)  # arrived 5 s ago: TTFT lost
+    d = pol.schedule(view(5.0, n=2))
+    # Q_R is empty once "fresh" goes, but its instance now has it in flight: "late" waits for
+    # the other, idle one (the default, "drained", would send it along with "fresh").
+    assert [(x.request.id, x.instance, x.best_effort) for x in d.dispatch] == [
+        ("fresh", 0, False), ("late", 1, True)]
+    pol = make_policy("hfx", best_effort="idle")
+    pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
+    pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 5.0)
+    assert [x.request.id for x in pol.schedule(view(5.0)).dispatch] == ["fresh"]
+    assert pol.schedule(view(6.0)).dispatch == [] and pol.num_queued() == 1  # still busy
+    with pytest.raises(ValueError, match="best_effort"):
+        make_policy("hfx", best_effort="never")
+
+
 def test_hfx_idle_instance_takes_work_beyond_the_budget():
     pol = make_policy("hfx")
     pol.enqueue(req("huge", 0.0, 9000, 0.7, 0.5), 0.0)  # more than Eq. 5 allows

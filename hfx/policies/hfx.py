@@ -88,6 +88,12 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   schedule whenever one would be late, and the work bound (hfx/evaluation/bound.py) leaves the
   costliest unserved the same way. Without a backlog the order changes nothing; under
   sustained overload a class's long prompts are the ones that miss.
+- ``best_effort`` (ours; "drained" by default): a hopeless request (above) goes to an instance
+  once Q_R is empty ("drained"), or only to an instance with nothing in flight ("idle"). A
+  prefill started in a lull is still running when the next feasible requests arrive: on
+  vLLM's engine its chunks go before theirs (running requests are scheduled first), and at
+  256 sequences it holds a sequence. Under load an instance is seldom idle, so with "idle"
+  hopeless requests wait for a lull or for ``--max-wait`` (hfx/cluster/admission.py).
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -200,6 +206,7 @@ MATURE_ORDERS = ("maturity", "lightest")
 # its last prefill step, as a prompt sent before then joins a step of its own anyway.
 PREFILL_WAITS = ("batch", "admitted")
 QUEUE_ORDERS = ("arrival", "shortest")
+BEST_EFFORTS = ("drained", "idle")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -228,7 +235,8 @@ class HFXDispatcher(Policy):
                  output_length: str = "history", tpot_guard: str = "eq5",
                  override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0, mature_order: str = "lightest",
-                 prefill_wait: str = "batch", queue_order: str = "arrival") -> None:
+                 prefill_wait: str = "batch", queue_order: str = "arrival",
+                 best_effort: str = "drained") -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -262,6 +270,9 @@ class HFXDispatcher(Policy):
         if queue_order not in QUEUE_ORDERS:
             raise ValueError(f"queue_order must be one of {QUEUE_ORDERS}, got {queue_order!r}")
         self.queue = SLOQueue(queue_order == "shortest")  # Q_R
+        if best_effort not in BEST_EFFORTS:
+            raise ValueError(f"best_effort must be one of {BEST_EFFORTS}, got {best_effort!r}")
+        self.best_effort_idle = best_effort == "idle"
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W
@@ -668,8 +679,10 @@ class HFXDispatcher(Policy):
                 used, deadline = n, min(deadline, own)
                 sum_sq, sum_ck = sum_sq + c * (k + c), sum_ck + c * k
         # Best effort only when no feasible request waits: hopeless work must not take the
-        # capacity of requests that can still make their SLO.
-        while (self._best_effort and not self.queue and len(admitted) < slots
+        # capacity of requests that can still make their SLO ("idle": only to an instance with
+        # nothing in flight, below).
+        while (self._best_effort and not self.best_effort_idle and not self.queue
+               and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit
                and not (shares and len(admitted) >= kept
                         and self._at_share(self._best_effort[0].tenant, admitted))):
