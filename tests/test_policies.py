@@ -93,7 +93,7 @@ def test_hfx_keeps_the_batch_within_its_earliest_deadline():
 
 
 def test_hfx_hopeless_request_is_best_effort_after_feasible_ones():
-    pol = make_policy("hfx")
+    pol = make_policy("hfx", best_effort="drained")
     pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 0.0)  # arrived 5 s ago: TTFT lost
     pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
     d = pol.schedule(view(5.0))
@@ -102,7 +102,7 @@ def test_hfx_hopeless_request_is_best_effort_after_feasible_ones():
     assert [x.request.id for x in d.dispatch] == ["fresh", "late"]
 
 
-def test_hfx_best_effort_idle_waits_for_an_instance_with_nothing_in_flight():
+def test_hfx_best_effort_idle_waits_for_an_instance_without_feasible_work_in_flight():
     pol = make_policy("hfx", best_effort="idle")
     pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
     pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 5.0)  # arrived 5 s ago: TTFT lost
@@ -111,6 +111,12 @@ def test_hfx_best_effort_idle_waits_for_an_instance_with_nothing_in_flight():
     # the other, idle one (the default, "drained", would send it along with "fresh").
     assert [(x.request.id, x.instance, x.best_effort) for x in d.dispatch] == [
         ("fresh", 0, False), ("late", 1, True)]
+    # Later hopeless ones may join the instance that runs only hopeless work, not the other.
+    pol.enqueue(req("later", 1.0, 100, 0.7, 0.5), 6.0)
+    pol.maturity.set(0, 6.0)
+    pol.maturity.set(1, 6.0)
+    assert [(x.request.id, x.instance) for x in pol.schedule(view(6.0, n=2)).dispatch] == [
+        ("later", 1)]
     pol = make_policy("hfx", best_effort="idle")
     pol.enqueue(req("fresh", 5.0, 100, 0.7, 0.5), 5.0)
     pol.enqueue(req("late", 0.0, 100, 0.7, 0.5), 5.0)
@@ -216,7 +222,7 @@ def test_hfx_sends_a_prompt_to_join_the_next_step_on_an_engine_that_admits_at_ev
         stats = InstanceStats(0, Role.COLOCATED, 0.0, 0, 0, 0, 0, 0, 6250, 16, 0, 1, 0.0, 0)
         view = ClusterView(0.0, [InstanceView(0, Role.COLOCATED, stats)], MODEL, PROFILE,
                            mixed_steps=True)
-        pol = make_policy("hfx", prefill_wait=prefill_wait)
+        pol = make_policy("hfx", prefill_wait=prefill_wait, queue_order="arrival")
         pol.enqueue(req("first", 0.0, 1000, 20.0, 1.0), 0.0)
         pol.enqueue(req("left", 0.0, 100, 20.0, 1.0), 0.0)
         assert len(pol.schedule(view).dispatch) == 1 and pol.num_queued() == 1

@@ -28,7 +28,9 @@ CELLS = (("vllm", "four-task", 2, 165.0, 120.0, 20.0), ("vllm", "two-task", 2, 1
          ("deadline-chunked", "bursty-four-task", 2, 164.0, 120.0, 20.0),
          ("deadline-chunked", "wikisql", 2, 35.0, 120.0, 20.0),
          ("deadline-chunked", "tiered-512-512", 2, 45.0, 120.0, 20.0),
-         ("deadline-chunked", "shared-prompts", 8, 15.6, 300.0, 100.0))
+         ("deadline-chunked", "tiered-4096-1024", 2, 5.0, 120.0, 20.0),
+         ("deadline-chunked", "shared-prompts", 8, 15.6, 300.0, 100.0),
+         ("deadline-chunked", "agent-loops", 8, 8.0, 300.0, 100.0))
 
 
 def one(job: tuple) -> dict:

@@ -80,20 +80,21 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   the engine's queue does. On real vLLM servers, where the profile is 1.5-2x faster than the
   loaded servers and the loop wakes late, the held requests are what misses (docs/results.md,
   "On real vLLM").
-- ``queue_order`` (ours; "arrival", the seed's, by default): "shortest" orders each TPOT class
-  of Q_R by prompt length, then arrival. Where a backlog forms some requests must miss, and
-  missing the longest prompts leaves the most in time: Moore's rule for the fewest late jobs
-  on one machine (J. M. Moore, "An n job, one machine sequencing algorithm for minimizing the
-  number of tardy jobs", Management Science 15(1), 1968) drops the longest job of the
-  schedule whenever one would be late, and the work bound (hfx/evaluation/bound.py) leaves the
+- ``queue_order`` (ours; "shortest" by default, "arrival" is the seed's): each TPOT class of Q_R
+  by prompt length, then arrival. Where a backlog forms some requests must miss, and missing
+  the longest prompts leaves the most in time: Moore's rule for the fewest late jobs on one
+  machine (J. M. Moore, "An n job, one machine sequencing algorithm for minimizing the number
+  of tardy jobs", Management Science 15(1), 1968) drops the longest job of the schedule
+  whenever one would be late, and the work bound (hfx/evaluation/bound.py) leaves the
   costliest unserved the same way. Without a backlog the order changes nothing; under
   sustained overload a class's long prompts are the ones that miss.
-- ``best_effort`` (ours; "drained" by default): a hopeless request (above) goes to an instance
-  once Q_R is empty ("drained"), or only to an instance with nothing in flight ("idle"). A
-  prefill started in a lull is still running when the next feasible requests arrive: on
-  vLLM's engine its chunks go before theirs (running requests are scheduled first), and at
-  256 sequences it holds a sequence. Under load an instance is seldom idle, so with "idle"
-  hopeless requests wait for a lull or for ``--max-wait`` (hfx/cluster/admission.py).
+- ``best_effort`` (ours; "idle" by default, "drained" as before): hopeless requests (above) go,
+  once Q_R is empty, only to an instance with no feasible request in flight ("idle": nothing,
+  or best-effort ones), or to any ("drained"). A prefill started in a lull is still running
+  when the next feasible requests arrive: on vLLM's engine its chunks go before theirs
+  (running requests are scheduled first), and it holds a sequence. Under load an instance is
+  seldom without a feasible request, so hopeless requests wait for a lull, or for
+  ``--max-wait`` (hfx/cluster/admission.py) where one is set.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -235,8 +236,8 @@ class HFXDispatcher(Policy):
                  output_length: str = "history", tpot_guard: str = "eq5",
                  override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0, mature_order: str = "lightest",
-                 prefill_wait: str = "batch", queue_order: str = "arrival",
-                 best_effort: str = "drained") -> None:
+                 prefill_wait: str = "batch", queue_order: str = "shortest",
+                 best_effort: str = "idle") -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -273,6 +274,7 @@ class HFXDispatcher(Policy):
         if best_effort not in BEST_EFFORTS:
             raise ValueError(f"best_effort must be one of {BEST_EFFORTS}, got {best_effort!r}")
         self.best_effort_idle = best_effort == "idle"
+        self._hopeless: set[str] = set()  # best-effort requests in flight (by id)
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W
@@ -679,9 +681,8 @@ class HFXDispatcher(Policy):
                 used, deadline = n, min(deadline, own)
                 sum_sq, sum_ck = sum_sq + c * (k + c), sum_ck + c * k
         # Best effort only when no feasible request waits: hopeless work must not take the
-        # capacity of requests that can still make their SLO ("idle": only to an instance with
-        # nothing in flight, below).
-        while (self._best_effort and not self.best_effort_idle and not self.queue
+        # capacity of requests that can still make their SLO ("idle": nor slow one in flight).
+        while (self._best_effort and not self.queue and self._hopeless_may_join(sh, admitted)
                and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit
                and not (shares and len(admitted) >= kept
@@ -706,6 +707,8 @@ class HFXDispatcher(Policy):
         sum_len = sum_sq = sum_ck = 0
         for req, best_effort in admitted:
             decision.dispatch.append(Dispatch(req, iid, best_effort=best_effort))
+            if best_effort:
+                self._hopeless.add(req.id)
             if shares:
                 self._taken[req.tenant] = self._taken.get(req.tenant, 0) + 1
             sh.add(req, self.kv_reserve(req))
@@ -766,7 +769,16 @@ class HFXDispatcher(Policy):
         """Output tokens whose KV the instance will hold for ``request``."""
         return self.predictor.predict(request)
 
+    def _hopeless_may_join(self, sh: ShadowInstance,
+                           admitted: list[tuple[Request, bool]]) -> bool:
+        """Whether best-effort requests may go to ``sh`` now that no feasible one waits: with
+        ``best_effort`` "idle", only where no request that can still meet its SLO is in flight
+        or joining (nothing, or best-effort ones only), which they would slow."""
+        return not self.best_effort_idle or (
+            all(best for _, best in admitted) and all(r in self._hopeless for r in sh.inflight))
+
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        self._hopeless.discard(record.request.id)
         sh = self.shadow.finished(record, record.instance, self.predictor)
         if sh is not None and sh.idle:
             self.maturity.set(sh.id, min(self.maturity[sh.id], view.now))
