@@ -94,7 +94,9 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   when the next feasible requests arrive: on vLLM's engine its chunks go before theirs
   (running requests are scheduled first), and it holds a sequence. Under load an instance is
   seldom without a feasible request, so hopeless requests wait for a lull, or for
-  ``--max-wait`` (hfx/cluster/admission.py) where one is set.
+  ``--max-wait`` (hfx/cluster/admission.py) where one is set. The pair against the seed's
+  at each workload's knee: +2 to +3 points on four-task, two-task and bursty-four-task, +7 to
+  +8 on wikisql, −2.5 on agent-loops (docs/results.md, "HFX's queue order and best effort").
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
