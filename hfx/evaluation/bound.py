@@ -20,7 +20,12 @@ left when every timing constraint is dropped and only work is counted (ours, fro
   output) count as cached for a later one, on every instance, never evicted.
 
 Hence, for N instances, λ ≤ N / (Σ cost of the cheapest ``target`` share / number of requests):
-no queueing, no TTFT, no TPOT, perfect balance and perfect reuse. A policy's capacity over the
+no queueing, no TTFT, no TPOT, perfect balance and perfect reuse. It is a steady-state bound:
+a finite run scored over a window lets the window's last arrivals be served in the drain
+after it (within their TTFT, up to 20 s for four-task's wikisql), so a measured capacity can
+pass it by a little (HFX on four-task at 1,024 sequences: 213.8 against 213.7; at 0.903
+attainment the bound is 210.1 and HFX attained that at 213 req/s with the default 60 s drain,
+0.857 with none). A policy's capacity over the
 bound is how much of the fleet's work it turned into attained requests; 1.2× the best peer
 above the bound is a goal no dispatcher can meet in that cell. Timing constraints are what the
 bound leaves out, so it is loose where TTFTs are tight against prefill (wikisql's 0.7 s) or
