@@ -849,6 +849,21 @@ def test_hfx_takes_a_miss_now_over_a_hit_that_would_start_too_late():
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("r", 0)]
 
 
+def test_hfx_queues_shortest_first_by_the_part_of_the_prompt_it_will_compute():
+    pol = make_policy("hfx")
+    hits = {"cached": {0: 4950}}
+    pol.schedule(cache_view(0.0, 1, hits))  # the dispatcher's view of the caches
+    pol.enqueue(req("plain", 0.0, 200, 2.0, 0.5), 0.0)
+    pol.enqueue(req("cached", 0.0, 5000, 2.0, 0.5), 0.0)  # 50 tokens to compute
+    pol.maturity.set(0, 1.0)  # nothing dispatched: the order is Q_R's
+    assert pol.schedule(cache_view(0.0, 1, hits)).dispatch == []
+    assert [r.id for r in pol.queue.scan(10)] == ["cached", "plain"]
+    pol = make_policy("hfx")  # no view of the caches yet: by the whole prompt
+    pol.enqueue(req("plain", 0.0, 200, 2.0, 0.5), 0.0)
+    pol.enqueue(req("cached", 0.0, 5000, 2.0, 0.5), 0.0)
+    assert [r.id for r in pol.queue.scan(10)] == ["plain", "cached"]
+
+
 def test_hfx_budgets_and_predicts_the_uncached_part_of_a_prompt():
     pol = make_policy("hfx")
     # Eq. 5 gives an idle instance 6,800 tokens: two whole 2,500-token prompts (as

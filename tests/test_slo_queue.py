@@ -35,6 +35,9 @@ def test_shortest_first_orders_each_class_by_prompt_then_arrival() -> None:
     q.push(Request("r5", 5.0, 20, 10, SLO(1.0, 0.1)))
     q.show("r1")  # back in its place by length, behind the later but shorter r5
     assert ids(q) == ["r3", "r5", "r1", "r0", "r2", "r4"]
+    # By the tokens it will compute where the caller knows them (a cached system prompt).
+    q.push(Request("r6", 6.0, 5000, 10, SLO(1.0, 0.1)), length=15)
+    assert ids(q)[:3] == ["r3", "r6", "r5"]
 
 
 def test_hidden_requests_are_scanned_only_when_asked_for_in_their_places() -> None:

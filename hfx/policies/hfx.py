@@ -277,6 +277,7 @@ class HFXDispatcher(Policy):
             raise ValueError(f"best_effort must be one of {BEST_EFFORTS}, got {best_effort!r}")
         self.best_effort_idle = best_effort == "idle"
         self._hopeless: set[str] = set()  # best-effort requests in flight (by id)
+        self._unmatched: list[Request] = []  # arrivals queued by prompt, until _by_uncached
         self._best_effort: deque[Request] = deque()
         self.shadow = Shadows()
         self.maturity = MaturityQueue()  # Q_W
@@ -313,6 +314,8 @@ class HFXDispatcher(Policy):
     def enqueue(self, request: Request, now: float) -> None:
         self._parked.unpark(request.id)  # a request resumed after a failure starts anew
         self.queue.push(request)
+        if self.queue.shortest_first:
+            self._unmatched.append(request)
         if request.fair_tag is not None:
             self._fair_new.append(request)
         if self.override:
@@ -342,6 +345,8 @@ class HFXDispatcher(Policy):
         self._past = view.fair_past
         if self._fair_new or self._promoted:
             self._promote()
+        if self._unmatched:
+            self._by_uncached()
         if self._taken:
             self._taken = {}
         self._step_tokens = view.step_tokens
@@ -393,6 +398,19 @@ class HFXDispatcher(Policy):
             if self._urgent and self._urgent[0][0] < decision.wake_at:
                 decision.wake_at = max(self._urgent[0][0], now + 1e-6)
         return decision
+
+    def _by_uncached(self) -> None:
+        """Shortest first by what each arrival will compute: its prompt less the most any
+        instance has cached (a turn over a cached system prompt is short). Read here, where
+        the caches are as the decision sees them, not at arrival."""
+        if self._view is not None:
+            for req in self._unmatched:
+                if self.queue.shown(req):
+                    length = req.prompt_len - max(self.cached(req).values(), default=0)
+                    if length != req.prompt_len:
+                        self.queue.take(req)
+                        self.queue.push(req, length)
+        self._unmatched.clear()
 
     def _lightness(self, iid: int) -> float:
         """How soon a prompt sent to a mature instance now gets its first token, relatively:

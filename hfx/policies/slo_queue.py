@@ -71,7 +71,9 @@ class SLOQueue:
         return entry is not None and (not entry.hidden
                                       or (also is not None and request.id in also))
 
-    def push(self, request: Request) -> None:
+    def push(self, request: Request, length: int | None = None) -> None:
+        """Queue ``request``; with shortest first, by ``length`` (the prompt tokens it will
+        compute: its prompt less what is cached) or else its prompt's."""
         assert request.slo is not None
         old = self._entries.get(request.id)
         if old is not None:
@@ -80,7 +82,8 @@ class SLOQueue:
         tag = request.fair_tag
         entry = _Entry(request, request.slo.tpot, (
             tag if tag is not None else 0.0,
-            request.prompt_len if self.shortest_first else 0, self._pushed))
+            (request.prompt_len if length is None else length) if self.shortest_first else 0,
+            self._pushed))
         self._entries[request.id] = entry
         self._ttfts.add(request.slo.ttft)
         self._place(entry)
