@@ -49,13 +49,16 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", required=True, help="policy parameters, key=value,...")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--workloads", default=None,
+                    help="only the cells of these workloads (comma-separated); default: all")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    jobs = [(cell, seed, v) for cell in CELLS for seed in range(args.seeds) for v in args.variants]
+    cells = [c for c in CELLS if args.workloads is None or c[1] in args.workloads.split(",")]
+    jobs = [(cell, seed, v) for cell in cells for seed in range(args.seeds) for v in args.variants]
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(one, jobs))
     table = []
-    for planner, workload, instances, qps, *_ in CELLS:
+    for planner, workload, instances, qps, *_ in cells:
         for v in args.variants:
             mine = [r for r in runs if (r["planner"], r["workload"], r["variant"])
                     == (planner, workload, v)]
