@@ -96,7 +96,7 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   seldom without a feasible request, so hopeless requests wait for a lull, or for
   ``--max-wait`` (hfx/cluster/admission.py) where one is set. The pair against the seed's
   at each workload's knee: +2 to +3 points on four-task, two-task and bursty-four-task, +7 to
-  +8 on wikisql, −2.5 on agent-loops (docs/results.md, "HFX's queue order and best effort").
+  +8 on wikisql, −2.1 on agent-loops (docs/results.md, "HFX's queue order and best effort").
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -701,9 +701,11 @@ class HFXDispatcher(Policy):
                 used, deadline = n, min(deadline, own)
                 sum_sq, sum_ck = sum_sq + c * (k + c), sum_ck + c * k
         # Best effort only when no feasible request waits: hopeless work must not take the
-        # capacity of requests that can still make their SLO ("idle": nor slow one in flight).
-        while (self._best_effort and not self.queue and self._hopeless_may_join(sh, admitted)
-               and len(admitted) < slots
+        # capacity of requests that can still make their SLO ("idle": nor slow one in flight;
+        # what the loop adds is hopeless, so asked once).
+        may_join = bool(self._best_effort) and not self.queue and self._hopeless_may_join(
+            sh, admitted)
+        while (may_join and self._best_effort and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit
                and not (shares and len(admitted) >= kept
                         and self._at_share(self._best_effort[0].tenant, admitted))):
@@ -795,7 +797,9 @@ class HFXDispatcher(Policy):
         ``best_effort`` "idle", only where no request that can still meet its SLO is in flight
         or joining (nothing, or best-effort ones only), which they would slow."""
         return not self.best_effort_idle or (
-            all(best for _, best in admitted) and all(r in self._hopeless for r in sh.inflight))
+            all(best for _, best in admitted)
+            and (len(sh.inflight) <= len(self._hopeless)
+                 and all(r in self._hopeless for r in sh.inflight)))
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self._hopeless.discard(record.request.id)
