@@ -224,23 +224,30 @@ def test_scaling_run_reports_events_and_loses_nothing(mode):
     assert r["cost_units"] != fixed["cost_units"]
 
 
-def test_scaler_grows_in_a_burst_and_shrinks_after_it_with_cool_down():
+@pytest.mark.parametrize(("params", "outs"), [
+    # HFX's queue as the seed has it: two scale-outs in the burst.
+    ({"queue_order": "arrival", "best_effort": "drained"}, 2),
+    # As it ships (shortest first): the burst needs one more instance, not two, and every
+    # request meets its SLO on three (attainment 1.000 against 0.9996 on four).
+    ({}, 1),
+])
+def test_scaler_grows_in_a_burst_and_shrinks_after_it_with_cool_down(params, outs):
     """Four-task: 10 s at 40 QPS, 10 s at 160, 20 s at 20 (tests/golden/traces/burst.jsonl) on
-    2 → 4 instances: two scale-outs in the burst, two scale-ins after it, each action at
-    least the cool-down after the last, every drained instance released."""
+    2 → 4 instances: scale-outs in the burst, as many scale-ins after it, each action at least
+    the cool-down after the last, every drained instance released."""
     trace = str(Path(__file__).parent / "golden" / "traces" / "burst.jsonl")
-    r = simulate(SimConfig(policy="hfx", workload=trace, max_instances=4))
+    r = simulate(SimConfig(policy="hfx", workload=trace, max_instances=4, policy_params=params))
     events = [(e["action"], e["time"], e["instance"]) for e in r["scale_events"]]
     decisions = [(a, t) for a, t, _ in events if a in ("scale_out", "scale_in")]
-    assert [a for a, _ in decisions] == ["scale_out", "scale_out", "scale_in", "scale_in"]
-    assert 10.0 <= decisions[0][1] < 20.0 and decisions[2][1] >= 20.0  # in the burst, after
+    assert [a for a, _ in decisions] == ["scale_out"] * outs + ["scale_in"] * outs
+    assert 10.0 <= decisions[0][1] < 20.0 and decisions[outs][1] >= 20.0  # in the burst, after
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(decisions)]
     assert min(gaps) >= 2.0  # the cool-down
     drained = {i for a, _, i in events if a == "scale_in"}
     assert drained == {i for a, _, i in events if a == "released"}
-    assert r["instances_max_used"] == 4 and r["finished"] == r["requests"]
-    # Cost follows the fleet: less than four instances for the whole run, more than two.
-    assert 2 < r["cost_units"] * 0.05 / r["sim_seconds"] < 4
+    assert r["instances_max_used"] == 2 + outs and r["finished"] == r["requests"]
+    # Cost follows the fleet: less than the most instances for the whole run, more than two.
+    assert 2 < r["cost_units"] * 0.05 / r["sim_seconds"] < 2 + outs
 
 
 class FakeFleet:
