@@ -703,8 +703,9 @@ class HFXDispatcher(Policy):
         # Best effort only when no feasible request waits: hopeless work must not take the
         # capacity of requests that can still make their SLO ("idle": nor slow one in flight;
         # what the loop adds is hopeless, so asked once).
-        may_join = bool(self._best_effort) and not self.queue and self._hopeless_may_join(
-            sh, admitted)
+        may_join = False
+        if self._best_effort and not self.queue:
+            may_join = self._hopeless_may_join(sh, admitted)
         while (may_join and self._best_effort and len(admitted) < slots
                and used + self._best_effort[0].prompt_len <= limit
                and not (shares and len(admitted) >= kept
@@ -796,10 +797,11 @@ class HFXDispatcher(Policy):
         """Whether best-effort requests may go to ``sh`` now that no feasible one waits: with
         ``best_effort`` "idle", only where no request that can still meet its SLO is in flight
         or joining (nothing, or best-effort ones only), which they would slow."""
-        return not self.best_effort_idle or (
-            all(best for _, best in admitted)
-            and (len(sh.inflight) <= len(self._hopeless)
-                 and all(r in self._hopeless for r in sh.inflight)))
+        if not self.best_effort_idle:
+            return True
+        if not all(best for _, best in admitted) or len(sh.inflight) > len(self._hopeless):
+            return False
+        return all(r in self._hopeless for r in sh.inflight)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self._hopeless.discard(record.request.id)
