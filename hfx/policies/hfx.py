@@ -408,8 +408,7 @@ class HFXDispatcher(Policy):
                 if self.queue.shown(req):
                     length = req.prompt_len - max(self.cached(req).values(), default=0)
                     if length != req.prompt_len:
-                        self.queue.take(req)
-                        self.queue.push(req, length)
+                        self.queue.push(req, length)  # in place of its entry by prompt
         self._unmatched.clear()
 
     def _lightness(self, iid: int) -> float:
