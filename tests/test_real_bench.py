@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.real_vllm.vllm_bench import vllm_config
-from bench.real_vllm.vllm_scheduler import interleaved, paired
+from bench.real_vllm.vllm_scheduler import contenders, interleaved, paired
 
 
 def test_repeats_alternate_the_policies_order():
@@ -15,20 +15,33 @@ def test_repeats_alternate_the_policies_order():
                                                (2, "a"), (2, "b"), (2, "c")]
 
 
-def test_paired_differences_match_runs_by_seed_and_repeat():
-    def run(policy: str, seed: int, repeat: int, att: float) -> dict:
-        return {"scheduler": "stock", "qps": 12.0, "policy": policy, "seed": seed,
+def test_paired_differences_match_runs_by_contender_seed_and_repeat():
+    def run(policy: str, scheduler: str, seed: int, repeat: int, att: float) -> dict:
+        return {"scheduler": scheduler, "qps": 12.0, "policy": policy, "seed": seed,
                 "repeat": repeat, "attainment": att}
 
-    runs = [run("hfx", 0, 0, 0.90), run("ll", 0, 0, 0.95),
-            run("hfx", 0, 1, 0.80), run("ll", 0, 1, 0.90),
-            run("hfx", 1, 0, 0.70), run("ll", 1, 0, 0.70),
-            run("ll", 2, 0, 0.10)]  # no pair: left out
-    out = paired(runs, "stock", 12.0, "ll", "hfx")
+    runs = [run("hfx", "hfx", 0, 0, 0.90), run("ll", "stock", 0, 0, 0.95),
+            run("hfx", "hfx", 0, 1, 0.80), run("ll", "stock", 0, 1, 0.90),
+            run("hfx", "hfx", 1, 0, 0.70), run("ll", "stock", 1, 0, 0.70),
+            run("hfx", "stock", 1, 1, 0.20),  # another contender: not hfx@hfx
+            run("ll", "stock", 2, 0, 0.10)]  # no pair: left out
+    out = paired(runs, 12.0, "ll@stock", "hfx@hfx")
     assert out["pairs"] == 3
     assert out["mean"] == pytest.approx(0.05)  # (0.05 + 0.10 + 0.00) / 3
     assert out["ci95"] == pytest.approx(1.96 * 0.05 / 3 ** 0.5, abs=1e-4)  # stdev 0.05
-    assert paired(runs, "hfx", 12.0, "ll", "hfx") == {}
+    assert paired(runs, 12.0, "ll@hfx", "hfx@hfx") == {}
+    assert paired(runs, 8.0, "ll@stock", "hfx@hfx") == {}
+
+
+def test_contenders_are_named_or_every_policy_on_every_scheduler():
+    assert contenders("hfx@hfx,least-loaded@stock", "stock,hfx", "hfx") == [
+        ("hfx", "hfx"), ("least-loaded", "stock")]
+    assert contenders("hfx:theta=0.8@stock", "", "") == [("hfx:theta=0.8", "stock")]
+    assert contenders(None, "stock,hfx", "hfx,ll") == [
+        ("hfx", "stock"), ("ll", "stock"), ("hfx", "hfx"), ("ll", "hfx")]
+    for bad in ("hfx", "hfx@sglang", "@stock"):
+        with pytest.raises(ValueError, match="POLICY@SCHEDULER"):
+            contenders(bad, "stock", "hfx")
 
 
 def test_a_policy_variant_carries_its_parameters():
