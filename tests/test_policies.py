@@ -876,6 +876,21 @@ def test_hfx_budgets_and_predicts_the_uncached_part_of_a_prompt():
     assert pol._prefilled_at[0] == pytest.approx(0.02 + 1e-4 * 300)
 
 
+def test_hfx_budgets_best_effort_requests_by_the_part_of_the_prompt_it_will_compute():
+    # Three hopeless 2,500-token requests (arrived 5 s ago) and Eq. 5's 6,800 tokens on an idle
+    # instance: two whole prompts fit, but all three with 2,400 of each cached there.
+    pol = make_policy("hfx")
+    for i in range(3):
+        pol.enqueue(req(f"r{i}", 0.0, 2500, 0.7, 0.5), 5.0)
+    d = pol.schedule(cache_view(5.0, 1, {f"r{i}": {0: 2400} for i in range(3)}))
+    assert [(x.request.id, x.best_effort) for x in d.dispatch] == [
+        ("r0", True), ("r1", True), ("r2", True)]
+    pol = make_policy("hfx")
+    for i in range(3):
+        pol.enqueue(req(f"r{i}", 0.0, 2500, 0.7, 0.5), 5.0)
+    assert [x.request.id for x in pol.schedule(cache_view(5.0, 1, {})).dispatch] == ["r0", "r1"]
+
+
 def test_hfx_deferral_to_a_cached_instance_follows_that_instance_as_it_changes():
     """The verdict of ``elsewhere`` is kept between scans: it must still move with the cached
     instance's maturity and its shadow (what it runs), read anew once either changes."""

@@ -97,6 +97,8 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   ``--max-wait`` (hfx/cluster/admission.py) where one is set. The pair against the seed's
   at each workload's knee: +2 to +3 points on four-task, two-task and bursty-four-task, +7 to
   +8 on wikisql, −2.1 on agent-loops (docs/results.md, "HFX's queue order and best effort").
+  Either way a best-effort request counts against Eq. 5's budget with the part of its prompt
+  the instance has not cached, as a feasible one does.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
   make every decision O(queue).
 - ``tpot_guard``: "eq5" (the seed's) protects the in-flight requests' TPOT with Eq. 5's budget
@@ -476,6 +478,11 @@ class HFXDispatcher(Policy):
         m = self._match(req, self._view.step_model) if self._view is not None else None
         return m.tokens if m is not None else _NONE
 
+    def _uncached(self, req: Request, iid: int) -> int:
+        """Tokens of ``req``'s prompt that instance ``iid`` would prefill: those it has not
+        cached."""
+        return req.prompt_len - self.cached(req).get(iid, 0)
+
     def _match(self, req: Request, model: StepTimeModel) -> _Match:
         view = self._view
         assert view is not None
@@ -706,12 +713,12 @@ class HFXDispatcher(Policy):
         if self._best_effort and not self.queue:
             may_join = self._hopeless_may_join(sh, admitted)
         while (may_join and self._best_effort and len(admitted) < slots
-               and used + self._best_effort[0].prompt_len <= limit
+               and used + self._uncached(self._best_effort[0], iid) <= limit
                and not (shares and len(admitted) >= kept
                         and self._at_share(self._best_effort[0].tenant, admitted))):
             req = self._best_effort.popleft()
             admitted.append((req, True))
-            used += req.prompt_len
+            used += self._uncached(req, iid)
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
             head = next((r for r in self._scan(also)
