@@ -96,7 +96,7 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   seldom without a feasible request, so hopeless requests wait for a lull, or for
   ``--max-wait`` (hfx/cluster/admission.py) where one is set. The pair against the seed's
   at each workload's knee: +2 to +3 points on four-task, two-task and bursty-four-task, +7 to
-  +8 on wikisql, −2.1 on agent-loops (docs/results.md, "HFX's queue order and best effort").
+  +8 on wikisql, −2 to −3 on agent-loops (docs/results.md, "HFX's queue order and best effort").
   Either way a best-effort request counts against Eq. 5's budget with the part of its prompt
   the instance has not cached, as a feasible one does.
 - The scan of Q_R is bounded (``max_scan`` requests per decision) so that a deep queue does not
