@@ -85,6 +85,15 @@ def test_hfx_paces_a_prompt_beside_decodes_as_its_own_planner_does(probed, vloop
     assert all({f"d{i}" for i in range(4)} <= set(s) for s in probed["paced"][1:])
 
 
+def test_hfx_paces_slower_steps_with_smaller_chunks(probed):
+    """Steps that take over 4x the profile count as 4x (pacing.PACE_RANGE), each moving the pace
+    by 5%: 1.15 and 1.29 after the decodes' two steps, then 1.43, 1.56, 1.68. The 50 ms TPOT's
+    budget, (50 − 10·s) / (0.1·s), is 286, 250, 221 tokens; the last 243 are under two budgets
+    (197) and run whole."""
+    assert prompt_chunks(probed["slow"]) == [286, 250, 221, 243]
+    assert prompt_chunks(probed["paced"]) == [400, 600]  # the same steps, quick: the profile
+
+
 def test_hfx_runs_a_prompt_whole_when_paced_chunks_would_miss_its_ttft(probed, vloop):
     # 300 ms to the deadline: paced (3 × 50 ms) > 0.4 × 300 ms, alone 110 ms keeps it.
     assert prompt_chunks(probed["tight"]) == [1000] == own_engine_chunks(vloop, 0.3)

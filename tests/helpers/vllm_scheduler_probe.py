@@ -67,8 +67,12 @@ def request(rid: str, prompt: int, out: int, xargs: object = None,
                    block_hasher=_hasher, priority=priority)
 
 
-def step(s: Scheduler, preempted: list[list[str]] | None = None) -> dict[str, int]:
+def step(s: Scheduler, preempted: list[list[str]] | None = None,
+         pause: float = 0.0) -> dict[str, int]:
+    """One step; ``pause`` seconds pass between scheduling it and its output, as a model
+    that runs that long would take."""
     out = s.schedule()
+    time.sleep(pause)
     if preempted is not None:
         preempted.append(sorted(out.preempted_req_ids or ()))
     scheduled = dict(out.num_scheduled_tokens)
@@ -84,16 +88,17 @@ def step(s: Scheduler, preempted: list[list[str]] | None = None) -> dict[str, in
 
 
 def prompt_beside_decodes(cls: type[Scheduler], checkpoint: str, profile: str | None,
-                          head_xargs: object, decode_xargs: object) -> list[dict[str, int]]:
+                          head_xargs: object, decode_xargs: object,
+                          pause: float = 0.0) -> list[dict[str, int]]:
     """Four requests decoding (one prefill step, then one decode step), then a 1,000-token
     prompt arrives; the steps until it has its first token."""
     s = scheduler(cls, checkpoint, profile)
     for i in range(4):
         s.add_request(request(f"d{i}", 32, 50, decode_xargs))
-    steps = [step(s), step(s)]
+    steps = [step(s, pause=pause), step(s, pause=pause)]
     s.add_request(request("p", 1000, 4, head_xargs))
     for _ in range(4):
-        steps.append(step(s))
+        steps.append(step(s, pause=pause))
         if s.requests["p"].num_output_tokens:
             break
     return steps
@@ -140,6 +145,9 @@ def main() -> None:
     results = {
         "stock": prompt_beside_decodes(Scheduler, checkpoint, None, slo, slo),
         "paced": prompt_beside_decodes(HFXScheduler, checkpoint, str(profile), slo, slo),
+        # Every step takes 0.25 s, over 4x what the profile predicts (at most 50 ms here).
+        "slow": prompt_beside_decodes(HFXScheduler, checkpoint, str(profile), slo, slo,
+                                      pause=0.25),
         "tight": prompt_beside_decodes(HFXScheduler, checkpoint, str(profile), tight, slo),
         "no_profile": prompt_beside_decodes(HFXScheduler, checkpoint,
                                             str(folder / "absent.json"), slo, slo),

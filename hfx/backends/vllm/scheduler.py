@@ -16,7 +16,10 @@ Each step, before vLLM's own ``schedule`` runs:
 
 * the prefill budget is what keeps the step within the tightest TPOT of the decoding requests
   (``pacing.time2bs``, PolyServe §4.5), from the step-time profile (``hfx profile``'s JSON,
-  re-read when the file changes: ``hfx serve`` writes it once it has measured the servers);
+  re-read when the file changes: ``hfx serve`` writes it once it has measured the servers),
+  scaled by the pace the steps measure (``pacing.StepPace``: each step's time from
+  ``schedule`` to ``update_from_output`` against the profile's prediction, never below it): a
+  server that runs slower while it serves than when it was profiled gets smaller chunks;
 * the first prompt to plan (one under way, else the head of the waiting queue) runs whole
   rather than in paced chunks when the chunks would cost it its TTFT and its prefill alone
   would not (``pacing.runs_whole``, HFX's deadline override); else a paced chunk;
@@ -49,7 +52,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from hfx.backends.vllm.slo_args import slo_of
 from hfx.backends.vllm.waiting import DeadlineRequestQueue
-from hfx.engine.planners.pacing import runs_whole, time2bs
+from hfx.engine.planners.pacing import StepPace, runs_whole, step_time, time2bs
 
 # Under vLLM's logger: its server log shows these beside its own.
 log = logging.getLogger("vllm.hfx_scheduler")
@@ -78,6 +81,14 @@ class _Coefficients:
             raise ValueError("prefill b must be > 0")
 
 
+def _scaled(model: _Coefficients, scale: float) -> _Coefficients:
+    """``model`` with every coefficient times ``scale``: steps that run ``scale`` times slower."""
+    out = _Coefficients.__new__(_Coefficients)
+    for name in _COEFFICIENTS:
+        setattr(out, name, getattr(model, name) * scale)
+    return out
+
+
 def _term(phase: dict[str, Any], name: str) -> float:
     value = float(phase[name])
     if not math.isfinite(value) or value < 0:
@@ -88,6 +99,8 @@ def _term(phase: dict[str, Any], name: str) -> float:
 class _HFXPlanning:
     """The step planning, mixed in before vLLM's Scheduler (sync) or AsyncScheduler: its
     ``super()`` is that scheduler."""
+
+    HFX_TIMES_STEPS = False  # whether a step's time is schedule() to update_from_output()
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
@@ -106,6 +119,9 @@ class _HFXPlanning:
         self._hfx_threshold = \
             self.scheduler_config.long_prefill_token_threshold  # type: ignore[attr-defined]
         self.hfx_planned_steps = 0  # steps planned here (the rest fell back to stock)
+        # The steps' measured pace against the profile; the plan scales the profile by it.
+        self.hfx_pace = StepPace()
+        self._hfx_step: tuple[float, float] | None = None  # (started, predicted) in flight
         # Waiting requests by TTFT deadline, the late last (waiting.py), as HFX's
         # deadline-chunked planner in the simulator orders them.
         self.waiting = DeadlineRequestQueue(self._hfx_deadline)
@@ -148,11 +164,14 @@ class _HFXPlanning:
                         path, e)
 
     # ---- the plan -----------------------------------------------------------------------------
-    def _hfx_plan(self) -> tuple[int, int] | None:
-        """(token budget, a prompt's largest chunk) for this step; None: plan as stock vLLM."""
-        model = self.hfx_model
-        if model is None:
+    def _hfx_plan(self) -> tuple[tuple[int, int] | None, float, int] | None:
+        """None without a profile; else (the plan: token budget and a prompt's largest chunk
+        for this step, None to plan as stock vLLM; the decodes' context; their count)."""
+        profiled = self.hfx_model
+        if profiled is None:
             return None
+        scale = self.hfx_pace.scale
+        model = profiled if scale == 1.0 else _scaled(profiled, scale)
         running: list[Any] = self.running  # type: ignore[attr-defined]
         decoding, prompts = [], []
         t0: float | None = None
@@ -172,7 +191,7 @@ class _HFXPlanning:
         if head is not None:
             seen_slo = seen_slo or any(v is not None for v in self._hfx_slo(head))
         if head is None or not seen_slo:
-            return None
+            return None, ctx, len(decoding)
         full = self._hfx_budget
         paced = full if t0 is None else max(1, min(full, time2bs(model, t0, ctx, len(decoding))))
         remaining = head.num_tokens - head.num_computed_tokens
@@ -183,7 +202,7 @@ class _HFXPlanning:
         chunk = max(paced, remaining) if runs_whole(model, remaining, paced, t0, left,
                                                     self.hfx_slack_share) else paced
         budget = min(full, len(decoding) + chunk)
-        return budget, max(1, min(chunk, budget))
+        return (budget, max(1, min(chunk, budget))), ctx, len(decoding)
 
     def _hfx_waiting_head(self) -> Any:
         waiting = self.waiting  # type: ignore[attr-defined]
@@ -191,27 +210,43 @@ class _HFXPlanning:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         schedule = super().schedule  # type: ignore[misc]
-        plan = None
+        started = time.monotonic()
+        planned = None
         if not self._hfx_failed:
             try:
                 self.waiting.settle(time.time())
                 self._hfx_load_profile()
-                plan = self._hfx_plan()
+                planned = self._hfx_plan()
             except Exception:  # a plan it cannot make: this step, and the rest, go stock
                 self._hfx_failed = True
                 log.exception("HFX scheduler: planning failed; vLLM's own scheduling from now")
+        plan = planned[0] if planned is not None else None
         if plan is None:
-            return schedule(*args, **kwargs)
-        config = self.scheduler_config  # type: ignore[attr-defined]
-        self.max_num_scheduled_tokens, config.long_prefill_token_threshold = plan
-        if not self.hfx_planned_steps:
-            log.info("HFX scheduler: planning steps from each request's SLO")
-        self.hfx_planned_steps += 1
-        try:
-            return schedule(*args, **kwargs)
-        finally:
-            self.max_num_scheduled_tokens = self._hfx_budget
-            config.long_prefill_token_threshold = self._hfx_threshold
+            out = schedule(*args, **kwargs)
+        else:
+            config = self.scheduler_config  # type: ignore[attr-defined]
+            self.max_num_scheduled_tokens, config.long_prefill_token_threshold = plan
+            if not self.hfx_planned_steps:
+                log.info("HFX scheduler: planning steps from each request's SLO")
+            self.hfx_planned_steps += 1
+            try:
+                out = schedule(*args, **kwargs)
+            finally:
+                self.max_num_scheduled_tokens = self._hfx_budget
+                config.long_prefill_token_threshold = self._hfx_threshold
+        model = self.hfx_model
+        if (self.HFX_TIMES_STEPS and planned is not None and model is not None
+                and out.total_num_scheduled_tokens):
+            _, ctx, decodes = planned
+            prefill = max(0, out.total_num_scheduled_tokens - decodes)
+            self._hfx_step = (started, step_time(model, ctx, decodes, prefill))
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        step, self._hfx_step = self._hfx_step, None
+        if step is not None:  # schedule, execute, then this: the step's time (EngineCore.step)
+            self.hfx_pace.observe(step[1], time.monotonic() - step[0])
+        return super().update_from_output(*args, **kwargs)  # type: ignore[misc]
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         self._hfx_slos.pop(request.request_id, None)
@@ -221,6 +256,11 @@ class _HFXPlanning:
 class HFXScheduler(_HFXPlanning, Scheduler):
     """vLLM's Scheduler, each step planned by HFX (module docstring)."""
 
+    HFX_TIMES_STEPS = True
+
 
 class HFXAsyncScheduler(_HFXPlanning, AsyncScheduler):
-    """The same over vLLM's AsyncScheduler, for servers run with ``--async-scheduling``."""
+    """The same over vLLM's AsyncScheduler, for servers run with ``--async-scheduling``. Its
+    steps overlap the next one's scheduling, so their pace is not measured: the profile's."""
+
+    HFX_TIMES_STEPS = False
