@@ -123,19 +123,18 @@ def main() -> int:
     # A pair of servers per scheduler, all up at once and bound to the same cores: one pair
     # serves at a time (an idle vLLM server waits on its queue), so that the contenders can be
     # interleaved whichever scheduler each runs on.
+    launches = {scheduler: replace(mini_launch(args.vllm_python, checkpoint), scheduler=scheduler)
+                for scheduler in dict.fromkeys(s for _, s in field)}
     pairs: dict[str, list] = {}
     try:
-        for scheduler in dict.fromkeys(s for _, s in field):
-            launch = replace(mini_launch(args.vllm_python, checkpoint), scheduler=scheduler)
+        for scheduler, launch in launches.items():
             pairs[scheduler] = cold_starts(launch, 2)[0]
-            if scheduler == "hfx":  # as hfx serve gives it to the servers it starts
-                scheduler_profile = launch.scheduler_profile
         first = next(iter(pairs.values()))
         profile = profile_vllm([s.url for s in first], VLLMGrid.quick(), KV_TOKENS, BLOCK,
                                checkpoint, progress=True)
         result["profile"] = profile.to_json()
-        if "hfx" in pairs:
-            profile.save(scheduler_profile)
+        if "hfx" in launches:  # as hfx serve gives it to the servers it starts
+            profile.save(launches["hfx"].scheduler_profile)
         for seed in range(args.seeds):
             for qps in args.qps:
                 requests = with_prompts(generate("four-task", qps, seed,

@@ -712,13 +712,15 @@ class HFXDispatcher(Policy):
         may_join = False
         if self._best_effort and not self.queue:
             may_join = self._hopeless_may_join(sh, admitted)
-        while (may_join and self._best_effort and len(admitted) < slots
-               and used + self._uncached(self._best_effort[0], iid) <= limit
-               and not (shares and len(admitted) >= kept
-                        and self._at_share(self._best_effort[0].tenant, admitted))):
-            req = self._best_effort.popleft()
+        while may_join and self._best_effort and len(admitted) < slots:
+            req = self._best_effort[0]
+            c = self._uncached(req, iid)
+            if used + c > limit or (shares and len(admitted) >= kept
+                                    and self._at_share(req.tenant, admitted)):
+                break
+            self._best_effort.popleft()
             admitted.append((req, True))
-            used += self._uncached(req, iid)
+            used += c
         if not admitted and sh.idle and slots > 0:
             # Nothing in flight to protect: take the most urgent request whatever the budget.
             head = next((r for r in self._scan(also)
