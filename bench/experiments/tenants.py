@@ -11,6 +11,10 @@ runs per seed, each a steady-state run (warm-up left out of every figure):
 * ``flood+fair``: with the flood, fair shares on (``--fair-share``, hfx/cluster/fair_share.py);
 * ``calm+fair``: the calm tenants alone, fair shares on (what they cost when nothing floods).
 
+``--flood-tasks`` keeps only some of the flood's tasks (its other arrivals left out): with
+fair shares off, a flood of only its cheapest tasks shows how much of the fleet the calm
+tenants' whole demand leaves it, an upper bound on the goodput of any fair order.
+
 Reported per run and tenant: SLO attainment (a request still pending at the end is a miss),
 median TTFT, requests; the fleet's goodput (requests that met their SLO per second, and their
 prompt and output tokens per second); Jain's
@@ -53,7 +57,11 @@ def one(scenario: str, seed: int, args: argparse.Namespace) -> dict:
         requests += tenant_requests(tenant, args.calm_qps, 100 * seed + i, args.duration)
     if flood:
         rate = args.flood_share * args.capacity / (len(CALM) + 1)
-        requests += tenant_requests("flood", rate, 100 * seed + 9, args.duration)
+        flood_reqs = tenant_requests("flood", rate, 100 * seed + 9, args.duration)
+        if args.flood_tasks:  # the same arrivals, the other tasks' left out
+            keep = set(args.flood_tasks.split(","))
+            flood_reqs = [r for r in flood_reqs if r.task in keep]
+        requests += flood_reqs
     requests.sort(key=lambda r: (r.arrival, r.id))
     config = SimConfig(workload="four-task", instances=args.instances, policy=args.policy,
                        max_num_seqs=1024, qps=len(requests) / args.duration, seed=seed,
@@ -120,6 +128,10 @@ def main() -> int:
                     "2 instances, 1,024 sequences)")
     ap.add_argument("--calm-qps", type=float, default=30.0, help="each calm tenant's rate")
     ap.add_argument("--flood-share", type=float, default=10.0)
+    ap.add_argument("--flood-tasks", default="",
+                    help="comma-separated four-task tasks the flood keeps (default: all): a "
+                    "flood of only the cheapest tasks bounds what any order of the calm "
+                    "tenants' requests can leave the flood")
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--seeds", type=int, default=2)
@@ -139,7 +151,7 @@ def main() -> int:
                   for t, p in r["tenants"].items()))
     result = {"command": "python bench/experiments/tenants.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                  if k not in ("json", "jobs")),
+                  if k not in ("json", "jobs") and v != ""),
               "commit": subprocess.run(["git", "describe", "--always", "--dirty"],
                                        capture_output=True, text=True).stdout.strip(),
               "runs": runs, "summary": summary(runs)}
