@@ -299,3 +299,64 @@ def test_scorpio_wakes_for_no_queue_that_was_emptied():
     assert pol.withdraw("queued")  # the client went away: nothing waits any more
     v.now = 0.1
     assert pol.schedule(v).wake_at is None
+
+
+def test_polyserve_kv_peak_counts_requests_growing_and_exiting():
+    """PolyServe §4.5: the KV over a new request's life, its requests growing a token an
+    iteration and exiting at their predicted ends. Running: a (2 iterations left, 108 tokens
+    now) and b (109 left, 1000 now); a new prompt of 50."""
+    from hfx.policies.polyserve import _Exits
+
+    def exits_of(*rows: tuple[float, float]) -> _Exits:
+        exits = _Exits(0, 0.0)
+        for k, (remaining, held) in enumerate(rows):
+            exits.join(str(k), remaining, held)
+        exits.fold()
+        return exits
+
+    exits = exits_of((109.0, 1000.0), (2.0, 108.0))
+    # 20 iterations: at 0, 1158; just before a exits (t = 2), 1108 + 2·2 + 50 + 2 = 1164; at
+    # the end, b alone: 1000 + 20 + 50 + 20 = 1090.
+    assert exits.peak(50, 20) == 1164
+    # 200: just before b exits (t = 109), 1000 + 109 + 50 + 109 = 1268; grown without exits,
+    # it would be 1108 + 50 + 3·200 = 1758.
+    assert exits.peak(50, 200) == 1268
+    assert exits.peak(50, 1) == 1108 + 2 * 1 + 50 + 1
+    # Exits are binned, each at its bin's upper edge: 100 left counts as 109 (never early).
+    assert exits_of((100.0, 1000.0), (2.0, 108.0)).peak(50, 200) == 1268
+    # b leaves: a alone, then the new request.
+    exits.leave("0")
+    exits.fold()
+    assert exits.peak(50, 200) == 50 + 200
+
+
+def test_polyserve_shares_what_the_snapshot_shows_generated_by_time_since_placement():
+    """The snapshot's context less the prompts is what the running requests generated; an
+    older request has generated more of it, exits sooner and holds more KV. One placed after
+    the snapshot has generated nothing."""
+    pol = make_policy("polyserve")
+    pol.schedule(view(1, now=10.0))  # learns the engine: the iteration table
+    sh = pol.shadow[0]
+    for k, placed in enumerate([0.0] * 4 + [6.0] * 4 + [12.0]):
+        r = req(f"r{k}", 0.1)
+        sh.add(r, 150.0)
+        pol._placed_at[r.id] = placed
+    pol._stats_time[0] = 10.0
+    sh.decode_ctx += 560  # generated: 560 tokens over 4·10 + 4·4 s of age, 10 per second
+    exits = pol._exits(sh)
+    # The old four: 100 out, 50 left (binned: 56), 200 held; the young four: 40 out, 110 left
+    # (136), 140 held; the last: 150 left (170), 100 held.
+    assert exits.ctx_from[0] == 4 * 200 + 4 * 140 + 100
+    # The peak of a new empty request living 1000 iterations is just before the old four
+    # exit: 1460 + (9 + 1)·56 (ignoring their progress: 900 + 10·170 = 2600).
+    assert exits.peak(0, 1000) == 1460 + 10 * 56
+    # A request placed now joins them as a rebuild would count it: all its output ahead.
+    before, late = sh.version, req("late", 0.1)
+    sh.add(late, 150.0)
+    pol._placed_at[late.id] = 10.0
+    pol._joined(sh, late, before)
+    joined = pol._exit_cache[0]
+    assert joined.version == sh.version and pol._exits(sh) is joined
+    del pol._exit_cache[0]
+    rebuilt = pol._exits(sh)
+    assert (joined.peaks, joined.ctx_from) == (rebuilt.peaks, rebuilt.ctx_from)

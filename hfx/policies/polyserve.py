@@ -14,11 +14,16 @@
   (Promoting before taking an idle instance, our first reading, let looser tiers fill the
   tightest tier's instances and starved it: four-task on 4 instances attained 0.50.)
 - Admission check on an instance: predicted iteration time from a (batch size, KV size) table
-  (``IterationTable``, built from the step-time profile), with the KV cache grown as its requests
-  progress over the new request's predicted life (average output length); it must stay within the
-  instance's tier TPOT and leave a prefill chunk of at least ``min_chunk`` tokens. TTFT:
-  continuous chunked-prefill prediction — the rest of the current iteration (wait time), then one
-  iteration per chunk for the prompts queued there and this one, within arrival + TTFT.
+  (``IterationTable``, built from the step-time profile), at the most KV the instance holds over
+  the new request's predicted life (average output length), its requests growing a token an
+  iteration and each exiting at its own predicted end (§4.5: it "simulates future iterations
+  and computes the maximum KV cache size as requests grow in length, and exits when finished";
+  ``_Exits``; the tokens the snapshot shows generated, shared out by time since placement); it
+  must stay within the instance's tier TPOT (``kv_future="grow"``, our first reading: every
+  request grows through the new one's life, none exits) and leave a prefill chunk of at least
+  ``min_chunk`` tokens. TTFT: continuous chunked-prefill prediction — the rest of the current
+  iteration (wait time), then one iteration per chunk for the prompts queued there and this
+  one, within arrival + TTFT.
 - Scale down (§4.3, §4.4): an instance with nothing in flight returns to the idle pool; one that
   runs only other tiers' requests is on the pending list, free to join a tier that needs one.
 - Inside an instance: continuous batching with dynamic chunking (planner ``tpot-chunked``).
@@ -114,13 +119,87 @@ class _Stuck:
     whole: bool  # it walked the whole queue
 
 
+KV_FUTURES = ("exits", "grow")
+# Iterations left, binned: a request is taken to exit at its bin's upper edge (at most 25%
+# late, so the KV is never under-counted), which keeps a rebuild to one pass with no sort.
+_EDGES: tuple[float, ...] = (*sorted({math.ceil(1.25 ** k) for k in range(44)}), math.inf)
+
+
+class _Exits:
+    """An instance's running requests as PolyServe §4.5 sees them over the future: each
+    grows a token an iteration and exits after its predicted output; ``peak`` is the most KV
+    they and a new request hold while the new one runs. Requests join and leave one at a time
+    (``join``, ``leave``) between rebuilds."""
+
+    __slots__ = ("alive_from", "at", "count", "ctx", "ctx_from", "peaks", "rows", "version")
+
+    def __init__(self, version: int, at: float) -> None:
+        self.version, self.at = version, at
+        nb = len(_EDGES)
+        self.count = [0] * nb  # requests per bin of iterations left
+        self.ctx = [0.0] * nb  # the KV they hold now
+        self.rows: dict[str, tuple[int, float]] = {}  # request → (its bin, the KV it holds)
+        self.alive_from = [0] * (nb + 1)
+        self.ctx_from = [0.0] * (nb + 1)
+        self.peaks = [0.0] * nb
+
+    def join(self, request_id: str, remaining: float, held: float) -> None:
+        """A request with ``remaining`` iterations left holding ``held`` KV tokens; ``fold``
+        before the next ``peak``."""
+        b = bisect.bisect_left(_EDGES, remaining)
+        self.rows[request_id] = (b, held)
+        self.count[b] += 1
+        self.ctx[b] += held
+
+    def leave(self, request_id: str) -> None:
+        row = self.rows.pop(request_id, None)
+        if row is not None:
+            b, held = row
+            self.count[b] -= 1
+            self.ctx[b] -= held
+
+    def fold(self) -> None:
+        """The sums ``peak`` reads, over the bins (a few dozen, whatever the batch)."""
+        count, ctx, edges = self.count, self.ctx, _EDGES
+        nb = len(edges)
+        # alive_from[b], ctx_from[b]: the requests of bins b.. (exiting at edges[b] or later)
+        # and the KV they hold now.
+        alive_from, ctx_from = self.alive_from, self.ctx_from
+        for b in range(nb - 1, -1, -1):
+            alive_from[b] = alive_from[b + 1] + count[b]
+            ctx_from[b] = ctx_from[b + 1] + ctx[b]
+        # peaks[b]: the most KV before edges[b], the new request's own growth counted in (its
+        # prompt is added by ``peak``). Between two exits the KV only grows: the peaks are just
+        # before each.
+        peaks = self.peaks
+        best = peaks[0] = ctx_from[0]
+        for b in range(nb - 1):
+            if count[b]:
+                best = max(best, ctx_from[b] + (alive_from[b] + 1) * edges[b])
+            peaks[b + 1] = best
+
+    def peak(self, prompt: int, life: float) -> float:
+        """The largest KV over the ``life`` iterations of a new request of ``prompt``
+        tokens: just before each exit within its life, or at its end."""
+        k = bisect.bisect_left(_EDGES, life)  # bins 0..k-1 exit before its end
+        end = self.ctx_from[k] + (self.alive_from[k] + 1) * life
+        return prompt + max(self.peaks[k], end)
+
+
 class PolyServe(Policy):
     name = "polyserve"
     planner = TPOTChunkedPlanner.name
 
     def __init__(self, min_chunk: int = 64, max_misses: int = 8,
-                 output_length: str = "history") -> None:
+                 output_length: str = "history", kv_future: str = "exits") -> None:
+        if kv_future not in KV_FUTURES:
+            raise ValueError(f"polyserve kv_future must be one of {', '.join(KV_FUTURES)}, "
+                             f"got {kv_future!r}")
         self.min_chunk = int(min_chunk)
+        # How the admission check sees the KV over a new request's life: "exits" (§4.5, each
+        # request exiting at its predicted end) or "grow" (every one growing through it, none
+        # exiting: our first reading, more conservative; tuning chooses).
+        self.kv_exits = kv_future == "exits"
         # Requests of one tier that may fail to place in one call before the rest of the tier
         # waits for the next (bounds a call's work; the tier is in deadline order).
         self.max_misses = int(max_misses)
@@ -148,6 +227,10 @@ class PolyServe(Policy):
         # overload most calls were such walks).
         self._moves = 0
         self._stuck: dict[float, _Stuck] = {}
+        # When each in-flight request was placed (its progress since), and each instance's
+        # requests as they grow and exit (``_exits``).
+        self._placed_at: dict[str, float] = {}
+        self._exit_cache: dict[int, _Exits] = {}
         # What a call reads and events rarely change, kept between calls: each tier's
         # instances (and the tiers' version and view version they are of), the instances
         # accepting work, and those that finished a request since the last call.
@@ -205,7 +288,10 @@ class PolyServe(Policy):
             return False
         out_len = self.predictor.predict(req)
         batch = sh.batch_size + 1
-        kv_max = sh.decode_ctx + req.prompt_len + batch * out_len  # grown over its life
+        if self.kv_exits:
+            kv_max = self._exits(sh).peak(req.prompt_len, out_len)
+        else:
+            kv_max = sh.decode_ctx + req.prompt_len + batch * out_len
         if table(batch, kv_max) > tier:
             return False
         if req.prompt_len + out_len > sh.free_kv_tokens():
@@ -222,6 +308,43 @@ class PolyServe(Policy):
         first_token = now + table(max(1, sh.batch_size), sh.decode_ctx) + chunks * step \
             + model.prefill_b * tokens
         return not ttft or first_token <= req.arrival + req.slo.ttft
+
+    def _exits(self, sh: ShadowInstance) -> _Exits:
+        """``sh``'s requests as they grow and exit (``_Exits``), built at each snapshot and
+        kept while requests join (``_joined``) and leave (``on_finished``) between snapshots;
+        built again if the shadow moved otherwise. What they have generated is the
+        snapshot's: its context less their prompts, shared out by how long each has been
+        placed (a request placed since the snapshot has generated nothing). ``_epoch`` moves
+        with every such change, so a stuck tier's walk stays the same until one does."""
+        at = self._stats_time.get(sh.id, 0.0)
+        kept = self._exit_cache.get(sh.id)
+        if kept is not None and kept.version == sh.version and kept.at == at:
+            return kept
+        placed_at = self._placed_at
+        prompts = total_age = 0.0
+        for rid, item in sh.inflight.items():
+            prompts += item.request.prompt_len
+            total_age += max(0.0, at - placed_at.get(rid, at))
+        share = max(0.0, sh.decode_ctx - prompts) / total_age if total_age > 0 else 0.0
+        exits = _Exits(sh.version, at)
+        for rid, item in sh.inflight.items():
+            out = item.predicted_output
+            done = min(out, max(0.0, at - placed_at.get(rid, at)) * share)
+            # One past its predicted length is taken to end at the next iteration.
+            exits.join(rid, max(1.0, out - done), item.request.prompt_len + done)
+        exits.fold()
+        self._exit_cache[sh.id] = exits
+        return exits
+
+    def _joined(self, sh: ShadowInstance, request: Request, version: int) -> None:
+        """``request`` was just added to ``sh`` (from shadow version ``version``): if its
+        exits were current, it joins them with all its predicted output ahead."""
+        exits = self._exit_cache.get(sh.id)
+        if exits is not None and exits.version == version:
+            exits.join(request.id, max(1.0, sh.inflight[request.id].predicted_output),
+                       request.prompt_len)
+            exits.fold()
+            exits.version = sh.version
 
     def _place(self, req: Request, candidates: list[InstanceView], now: float,
                lost: bool) -> InstanceView | None:
@@ -306,7 +429,12 @@ class PolyServe(Policy):
                     continue
                 decision.dispatch.append(Dispatch(req, inst.id))
                 self._moves += 1
-                self.shadow[inst.id].add(req, self.predictor.predict(req))
+                sh = self.shadow[inst.id]
+                before = sh.version
+                sh.add(req, self.predictor.predict(req))
+                self._placed_at[req.id] = now
+                if self.kv_exits:
+                    self._joined(sh, req, before)
                 if self.shadow[inst.id].free_slots() <= 0:  # full now: out of its tier's list
                     opened = open_in.get(cast(float, self.tier_of[inst.id]))
                     if opened is not None and inst in opened:
@@ -403,7 +531,14 @@ class PolyServe(Policy):
             self._touched.add(iid)
         # Uncounted where it was counted when placed, not by the instance's tier now: a
         # promoted request whose instance later joins the request's tier was never counted.
+        self._placed_at.pop(record.request.id, None)
         counted = self._counted.pop(record.request.id, None)
         if counted is not None:
             self._own[counted] -= 1
-        self.shadow.finished(record, iid, self.predictor)
+        exits = self._exit_cache.get(iid) if iid is not None else None
+        before = exits.version if exits is not None else -1
+        sh = self.shadow.finished(record, iid, self.predictor)
+        if exits is not None and sh is not None and sh.version == before + 1:
+            exits.leave(record.request.id)  # the rest keep the progress the snapshot gave them
+            exits.fold()
+            exits.version = sh.version
