@@ -360,3 +360,13 @@ def test_polyserve_shares_what_the_snapshot_shows_generated_by_time_since_placem
     del pol._exit_cache[0]
     rebuilt = pol._exits(sh)
     assert (joined.peaks, joined.ctx_from) == (rebuilt.peaks, rebuilt.ctx_from)
+
+    # One far past its predicted output exits at the next iteration but holds all it grew to.
+    pol2 = make_policy("polyserve")
+    pol2.schedule(view(1, now=10.0))
+    sh2 = pol2.shadow[0]
+    long = req("long", 0.1)
+    sh2.add(long, 50.0)
+    pol2._placed_at[long.id], pol2._stats_time[0] = 0.0, 10.0
+    sh2.decode_ctx += 2000
+    assert pol2._exits(sh2).peak(10, 50) == 10 + 2100 + 2 * 1  # just before it exits

@@ -328,10 +328,10 @@ class PolyServe(Policy):
         share = max(0.0, sh.decode_ctx - prompts) / total_age if total_age > 0 else 0.0
         exits = _Exits(sh.version, at)
         for rid, item in sh.inflight.items():
-            out = item.predicted_output
-            done = min(out, max(0.0, at - placed_at.get(rid, at)) * share)
-            # One past its predicted length is taken to end at the next iteration.
-            exits.join(rid, max(1.0, out - done), item.request.prompt_len + done)
+            done = max(0.0, at - placed_at.get(rid, at)) * share
+            # One past its predicted length is taken to end at the next iteration, holding
+            # all it has grown to.
+            exits.join(rid, max(1.0, item.predicted_output - done), item.request.prompt_len + done)
         exits.fold()
         self._exit_cache[sh.id] = exits
         return exits
@@ -523,6 +523,7 @@ class PolyServe(Policy):
 
     def on_instance_removed(self, instance_id: int) -> None:
         self.tier_of.pop(instance_id, None)
+        self._exit_cache.pop(instance_id, None)
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self._moves += 1  # room freed, and the output-length history moved
