@@ -321,14 +321,14 @@ class PolyServe(Policy):
         if kept is not None and kept.version == sh.version and kept.at == at:
             return kept
         placed_at = self._placed_at
-        prompts = total_age = 0.0
-        for rid, item in sh.inflight.items():
-            prompts += item.request.prompt_len
-            total_age += max(0.0, at - placed_at.get(rid, at))
+        items = list(sh.inflight.items())
+        ages = [max(0.0, at - placed_at.get(rid, at)) for rid, _ in items]
+        prompts = sum(item.request.prompt_len for _, item in items)
+        total_age = sum(ages)
         share = max(0.0, sh.decode_ctx - prompts) / total_age if total_age > 0 else 0.0
         exits = _Exits(sh.version, at)
-        for rid, item in sh.inflight.items():
-            done = max(0.0, at - placed_at.get(rid, at)) * share
+        for (rid, item), age in zip(items, ages, strict=True):
+            done = age * share
             # One past its predicted length is taken to end at the next iteration, holding
             # all it has grown to.
             exits.join(rid, max(1.0, item.predicted_output - done), item.request.prompt_len + done)
@@ -435,7 +435,7 @@ class PolyServe(Policy):
                 self._placed_at[req.id] = now
                 if self.kv_exits:
                     self._joined(sh, req, before)
-                if self.shadow[inst.id].free_slots() <= 0:  # full now: out of its tier's list
+                if sh.free_slots() <= 0:  # full now: out of its tier's list
                     opened = open_in.get(cast(float, self.tier_of[inst.id]))
                     if opened is not None and inst in opened:
                         opened.remove(inst)
