@@ -60,12 +60,23 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
     # n → (budget, demand, memory used, accepted keys)
     State = tuple[float, float, float, tuple[str, ...]]
     states: dict[int, State] = {0: (0.0, demand0, 0.0, ())}
+    # A state's demand is one of few sums (forced work adds none): each rate computed once.
+    rates: dict[float, float] = {}
+    # Past the last candidate, forced work lowers every state's budget but changes no state's
+    # count or keys, so the answer is known there.
+    undecided = sum(1 for x in items if not x.forced)
     t = now
     for item in sorted(items, key=lambda x: (x.deadline, x.key)):
+        if not undecided:
+            break
         dt = max(0.0, item.deadline - t)
         t = max(t, item.deadline)
-        grown = {n: (pb + dt * prefill_rate(model, d, t0, ctx_per_seq), d, m, acc)
-                 for n, (pb, d, m, acc) in states.items()}
+        grown: dict[int, State] = {}
+        for n, (pb, d, m, acc) in states.items():
+            rate = rates.get(d)
+            if rate is None:
+                rate = rates[d] = prefill_rate(model, d, t0, ctx_per_seq)
+            grown[n] = (pb + dt * rate, d, m, acc)
         nxt: dict[int, State] = {}
 
         def keep(n: int, state: State, nxt: dict[int, State] = nxt) -> None:
@@ -82,6 +93,8 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
             if pb_in >= 0 and m_in <= memory_free:
                 keep(n + 1, (pb_in, d + item.demand, m_in, (*acc, item.key)))
         states = nxt
+        if not item.forced:
+            undecided -= 1
     return list(states[max(states)][3])
 
 
@@ -103,13 +116,18 @@ class SLOsServe(ArrivalOrderPolicy):
         self.shadow = Shadows()
         super().__init__()
         self._next = 0
-        # Requests admitted to each replica and not finished: id → (admitted at, item).
+        # Requests admitted to each replica and not finished: id → (admitted at, its item as
+        # forced work: its decode demand is in the shadow's).
         self._admitted: dict[int, dict[str, tuple[float, Item]]] = {}
 
     def _item(self, req: Request, forced: bool = False) -> Item:
+        """``req`` as a candidate, or as forced work: its prompt still to prefill, its decode
+        demand and memory already counted (in the shadow)."""
         assert req.slo is not None
+        if forced:
+            return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 0.0, 0.0, True)
         return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 1.0 / req.slo.tpot,
-                    req.prompt_len + self.predictor.predict(req), forced)
+                    req.prompt_len + self.predictor.predict(req))
 
     def _try(self, inst: InstanceView, sh: ShadowInstance, req: Request, model: StepTimeModel,
              now: float) -> bool:
@@ -120,20 +138,26 @@ class SLOsServe(ArrivalOrderPolicy):
         # demand is already in demand0 (they are in the shadow).
         since = inst.stats.time
         admitted = self._admitted.setdefault(inst.id, {})
-        pending = [x for t, x in admitted.values() if t >= since]
-        left = inst.stats.kv_waiting_blocks * inst.stats.block_size
-        for x in sorted((x for t, x in admitted.values() if t < since),
-                        key=lambda x: x.deadline, reverse=True):
-            if left <= 0:
+        # In admission order (``schedule`` re-inserts on admission): those since the snapshot
+        # are the newest, found without a pass over every request admitted.
+        pending: list[Item] = []
+        for t, x in reversed(admitted.values()):
+            if t < since:
                 break
             pending.append(x)
-            left -= x.prompt
-        forced = [Item(x.key, x.deadline, x.prompt, 0.0, 0.0, True) for x in pending]
+        left = inst.stats.kv_waiting_blocks * inst.stats.block_size
+        if left > 0:
+            for x in sorted((x for t, x in admitted.values() if t < since),
+                            key=lambda x: x.deadline, reverse=True):
+                if left <= 0:
+                    break
+                pending.append(x)
+                left -= x.prompt
         demand0 = sh.tpot_demand()
         assert req.slo is not None
         t0 = self.pace * min(sh.min_tpot() or req.slo.tpot, req.slo.tpot)
         ctx = sh.decode_ctx / sh.batch_size if sh.batch_size else float(req.prompt_len)
-        return bool(admit([*forced, self._item(req)], now, model, t0, demand0,
+        return bool(admit([*pending, self._item(req)], now, model, t0, demand0,
                           sh.free_kv_tokens(), ctx))
 
     def schedule(self, view: ClusterView) -> Decision:
@@ -154,7 +178,9 @@ class SLOsServe(ArrivalOrderPolicy):
                 if self._try(inst, sh, req, model, now):
                     decision.dispatch.append(Dispatch(req, inst.id))
                     sh.add(req, self.predictor.predict(req))
-                    self._admitted[inst.id][req.id] = (now, self._item(req))
+                    admitted = self._admitted[inst.id]
+                    admitted.pop(req.id, None)  # keep the dict in admission order
+                    admitted[req.id] = (now, self._item(req, forced=True))
                     placed = True
                     break
             if not placed:  # the best-effort tier (§4.1)
