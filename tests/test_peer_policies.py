@@ -370,3 +370,22 @@ def test_polyserve_shares_what_the_snapshot_shows_generated_by_time_since_placem
     pol2._placed_at[long.id], pol2._stats_time[0] = 0.0, 10.0
     sh2.decode_ctx += 2000
     assert pol2._exits(sh2).peak(10, 50) == 10 + 2100 + 2 * 1  # just before it exits
+
+
+def test_slos_serve_forces_the_prompts_admitted_since_the_last_snapshot():
+    """SLOs-Serve's forced work (continuous optimisation, §3.2.1) is the prompts admitted since
+    the instance's last snapshot; one admitted before it, with no waiting tokens in the
+    snapshot, is prefilled already. Here (about 8,900 prefill tokens/s) a prompt of 8,000
+    admitted after the snapshot leaves no room by 1.7 s for another one of 8,000."""
+    pol = make_policy("slos-serve", route_limit=1)
+    pol.enqueue(req("older", 0.1, prompt=100), 0.0)
+    assert [d.request.id for d in pol.schedule(view(1)).dispatch] == ["older"]
+    v = view(1, now=0.5)  # the snapshot at 0.5: "older" is in it, prefilled
+    v.now = 0.6
+    pol.enqueue(req("old", 0.1, prompt=8000, arrival=0.6), 0.6)
+    assert [(d.request.id, d.best_effort) for d in pol.schedule(v).dispatch] == [("old", False)]
+    v.now = 0.7
+    pol.enqueue(req("new", 0.1, prompt=8000, arrival=0.7), 0.7)
+    # "old" (deadline 1.6) goes first: 0.9 s of budget, 8,000 of it taken; by 1.7 s, 0.1 s
+    # more: not 8,000. Declined on its one replica, "new" goes best effort.
+    assert [(d.request.id, d.best_effort) for d in pol.schedule(v).dispatch] == [("new", True)]
