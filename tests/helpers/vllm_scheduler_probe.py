@@ -34,8 +34,10 @@ PROFILE = {"prefill": {"a": 0.01, "b": 1e-4, "c": 0.0}, "decode": {"a": 0.01, "b
 
 
 def scheduler(cls: type[Scheduler], checkpoint: str, profile: str | None,
-              num_blocks: int = 1000, policy: str = "fcfs", budget: int = 2048) -> Scheduler:
-    sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=4096,
+              num_blocks: int = 1000, policy: str = "fcfs", budget: int = 2048,
+              max_num_seqs: int = 16) -> Scheduler:
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                         max_model_len=4096,
                          enable_chunked_prefill=True, async_scheduling=False,
                          is_encoder_decoder=False, policy=policy)
     mc = ModelConfig(model=checkpoint, dtype="float32", seed=0, skip_tokenizer_init=True)
