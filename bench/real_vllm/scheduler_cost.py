@@ -26,9 +26,6 @@ from hfx.model.build import write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "scheduler_cost_worker.py"
-# Eq. 1/2 coefficients for HFX's scheduler (tests/helpers/vllm_scheduler_probe.py's): a 10 ms
-# step floor, 0.1 ms a prefill token. Every step is planned; the SLOs leave the budget whole.
-PROFILE = {"prefill": {"a": 0.01, "b": 1e-4, "c": 0.0}, "decode": {"a": 0.01, "b": 0.0, "c": 0.0}}
 
 
 def main() -> None:
@@ -41,15 +38,15 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         checkpoint = str(write_random_checkpoint("mini", Path(work) / "mini"))
-        profile = Path(work) / "profile.json"
-        profile.write_text(json.dumps(PROFILE))
         done = subprocess.run(
-            [args.vllm_python, str(WORKER), checkpoint, str(profile), str(args.steps),
+            [args.vllm_python, str(WORKER), checkpoint, work, str(args.steps),
              *map(str, args.seqs)], env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True, text=True, timeout=1800)
     if done.returncode:
         sys.exit(f"the worker failed:\n{done.stderr[-3000:]}")
-    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    # The profile HFX's scheduler planned from: tests/helpers/vllm_scheduler_probe.py's.
+    worker = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = worker["runs"]
     table = []
     for n in args.seqs:
         row: dict[str, object] = {"seqs": n}
@@ -68,7 +65,7 @@ def main() -> None:
             "command": "bench/real_vllm/scheduler_cost.py " + " ".join(sys.argv[1:]),
             "commit": code_commit(), "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "vllm": "0.32.0 CPU", "profile": PROFILE, "runs": runs, "table": table})
+            "vllm": "0.32.0 CPU", "profile": worker["profile"], "runs": runs, "table": table})
 
 
 if __name__ == "__main__":

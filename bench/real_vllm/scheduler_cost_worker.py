@@ -2,11 +2,12 @@
 ``schedule`` and ``update_from_output``, stock and HFX's scheduler (hfx/backends/vllm/
 scheduler.py), driven with a fake model output as tests/test_vllm_scheduler.py drives them.
 
-    python bench/real_vllm/scheduler_cost_worker.py CHECKPOINT PROFILE_JSON STEPS SEQS...
+    python bench/real_vllm/scheduler_cost_worker.py CHECKPOINT WORK_DIR STEPS SEQS...
 
 Each case: ``seqs - 1`` requests decoding for the whole run and one short request arriving
 every step (a 128-token prompt, 4 output tokens), so that each step plans decodes, a prompt
-and a waiting queue; every request carries an SLO in its extra arguments. Prints JSON.
+and a waiting queue; every request carries an SLO in its extra arguments. HFX's scheduler
+plans from the probe's profile (written to WORK_DIR). Prints JSON: the profile and the runs.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from pathlib import Path
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
-# The probe's builders (a real Scheduler on a fake KV config, requests, one faked step).
+# The probe's builders (a real Scheduler on a fake KV config, requests) and its profile.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
-from vllm_scheduler_probe import request, scheduler
+from vllm_scheduler_probe import PROFILE, request, scheduler
 
 from hfx.backends.vllm.scheduler import HFXScheduler
 
@@ -61,8 +62,10 @@ def case(cls: type[Scheduler], checkpoint: str, profile: str | None, seqs: int,
 
 
 def main() -> None:
-    checkpoint, profile, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    checkpoint, work, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     seqs = [int(x) for x in sys.argv[4:]]
+    profile = str(work / "profile.json")
+    Path(profile).write_text(json.dumps(PROFILE))
     out = []
     for n in seqs:
         # Stock and HFX's alternated, each twice: a stall of the shared host falls on both.
@@ -70,7 +73,7 @@ def main() -> None:
             for name, cls, prof in (("stock", Scheduler, None), ("hfx", HFXScheduler, profile)):
                 out.append({"scheduler": name, "repeat": rep,
                             **case(cls, checkpoint, prof, n, steps)})
-    print(json.dumps(out))
+    print(json.dumps({"profile": PROFILE, "runs": out}))
 
 
 if __name__ == "__main__":
