@@ -101,6 +101,51 @@ def cold_starts(launch: VLLMLaunch, n: int) -> tuple[list[VLLMServer], list[floa
     return servers, seconds
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it (vLLM's API server starts its engine core and
+    workers as children), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # The parent is the second field after the command name, which may hold spaces.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def renice_servers(servers: list[VLLMServer], nice: int) -> int:
+    """Lower the servers' CPU priority (every thread of every process of theirs, as Linux
+    keeps a nice value per thread), so that on a host whose cores the servers fill, the control
+    plane and the load client are not the ones kept waiting: in a deployment HFX has cores of
+    its own. Returns the threads reniced."""
+    count = 0
+    for server in servers:
+        if server.pid is None:
+            continue
+        for pid in _descendants(server.pid):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                    count += 1
+                except OSError:
+                    pass  # exited meanwhile
+    return count
+
+
 def scale_out(launch: VLLMLaunch) -> dict:
     """Seconds for the Scaler's launch to hand over a serving instance: from the warm pool
     (a server already up) and cold (the pool empty: a process start)."""

@@ -43,6 +43,7 @@ from bench.real_vllm.vllm_bench import (
     KV_TOKENS,
     cold_starts,
     mini_launch,
+    renice_servers,
     serve_policy,
     simulate,
     vllm_config,
@@ -109,6 +110,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--requests-per-task", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--server-nice", type=int, default=0,
+                    help="nice value for every vLLM server thread once started (e.g. 10: the "
+                         "control plane and the client run first on a host the servers fill)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     field = contenders(args.contenders, args.schedulers, args.policies)
@@ -119,7 +123,7 @@ def main() -> int:
                     "date": datetime.date.today().isoformat(),
                     "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
                     "model": "mini (3.3M parameters, random weights), float32, vLLM 0.32.0 CPU",
-                    "contenders": names, "runs": []}
+                    "contenders": names, "server_nice": args.server_nice, "runs": []}
     # A pair of servers per scheduler, all up at once and bound to the same cores: one pair
     # serves at a time (an idle vLLM server waits on its queue), so that the contenders can be
     # interleaved whichever scheduler each runs on.
@@ -129,6 +133,9 @@ def main() -> int:
     try:
         for scheduler, launch in launches.items():
             pairs[scheduler] = cold_starts(launch, 2)[0]
+            if args.server_nice:
+                n = renice_servers(pairs[scheduler], args.server_nice)
+                print(f"{scheduler} servers: {n} threads at nice {args.server_nice}", flush=True)
         first = next(iter(pairs.values()))
         profile = profile_vllm([s.url for s in first], VLLMGrid.quick(), KV_TOKENS, BLOCK,
                                checkpoint, progress=True)
