@@ -78,6 +78,7 @@ def test_shapes_match_published_parameter_counts():
     # Qwen2.5 model cards: 0.49B and 7.61B parameters.
     assert SHAPES["qwen2.5-0.5b"].num_parameters == pytest.approx(0.494e9, rel=0.01)
     assert SHAPES["qwen2.5-7b"].num_parameters == pytest.approx(7.62e9, rel=0.01)
+    assert SHAPES["llama-3.1-8b"].num_parameters == pytest.approx(8.03e9, rel=0.01)
     m = random_model(get_shape("tiny"))
     assert get_shape("tiny").num_parameters == sum(p.numel() for p in m.parameters())
     with pytest.raises(ValueError, match="multiple"):

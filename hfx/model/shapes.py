@@ -123,6 +123,15 @@ SHAPES: dict[str, ModelShape] = {
     "qwen2.5-7b": ModelShape(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                              num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                              max_position_embeddings=131072, eos_token_id=151643),
+    # https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json; its "llama3" rope
+    # scaling changes only the rotary frequencies' values, not the work, and is left out (the
+    # engine refuses it). The shape of the shipped llama-3.1-8b@h200 profile
+    # (bench/gpu/h200_profile_check.py measures it on an H200).
+    "llama-3.1-8b": ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                               num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=8, max_position_embeddings=131072,
+                               rope_theta=500000.0, rms_norm_eps=1e-5, model_type="llama",
+                               eos_token_id=128001),
 }
 
 
