@@ -13,6 +13,7 @@ from hfx.config import SimConfig
 from hfx.engine import Role
 from hfx.engine.stats import InstanceStats
 from hfx.policies import POLICIES, ClusterView, InstanceView, make_pd_policies, make_policy
+from hfx.policies import sa as sa_module
 from hfx.policies.deadline_queue import DeadlineQueue
 from hfx.policies.hfx import HFXDispatcher, maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
@@ -314,6 +315,28 @@ def test_sa_assigns_each_request_to_the_largest_remaining_memory():
     placed |= {r.id: iid for iid, pending in pol._pending.items() for r, _ in pending}
     # big → 0 (a tie, lowest id); a → 1; b → 1, which still has more left than 0.
     assert placed == {"big": 0, "a": 1, "b": 1}
+
+
+def test_sa_runs_no_search_while_the_instance_is_full_and_then_the_one_it_drew():
+    pol = make_policy("sa")
+    pol.schedule(view(0.0))  # the instance's shadow, then filled to its 256 sequences
+    running = [req(f"x{i}", 0.0, 10, 5.0, 0.5) for i in range(256)]
+    for r in running:
+        pol.shadow[0].add(r, 10.0)
+    for i in range(3):
+        pol.enqueue(req(f"r{i}", 0.0, 100 * (3 - i), 5.0, 0.5), 0.0)
+    assert pol.schedule(view(0.0)).dispatch == []
+    drawn = pol._plans[0]
+    # Drawn, with its seed and its inputs as of this call, but not run: no plan yet.
+    assert isinstance(drawn, sa_module._Search)
+    assert [j.prompt_len for j in drawn.jobs] == [300, 200, 100]
+    assert pol.schedule(view(0.5)).dispatch == []
+    assert pol._plans[0] is drawn  # still full, nothing new: the same search, still unrun
+    expected = drawn.run(pol.max_batch, pol.params)
+    for r in running:
+        pol.shadow[0].remove(r.id, 20)
+    d = pol.schedule(view(1.0))  # slots free: the search drawn at 0 s runs now
+    assert [x.request.id for x in d.dispatch] == [f"r{j}" for j in expected.order[:3]]
 
 
 # ---- HFX in P/D (HyperFlexis §5.1) ---------------------------------------------------------------

@@ -27,15 +27,34 @@ from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.sa_search import ALPHA, ITERATIONS, T0, T_MIN, Job, Plan, anneal
 from hfx.policies.shadow import Shadows
 from hfx.request import Request, RequestRecord
+from hfx.stepmodel.latency import StepTimeModel
 
 
-class _Search(TypedDict):
+class _Params(TypedDict):
     """anneal's search parameters."""
 
     t0: float
     t_min: float
     iterations: int
     alpha: float
+
+
+class _Search:
+    """A search drawn but not yet run: its inputs as of the call that drew it. It runs only
+    once the instance has a free slot, since a full engine takes no batch; while the instance
+    stays full, arrivals replace it unrun (in overload nearly every search was discarded so).
+    Drawing its seed when it is made keeps the policy's random stream, and so every plan,
+    what it was when each search ran at once."""
+
+    __slots__ = ("batch", "ctx", "jobs", "model", "seed")
+
+    def __init__(self, jobs: list[Job], model: StepTimeModel, seed: int, ctx: float,
+                 batch: int) -> None:
+        self.jobs, self.model, self.seed, self.ctx, self.batch = jobs, model, seed, ctx, batch
+
+    def run(self, max_batch: int, params: _Params) -> Plan:
+        return anneal(self.jobs, self.model, max_batch, self.seed, self.ctx, self.batch,
+                      **params)
 
 
 class SimulatedAnnealing(Policy):
@@ -50,13 +69,13 @@ class SimulatedAnnealing(Policy):
         if not (0 < alpha < 1 and t0 > 0 and t_min > 0 and iterations >= 1):
             raise ValueError("need t0 > 0, t_min > 0, iterations >= 1 and 0 < alpha < 1")
         self.max_batch, self.window = int(max_batch), int(window)
-        self.search: _Search = {"t0": t0, "t_min": t_min, "iterations": int(iterations),
+        self.params: _Params = {"t0": t0, "t_min": t_min, "iterations": int(iterations),
                                 "alpha": alpha}
         self.rng = random.Random(int(seed))
         self.predictor = OutputLengthPredictor(output_length)
         self._arrived: list[Request] = []
         self._pending: dict[int, list[tuple[Request, float]]] = {}  # with sampled output
-        self._plans: dict[int, Plan | None] = {}
+        self._plans: dict[int, Plan | _Search | None] = {}
         self._remaining: dict[int, float] = {}
         self._prefill_free_at: dict[int, float] = {}
         self.shadow = Shadows()
@@ -119,19 +138,24 @@ class SimulatedAnnealing(Policy):
             if self._prefill_free_at[iid] > now:
                 wake = min(wake or float("inf"), self._prefill_free_at[iid])
                 continue
-            if self._plans[iid] is None:
+            planned = self._plans[iid]
+            if planned is None:
                 head = pending[:self.window]
                 jobs = []
                 for r, o in head:
                     assert r.slo is not None
                     jobs.append(Job(r.prompt_len, o, now - r.arrival, r.slo.ttft, r.slo.tpot))
-                self._plans[iid] = anneal(jobs, model, self.max_batch, self.rng.getrandbits(32),
-                                          sh.decode_ctx, sh.batch_size, **self.search)
-            plan = self._plans[iid]
-            assert plan is not None  # searched above
-            size = min(plan.sizes[0], sh.free_slots())
-            if size <= 0:
+                planned = self._plans[iid] = _Search(jobs, model, self.rng.getrandbits(32),
+                                                      sh.decode_ctx, sh.batch_size)
+            free = sh.free_slots()
+            if free <= 0:
                 continue  # the engine is full: a finished request will call us again
+            if isinstance(planned, _Search):
+                planned = self._plans[iid] = planned.run(self.max_batch, self.params)
+            plan = planned
+            size = min(plan.sizes[0], free)
+            if size <= 0:
+                continue
             chosen = plan.order[:size]
             batch = [pending[j] for j in chosen]
             # The plan indexes the head (the first ``window``): delete there, in place, rather
