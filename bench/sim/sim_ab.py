@@ -61,7 +61,7 @@ native.built() or native.build(log=False)
 
 
 def one(tree: str, case: dict, compiled: bool) -> dict:
-    cfg = {"workload": "four-task", "qps": 45.0 * case["instances"], **case}
+    cfg = {"workload": "four-task", "qps": 45.0 * case.get("instances", 2), **case}
     # Each tree as it is: not the repository root's (the tree on sys.path is used), and
     # compiled only if asked, from its own build.
     done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tree).resolve()),
@@ -100,6 +100,11 @@ def main() -> int:
                     help="run this case instead of the default set (repeatable), e.g. "
                          "rr@128:48000 (four-task at 45 QPS per instance, as the others); "
                          "hfx@16+16:40000 is P/D on 16 prefill and 16 decode instances")
+    ap.add_argument("--sim", action="append", default=None, metavar="JSON",
+                    help="run this case instead of the default set (repeatable): SimConfig's "
+                         "fields as JSON, four-task at 45 QPS an instance where not given, e.g. "
+                         "'{\"policy\": \"sa\", \"qps\": 150, \"planner\": \"vllm\", "
+                         "\"max_num_seqs\": 256, \"duration\": 150, \"warmup\": 20}'")
     ap.add_argument("--native", action="store_true",
                     help="run both trees compiled (hfx native), building each where needed")
     args = ap.parse_args()
@@ -109,7 +114,8 @@ def main() -> int:
                            cwd="/", env={**os.environ, "HFX_NATIVE": "0"})
     out: dict = {"command": "python bench/sim/sim_ab.py " + " ".join(sys.argv[1:]),
                  "python": platform.python_version(), "compiled": args.native, "cases": []}
-    for case in CASES if args.case is None else [parse_case(c) for c in args.case]:
+    cases = [*(parse_case(c) for c in args.case or ()), *(json.loads(c) for c in args.sim or ())]
+    for case in cases or CASES:
         walls: dict[str, list[float]] = {"before": [], "after": []}
         cpus: dict[str, list[float]] = {"before": [], "after": []}
         results: dict[str, dict] = {}
@@ -132,9 +138,10 @@ def main() -> int:
         row["cpu_speedup"] = row["median_cpu_before"] / row["median_cpu_after"]
         out["cases"].append(row)
         where = (f"P/D {case['prefill']}+{case['decode']}" if case.get("mode") == "pd"
-                 else f"{case['instances']:3d} instances")
-        print(f"{case['policy']:10s} {where} "
-              f"{4 * case['requests_per_task']:6d} requests: {row['median_before']:.2f} s -> "
+                 else f"{case.get('instances', 2):3d} instances")
+        what = (f"{4 * case['requests_per_task']:6d} requests" if "requests_per_task" in case
+                else json.dumps({k: v for k, v in case.items() if k != "policy"}))
+        print(f"{case['policy']:10s} {where} {what}: {row['median_before']:.2f} s -> "
               f"{row['median_after']:.2f} s ({row['speedup']:.2f}x); CPU "
               f"{row['median_cpu_before']:.2f} s -> {row['median_cpu_after']:.2f} s "
               f"({row['cpu_speedup']:.2f}x)"
