@@ -229,7 +229,7 @@ def kernel_census(executor: Any, kind: str, b: int, n: int, steps: int, seed: in
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from hfx.engine.profiler import Grid
+    from hfx.engine.profiler import Grid, profile_meta
     from hfx.engine.torch_executor import TorchExecutor
     from hfx.model.build import default_device, resolve_dtype
     from hfx.stepmodel.fit import fit_profile
@@ -256,21 +256,8 @@ def measure(args: argparse.Namespace) -> dict:
     partial.parent.mkdir(parents=True, exist_ok=True)
     (prefill, decode), progress = measure_grid(executor, points, grid.repeats, kv_tokens, 0,
                                                args.budget_s, partial)
+    meta = profile_meta(args.shape, shape, executor, grid)
     dev = executor.device
-    device_name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                   else f"cpu ({torch.get_num_threads()} threads)")
-    meta = {  # as hfx.engine.profiler.profile_model writes it
-        "model": {"name": args.shape, "layers": shape.num_hidden_layers,
-                  "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
-                  "kv_heads": shape.num_key_value_heads, "intermediate": shape.intermediate_size,
-                  "vocab": shape.vocab_size, "tp": 1},
-        "device": device_name,
-        "dtype": str(executor.dtype).removeprefix("torch."),
-        "grid": {"prefill_batches": list(grid.prefill_batches),
-                 "decode_batches": list(grid.decode_batches), "lengths": list(grid.lengths),
-                 "max_prefill_tokens": grid.max_prefill_tokens, "repeats": grid.repeats,
-                 "cached": list(grid.cached)},
-    }
     hw = "cuda" if dev.type == "cuda" else "cpu"
     profile = fit_profile(f"{args.shape}-random@{hw}", prefill, decode, kv_tokens,
                           args.block_size, meta)
@@ -312,7 +299,7 @@ def measure(args: argparse.Namespace) -> dict:
         raw["max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
     executor.shutdown()
     return {
-        "device": device_name,
+        "device": meta["device"],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "dtype": meta["dtype"],

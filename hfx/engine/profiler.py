@@ -38,6 +38,7 @@ from hfx.engine.planners.base import SchedulerOutput
 from hfx.engine.sequence import Sequence
 from hfx.engine.torch_executor import TorchExecutor
 from hfx.model.build import LoadedModel
+from hfx.model.shapes import ModelShape
 from hfx.stepmodel.fit import PrefillSample, Samples, fit_profile
 from hfx.stepmodel.latency import Profile
 from hfx.stepmodel.roofline import GRID_BATCH, GRID_LENGTH
@@ -201,13 +202,20 @@ def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
     prefill, decode = measure(executor, grid, num_blocks * block_size, seed, progress)
     executor.shutdown()
     prefill, decode = also[0] + prefill, also[1] + decode
-    shape = loaded.model.shape
+    meta = profile_meta(loaded.name, loaded.model.shape, executor, grid)
+    hw = "cuda" if executor.device.type == "cuda" else "cpu"
+    return fit_profile(f"{loaded.name}@{hw}", prefill, decode, num_blocks * block_size,
+                       block_size, meta)
+
+
+def profile_meta(name: str, shape: ModelShape, executor: TorchExecutor, grid: Grid) -> dict:
+    """A measured profile's ``meta``: the model in the roofline's ModelSpec form (P/D and the
+    scaler read KV and weight sizes from it), the device, the dtype and the grid."""
     device = executor.device
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else f"cpu ({torch.get_num_threads()} threads)")
-    meta = {
-        # The roofline's ModelSpec form, so P/D and the scaler read KV and weight sizes.
-        "model": {"name": loaded.name, "layers": shape.num_hidden_layers,
+    return {
+        "model": {"name": name, "layers": shape.num_hidden_layers,
                   "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
                   "kv_heads": shape.num_key_value_heads, "intermediate": shape.intermediate_size,
                   "vocab": shape.vocab_size, "tp": 1},
@@ -218,6 +226,3 @@ def profile_model(loaded: LoadedModel, grid: Grid, capacity_tokens: int = 65536,
                  "max_prefill_tokens": grid.max_prefill_tokens, "repeats": grid.repeats,
                  "cached": list(grid.cached)},
     }
-    hw = "cuda" if device.type == "cuda" else "cpu"
-    return fit_profile(f"{loaded.name}@{hw}", prefill, decode, num_blocks * block_size,
-                       block_size, meta)
