@@ -42,7 +42,6 @@ import asyncio
 import datetime as dt
 import json
 import math
-import random
 import statistics
 import subprocess
 import sys
@@ -95,19 +94,6 @@ def random_weights(shape: ModelShape, dtype: Any, device: str, seed: int) -> Any
                 p.normal_(0.0, INIT_STD, generator=gen)
     init_buffers(model, device)
     return model.eval()
-
-
-def grid_points(grid: Any, capacity_tokens: int, seed: int) -> list[Point]:
-    """The points ``hfx.engine.profiler.measure`` times, in its shuffled order."""
-    points = [("p", b, n, 0) for b in grid.prefill_batches for n in grid.lengths
-              if b * n <= grid.max_prefill_tokens and b * (n + 1) <= capacity_tokens]
-    points += [("p", b, n, k) for b in grid.prefill_batches for n in grid.lengths
-               for k in grid.cached if n >= 16 and b * n <= grid.max_prefill_tokens
-               and b * (n + k + 1) <= capacity_tokens]
-    points += [("d", b, n, 0) for b in grid.decode_batches for n in grid.lengths
-               if b * (n + 2) <= capacity_tokens]
-    random.Random(seed).shuffle(points)
-    return points
 
 
 def kv_tokens_for(grid: Any, block_size: int) -> int:
@@ -229,7 +215,7 @@ def kernel_census(executor: Any, kind: str, b: int, n: int, steps: int, seed: in
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from hfx.engine.profiler import Grid, profile_meta
+    from hfx.engine.profiler import Grid, grid_points, profile_meta
     from hfx.engine.torch_executor import TorchExecutor
     from hfx.model.build import default_device, resolve_dtype
     from hfx.stepmodel.fit import fit_profile

@@ -98,6 +98,14 @@ def measure(executor: TorchExecutor, grid: Grid, capacity_tokens: int, seed: int
             progress: bool = False) -> Samples:
     """Time every grid point that fits; returns (prefill samples, decode samples) in the
     forms fit_prefill and fit_decode take."""
+    return asyncio.run(_measure_points(executor, grid_points(grid, capacity_tokens, seed),
+                                       grid.repeats, capacity_tokens, seed, progress))
+
+
+def grid_points(grid: Grid, capacity_tokens: int, seed: int = 0
+                ) -> list[tuple[str, int, int, int]]:
+    """The points of ``grid`` that fit ``capacity_tokens``, (kind, batch, length, cached), in
+    a shuffled order: a machine whose speed drifts spreads the drift over the grid."""
     points = [("p", b, n, 0) for b in grid.prefill_batches for n in grid.lengths
               if b * n <= grid.max_prefill_tokens and b * (n + 1) <= capacity_tokens]
     # Hits: chunks of at least 16 tokens (a shorter one is a decode's cost) over k cached.
@@ -107,8 +115,7 @@ def measure(executor: TorchExecutor, grid: Grid, capacity_tokens: int, seed: int
     points += [("d", b, n, 0) for b in grid.decode_batches for n in grid.lengths
                if b * (n + 2) <= capacity_tokens]
     random.Random(seed).shuffle(points)
-    return asyncio.run(_measure_points(executor, points, grid.repeats, capacity_tokens, seed,
-                                       progress))
+    return points
 
 
 async def _measure_points(executor: TorchExecutor, points: list[tuple[str, int, int, int]],
