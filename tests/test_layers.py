@@ -15,7 +15,7 @@ run (those under ``if TYPE_CHECKING:`` do not). The layers, from the bottom
     config      the layered configuration
     cluster     the control plane and the Instance / Placement protocols
     backends    local, Ray and vLLM instances
-    assembly    a cluster from a config; the simulation driver (sim/driver.py)
+    assembly    a cluster from a config; the simulation driver (sim/driver.py, miss_watch.py)
     evaluation  sweeps, capacity, comparisons, calibration, the bench client
     serving     the gateway, fronts, the control process
     cli         the command line
@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("hfx.config.*",)),
     ("cluster", ("hfx.cluster.*",)),
     ("backends", ("hfx.backends.*",)),
-    ("assembly", ("hfx.assembly", "hfx.sim.driver")),
+    ("assembly", ("hfx.assembly", "hfx.sim.driver", "hfx.sim.miss_watch")),
     ("evaluation", ("hfx.evaluation.*",)),
     ("serving", ("hfx.serving.*",)),
     ("cli", ("hfx.cli.*",)),

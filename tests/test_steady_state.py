@@ -195,3 +195,55 @@ def test_on_a_trace_capacity_searches_the_traces_own_rate():
     assert all(q == 999 for q, _ in seen) and seen[0][1] == own
     assert [t for _, t in seen[:3]] == [own, 2 * own, 4 * own]
     assert 3 * own * 0.95 <= r["capacity"] <= 3 * own
+
+
+# ---- probes that end once they fail (hfx/sim/miss_watch.py) ---------------------------------
+
+
+def test_a_run_that_cannot_reach_the_target_ends_there_and_one_that_can_is_the_same_run():
+    over = SimConfig(policy="rr", workload="four-task", instances=1, max_num_seqs=64, qps=60,
+                     duration=60, warmup=10, seed=1)
+    whole, cut = simulate(over), simulate(over, stop_below=0.9)
+    assert whole["attainment"] < 0.9 and whole["attainment_dslo"] < 0.9
+    assert "stopped_at" not in whole and 10 < cut["stopped_at"] < 60
+    # Stopped, its attainments are a truncated run's: below the target, as the whole run's.
+    assert cut["attainment"] < 0.9 and cut["attainment_dslo"] < 0.9
+    assert cut["sim_seconds"] == cut["stopped_at"] < whole["sim_seconds"]
+    # Met with hundreds of requests open at once (two 1,024-sequence instances): open is not
+    # late.
+    met = SimConfig(policy="hfx", workload="four-task", qps=150, duration=30, warmup=5, seed=1)
+    a, b = simulate(met), simulate(met, stop_below=0.9)
+    assert b.pop("stopped_at") is None and a["attainment"] >= 0.9
+    a.pop("wall_seconds"), b.pop("wall_seconds")
+    assert a == b  # the watch reads state only
+    # A target the whole run reaches, however narrowly, never stops it: at 25 req/s it ends
+    # at 0.413, and watched for 0.4 it runs to the same end.
+    near = over.model_copy(update={"qps": 25})
+    a, b = simulate(near), simulate(near, stop_below=0.4)
+    assert 0.4 <= a["attainment"] < 0.42 and b.pop("stopped_at") is None
+    a.pop("wall_seconds"), b.pop("wall_seconds")
+    assert a == b
+
+
+def test_the_search_runs_its_crossings_failing_rate_whole():
+    """The quick probe's failing runs read lower than whole ones; the capacity comes from
+    pass or fail alone, and the crossing from the least failing rate run whole."""
+    whole_runs: list[float] = []
+
+    def row(attainment: float, stopped: float | None = None) -> dict:
+        return {"attainment": attainment, "shed": 0, "backlog_at_end": 0, "max_wait": 0.0,
+                "requests": 1, "stopped_at": stopped}
+
+    def whole(c: SimConfig) -> dict:
+        whole_runs.append(c.qps)
+        return row(1.0 if c.qps <= 37 else 0.85)
+
+    def quick(c: SimConfig) -> dict:
+        return row(1.0) if c.qps <= 37 else row(0.2, stopped=5.0)
+
+    r = seed_capacity(SimConfig(qps=10, duration=60), 0.9, 0.02, whole, quick=quick)
+    assert r["capacity"] == 36.875
+    assert whole_runs == [37.5]  # the least failing rate, once, whole
+    # Linear between 36.875 (1.0) and 37.5 (0.85, whole) at 0.9.
+    assert r["crossing"] == pytest.approx(36.875 + 0.625 * (0.1 / 0.15))
+    assert [p.get("stopped_at") for p in r["probes"] if p["qps"] == 37.5] == [5.0, None]

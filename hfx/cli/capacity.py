@@ -39,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
     result = capacity(config, args.seeds, args.target, args.tolerance, args.jobs,
                       args.ray_address)
     for s in result["seeds"]:
-        probes = "  ".join(f"{p['qps']:.4g}:{p['attainment']:.3f}" for p in s["probes"])
+        # A run ended once it could not meet the target reads "<" its target: it failed.
+        probes = "  ".join(f"{p['qps']:.4g}:" + (f"<{args.target:g}" if "stopped_at" in p
+                                                  else f"{p['attainment']:.3f}")
+                           for p in s["probes"])
         print(f"seed {s['seed']}: {s['capacity']:.4g} QPS   (qps:attainment  {probes})")
     print(f"{result['policy']} on {result['workload']}, {result['instances']} instances: "
           f"capacity at {result['target']:.0%} attainment {result['capacity_mean']:.4g} ± "

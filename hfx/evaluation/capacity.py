@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from functools import partial
 
 from hfx.config import SimConfig
 from hfx.evaluation.runner import run_all
@@ -70,10 +71,22 @@ def steady(config: SimConfig) -> SimConfig:
 
 
 def _probe_row(r: dict, qps: float) -> dict:
-    return {"qps": qps, "attainment": r["attainment"], "hit_rate": r.get("hit_rate"),
-            "attainment_dslo": r.get("attainment_dslo"), "shed": r["shed"],
-            "backlog_at_end": r["backlog_at_end"], "max_wait": r["max_wait"],
-            "requests": r["requests"]}
+    row = {"qps": qps, "attainment": r["attainment"], "hit_rate": r.get("hit_rate"),
+           "attainment_dslo": r.get("attainment_dslo"), "shed": r["shed"],
+           "backlog_at_end": r["backlog_at_end"], "max_wait": r["max_wait"],
+           "requests": r["requests"]}
+    if r.get("stopped_at") is not None:  # a truncated run's attainments: below the target
+        row["stopped_at"] = r["stopped_at"]
+    return row
+
+
+def quick_probe(probe: Probe, target: float) -> Probe:
+    """``probe`` ending each run once it cannot reach ``target`` (hfx/sim/miss_watch.py):
+    the search asks of a rate above the capacity only that it fails. Another probe (a test's,
+    a real fleet's) runs as it is."""
+    if probe is simulate:
+        return partial(simulate, stop_below=target)
+    return probe
 
 
 def slo_classes(workload: str) -> list[tuple[float, float, float, float, float]]:
@@ -110,10 +123,14 @@ def unreachable(config: SimConfig) -> tuple[float, list[str]]:
 
 
 def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.02,
-                  probe: Probe = simulate, metric: str = "attainment") -> dict:
+                  probe: Probe = simulate, metric: str = "attainment",
+                  quick: Probe | None = None) -> dict:
     """The highest rate meeting ``target`` attainment for ``config``'s seed, by bracketing then
     bisection; with every probe run. ``metric``: the result's attainment to score, Eq. 4's
-    (``attainment``) or per-token deadlines (``attainment_dslo``)."""
+    (``attainment``) or per-token deadlines (``attainment_dslo``). The search runs ``quick``
+    (default ``quick_probe(probe, target)``), whose runs may end once they fail; the one
+    failing rate the ``crossing`` reads is then run whole with ``probe``, so capacity and
+    crossing are those of whole runs."""
     if not 0 < target <= 1:
         raise ValueError(f"target attainment must be in (0, 1], got {target}")
     if not 0 < tolerance < 1:
@@ -127,11 +144,15 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
             + ". Choose a faster profile (--model/--hardware) or a lower --target")
     probes: list[dict] = []
     scores: dict[float, float] = {}
+    stopped: set[float] = set()
+    run = quick_probe(probe, target) if quick is None else quick
 
     def meets(qps: float) -> bool:
-        r = probe(at_rate(config, qps))
+        r = run(at_rate(config, qps))
         probes.append(_probe_row(r, qps))
         scores[qps] = r[metric]
+        if r.get("stopped_at") is not None:
+            stopped.add(qps)
         return r[metric] >= target
 
     q = rate_of(config)
@@ -164,6 +185,12 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
             lo = mid
         else:
             hi = mid
+    # The crossing reads the least failing rate's attainment: a whole run's.
+    above = min((q for q, s in scores.items() if q > lo and s < target), default=None)
+    if above is not None and above in stopped:
+        r = probe(at_rate(config, above))
+        scores[above] = r[metric]
+        probes.append(_probe_row(r, above))
     return {"seed": config.seed, "capacity": lo, "crossing": crossing(scores, lo, target),
             "probes": probes}
 

@@ -28,6 +28,7 @@ from hfx.records.metrics import distribution, longest_wait, summarize_columns
 from hfx.records.streaming import StreamingFold
 from hfx.request import Outcome, Request
 from hfx.sim.clock import VirtualTimeLoop, run
+from hfx.sim.miss_watch import UNTIL_SHARE, MissWatch
 from hfx.stepmodel.latency import Profile, load_profile
 from hfx.workloads.arrivals import Arrivals
 from hfx.workloads.kinds import load_workload, workload_tasks
@@ -77,11 +78,11 @@ def sim_cluster(config: SimConfig, profile: Profile,
 
 
 async def drive(control: ControlPlane, requests: Sequence[Request], progress: str | None = None,
-                until: float | None = None) -> float:
+                until: float | None = None, stop: asyncio.Event | None = None) -> float:
     """Start ``control``, submit ``requests`` at their arrival times, wait until every one has
     an outcome — or, with ``until``, no later than that (requests still pending then stay
-    pending: a steady-state run's backlog) — stop; returns the time it stopped. ``progress``
-    labels a bar.
+    pending: a steady-state run's backlog), or until ``stop`` is set (the requests not yet
+    arrived then never arrive) — stop; returns the time it stopped. ``progress`` labels a bar.
 
     Arrival times count from the start of the run: on the virtual loop that is time 0; on the
     ordinary loop (a real engine) they are shifted to the loop's clock, and so is the result;
@@ -101,6 +102,28 @@ async def drive(control: ControlPlane, requests: Sequence[Request], progress: st
             bar.update(control.num_done - bar.n)
 
     ticker = loop.create_task(show_progress()) if progress else None
+    if stop is None:
+        await _serve(control, requests, until, loop, t0)
+    else:
+        serving = loop.create_task(_serve(control, requests, until, loop, t0))
+        stopped = loop.create_task(stop.wait())
+        await asyncio.wait((serving, stopped), return_when=asyncio.FIRST_COMPLETED)
+        for task in (serving, stopped):
+            task.cancel()
+        await asyncio.gather(serving, stopped, return_exceptions=True)
+        if serving.done() and not serving.cancelled() and serving.exception() is not None:
+            raise cast(BaseException, serving.exception())
+    end = loop.time() - t0
+    if ticker is not None:
+        ticker.cancel()
+    bar.close()
+    await control.stop()
+    return end
+
+
+async def _serve(control: ControlPlane, requests: Sequence[Request], until: float | None,
+                 loop: asyncio.AbstractEventLoop, t0: float) -> None:
+    """``drive``'s run: every arrival, then the wait for the last outcome (or ``until``)."""
     if isinstance(loop, VirtualTimeLoop) and not t0:
         await _arrive(control, requests)
     else:
@@ -122,12 +145,6 @@ async def drive(control: ControlPlane, requests: Sequence[Request], progress: st
             stuck = sum(r.outcome is Outcome.PENDING for r in control.records.values())
             raise RuntimeError(f"{stuck} requests still unfinished {limit:g} s after the last "
                                "arrival: the cluster stalled") from None
-    end = loop.time() - t0
-    if ticker is not None:
-        ticker.cancel()
-    bar.close()
-    await control.stop()
-    return end
 
 
 def last_arrival(requests: Sequence[Request]) -> float:
@@ -150,11 +167,12 @@ async def _arrive(control: ControlPlane, requests: Sequence[Request]) -> None:
 
 async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: Profile,
                       progress: bool = False, make_engine: EngineFactory | None = None,
-                      fold: RecordFold | StreamingFold | None = None
-                      ) -> tuple[ControlPlane, float]:
+                      fold: RecordFold | StreamingFold | None = None,
+                      watch: MissWatch | None = None) -> tuple[ControlPlane, float]:
     """Drive ``requests`` through a fresh cluster on the running loop; returns the control plane
     (its records hold the outcome) and the time the last request finished. With ``fold``, each
-    finished record goes into it and out of the records (colocated mode only)."""
+    finished record goes into it and out of the records (colocated mode only); with ``watch``,
+    the run ends once the watch finds its target attainment out of reach."""
     control = sim_cluster(config, profile, make_engine)
     folder = None
     if fold is not None:
@@ -167,7 +185,13 @@ async def run_cluster(config: SimConfig, requests: Sequence[Request], profile: P
     until = None
     if drain is not None:
         until = (config.duration or last_arrival(requests)) + drain
-    end = await drive(control, requests, label, until)
+    if watch is None:
+        end = await drive(control, requests, label, until)
+    else:
+        stop = watch.attach(control)
+        looking = asyncio.get_running_loop().create_task(watch.run())
+        end = await drive(control, requests, label, until, stop)
+        looking.cancel()
     if folder is not None:
         folder.flush()
     return control, end
@@ -231,18 +255,27 @@ def steady_state_summary(config: SimConfig, backlog: int, max_wait: float) -> di
             "max_wait": max_wait}
 
 
-def simulate(config: SimConfig, progress: bool = False) -> dict:
-    """Run one simulated configuration; the result object of DESIGN.md "Contracts"."""
+def simulate(config: SimConfig, progress: bool = False, stop_below: float | None = None
+             ) -> dict:
+    """Run one simulated configuration; the result object of DESIGN.md "Contracts". With
+    ``stop_below``, the run ends once neither attainment can reach it (``MissWatch``), and
+    the result's ``stopped_at`` says when (None: it ran to its end); a stopped run's
+    attainments are the truncated run's."""
     wall0 = time.perf_counter()
     profile = resolve_profile(config)
     requests = load_requests(config)
     streaming = config.metrics == "streaming"
     fold: RecordFold | StreamingFold = StreamingFold(config.warmup) if streaming else RecordFold()
+    watch = None
+    if stop_below is not None:
+        window = (config.duration or last_arrival(requests)) - config.warmup
+        watch = MissWatch(len(requests), stop_below, config.warmup,
+                          config.warmup + UNTIL_SHARE * window)
     with _fewer_gc_passes():
         control, end = run(run_cluster(
             config, requests, profile, progress,
             fold=fold if (config.fold_records or streaming) and config.mode == "colocated"
-            else None), virtual=True)
+            else None, watch=watch), virtual=True)
     spans = instance_spans(control)
     if isinstance(fold, StreamingFold):
         fold.add(list(control.records.values()), end)  # the records left, pending ones too
@@ -274,6 +307,7 @@ def simulate(config: SimConfig, progress: bool = False) -> dict:
         **(pd_summary(control) if config.mode == "pd" else {}),
         **prefix_cache_summary(control, config.prefix_caching),
         "config": config.model_dump(),
+        **({} if watch is None else {"stopped_at": watch.stopped_at}),
         "wall_seconds": time.perf_counter() - wall0,
     }
     return result
