@@ -27,7 +27,8 @@ interpolated between the bracket's ends, which tells apart what the bisection's 
 equal. Tables and tuning rank by the crossing (``resolved``; computed from the probes of a
 result written before it was recorded). A probe run ends once it fails under both metrics
 (hfx/sim/miss_watch.py; its row says ``stopped_at``), and the failing rate each crossing reads
-is run whole: capacities and crossings are whole runs', for about a third less CPU.
+is run whole: capacities and crossings are whole runs', for a quarter less CPU on the
+searches measured (docs/performance.md, "Capacity searches").
 
 With ``engine`` every contender runs on that one engine planner (its own planner's knobs left
 out of its grid): dispatchers compared on the same engine, apart from the engines their papers

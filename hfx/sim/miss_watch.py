@@ -20,8 +20,8 @@ digit.
 
 It stops nothing after ``until``: a run not decided by then is near the target, and likely the
 rate a search's crossing reads, which must then be run again whole. On eight searches of the
-comparison (2026-11-30, docs/performance.md "Capacity searches") a watch that gave up halfway
-through the scored window (``UNTIL_SHARE``) saved 23% of their CPU, one that never gave up 18%.
+comparison a watch that gave up halfway through the scored window (``UNTIL_SHARE``) saved 23%
+of their CPU, one that never gave up 18% (docs/log/2026-11-30-cheaper-searches.md).
 """
 
 from __future__ import annotations
