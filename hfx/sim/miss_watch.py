@@ -49,6 +49,7 @@ class MissWatch:
         self.interval = interval
         self.ended_misses = 0
         self.stopped_at: float | None = None
+        self.stop = asyncio.Event()  # set by ``run``; ``drive`` ends the run on it
         self._control: ControlPlane | None = None
         self._then: Callable[[RequestRecord], None] | None = None
 
@@ -58,7 +59,6 @@ class MissWatch:
         self._control = control
         self._then = control.ledger.on_done
         control.ledger.on_done = self._ended
-        self.stop = asyncio.Event()
         return self.stop
 
     def _ended(self, record: RequestRecord) -> None:
