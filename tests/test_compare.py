@@ -203,3 +203,25 @@ def test_a_fleet_given_for_the_run_is_every_probes_over_each_workloads_own():
                      progress=False)
     assert {(c.workload, c.model, c.hardware) for c in calls} == {
         ("four-task", "qwen2.5-7b", "ascend-910b"), ("tiered-512-512", "llama-3.1-8b", "h200")}
+
+
+def test_a_fleet_of_more_instances_runs_every_probe_on_it_from_a_start_in_proportion():
+    calls: list[SimConfig] = []
+
+    def probe(config: SimConfig) -> dict:
+        calls.append(config)
+        ok = 1.0 if config.qps <= 400 else 0.0
+        return {"qps": config.qps, "attainment": ok, "attainment_dslo": ok, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    tuned = {"rr": {"256": {"chosen": {}}}}
+    rows = compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe,
+                            progress=False, fleet={"instances": 16})
+    assert {c.instances for c in calls} == {16}
+    # Four-task's search starts at 8x its 2-instance rate.
+    assert calls[0].qps == compare.START["four-task"] * 8
+    assert rows[0]["instances"] == 16
+    # The work bound is the 16-instance fleet's: 8x the same workload's on 2.
+    bound16 = compare.cell_bounds(rows)[("four-task", 256)]
+    bound2 = compare.cell_bounds([{**rows[0], "instances": 2}])[("four-task", 256)]
+    assert bound16 == pytest.approx(8 * bound2, rel=0.02)

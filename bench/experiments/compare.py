@@ -10,6 +10,8 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
         # dispatchers on the same engine: every contender on vLLM's planner
     python bench/experiments/compare.py --engine vllm --model llama-3-70b --hardware h200 \
         --tuned docs/data/compare_engine/vllm_1024.json ...  # a second model and hardware pair
+    python bench/experiments/compare.py --engine vllm --instances 16 \
+        --tuned docs/data/compare_engine/vllm_1024.json ...  # a larger fleet
 
 Each cell names its work bound (hfx/evaluation/bound.py, computed when the table is made):
 the most requests/s any dispatcher and engine could carry there, and HFX's share of it.
@@ -53,6 +55,14 @@ from hfx.evaluation.compare import (
 from hfx.stepmodel.profiles import shipped_profiles
 
 
+def fleet_words(fleet: dict | None) -> str:
+    """How a result's fleet reads in its rendered table's header."""
+    fleet = fleet or {}
+    model = (f"{fleet['model']} on {fleet['hardware']}" if "model" in fleet
+             else "each workload's model")
+    return f"{model}, {fleet.get('instances', 2)} instances"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -71,6 +81,9 @@ def main() -> int:
                     help="every run on this model's shipped profile, with --hardware (a second "
                     "model and hardware pair); default: each workload's own")
     ap.add_argument("--hardware", default=None, help="the device of --model's profile")
+    ap.add_argument("--instances", type=int, default=None,
+                    help="every run on this many instances (each search starting at its "
+                    "2-instance rate in proportion); default: 2")
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="render a table whose searches ran at different commits")
@@ -90,19 +103,22 @@ def main() -> int:
                 return 1
             print(f"mixed commits: {e}")
         protocol = result.get("protocol", {})
-        fleet = protocol.get("fleet")
-        print(f"engine {protocol.get('engine') or 'each its own'}; fleet "
-              + (f"{fleet['model']} on {fleet['hardware']}" if fleet else "each workload's own"))
+        print(f"engine {protocol.get('engine') or 'each its own'}; "
+              f"fleet {fleet_words(protocol.get('fleet'))}")
         print(headline(cells(result["searches"], cell_bounds(result["searches"]))))
         return 0
-    fleet: dict[str, str] = {}
+    fleet: dict[str, str | int] = {}
+    if args.instances is not None:
+        if args.instances < 1:
+            ap.error("--instances must be at least 1")
+        fleet["instances"] = args.instances
     if (args.model is None) != (args.hardware is None):
         ap.error("--model and --hardware go together")
     if args.model is not None:
         if f"{args.model}@{args.hardware}" not in shipped_profiles():
             ap.error(f"no shipped profile {args.model}@{args.hardware}; choose from "
                      f"{', '.join(shipped_profiles())}")
-        fleet = {"model": args.model, "hardware": args.hardware}
+        fleet.update(model=args.model, hardware=args.hardware)
     names = args.contenders.split(",")
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:

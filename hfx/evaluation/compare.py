@@ -67,7 +67,8 @@ FLEET_BOUND = 0.97  # issue 49: round robin within 3% of the best is a fleet-bou
 # policy against each other, not policies).
 EVALUATION_RUN = {"duration": 150.0, "warmup": 20.0, "tolerance": 0.03}
 TUNING_RUN = {"duration": 90.0, "warmup": 20.0, "tolerance": 0.05}
-# Where each search starts (requests/s for 2 instances): near the knee, to save probes.
+# Where each search starts (requests/s for 2 instances, in proportion for more): near the
+# knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "bursty-four-task": 80.0, "wikisql": 8.0,
          "six-task": 60.0, "tiered-512-512": 40.0, "tiered-4096-1024": 4.0}
 # Workloads that come with their own fleet: PolyServe's tiered settings (PolyServe §5.1) are
@@ -76,6 +77,8 @@ START = {"four-task": 100.0, "two-task": 100.0, "bursty-four-task": 80.0, "wikis
 WORKLOAD_CONFIG: dict[str, dict[str, Any]] = {
     w: {"model": "llama-3.1-8b", "hardware": "h200"}
     for w in ("tiered-512-512", "tiered-4096-1024")}
+# The config fields a run's fleet may set for every search (over each workload's own).
+FLEET_FIELDS = ("model", "hardware", "instances")
 
 
 def _grid(**axes: Iterable[Any]) -> tuple[dict[str, Any], ...]:
@@ -229,12 +232,17 @@ def one_commit(rows: Sequence[dict]) -> str:
         f"{c}: {', '.join(sorted(names))}" for c, names in sorted(by_commit.items())))
 
 
+def start(workload: str, fields: Mapping[str, Any]) -> float:
+    """The rate a search on ``workload`` starts at, for the fleet ``fields`` name."""
+    return START.get(workload, 20.0) * fields.get("instances", 2) / 2
+
+
 def _search(name: str, setting: dict[str, Any], run: dict[str, float], fields: dict[str, Any],
             probe: Probe = simulate, engine: str | None = None) -> dict:
     workload = fields["workload"]
     # ``fields`` (a fleet given for the whole run among them) over the workload's own fleet.
     merged = {**WORKLOAD_CONFIG.get(workload, {}), **fields}
-    config = CONTENDERS[name].config(setting, engine, qps=START.get(workload, 20.0),
+    config = CONTENDERS[name].config(setting, engine, qps=start(workload, merged),
                                      duration=run["duration"], warmup=run["warmup"], **merged)
     return dual_capacity(config, TARGET, run["tolerance"], probe)
 
@@ -253,7 +261,7 @@ def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | Non
          fleet: dict[str, Any] | None = None) -> dict[str, dict[str, dict]]:
     """Each contender's capacity per grid setting on the tuning workload and seed, per regime,
     and the setting chosen: {name: {regime: {"settings", "capacities", "chosen"}}}. ``fleet``:
-    config fields (``model``, ``hardware``) for every run, over each workload's own."""
+    config fields (``FLEET_FIELDS``) for every run, over each workload's own."""
     calls = [(n, setting, TUNING_RUN, {"workload": TUNING_WORKLOAD, "seed": TUNING_SEED,
                                        "max_num_seqs": regime, **(fleet or {})}, probe, engine)
              for n in names for regime in regimes_of(n, regimes)
@@ -305,12 +313,12 @@ def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], float]:
     for r in rows:
         key = (r["workload"], r["regime"])
         seeds.setdefault(key, set()).add(r["seed"])
-        fleets[key] = {k: r[k] for k in ("model", "hardware") if k in r}
+        fleets[key] = {k: r[k] for k in FLEET_FIELDS if k in r}
     out = {}
     for (workload, regime), ss in seeds.items():
         fields = {**WORKLOAD_CONFIG.get(workload, {}), **fleets[(workload, regime)]}
         out[(workload, regime)] = statistics.fmean(
-            config_bound(SimConfig(workload=workload, qps=START.get(workload, 20.0), seed=s,
+            config_bound(SimConfig(workload=workload, qps=start(workload, fields), seed=s,
                                    max_num_seqs=regime, duration=EVALUATION_RUN["duration"],
                                    **fields), TARGET).qps
             for s in sorted(ss))
