@@ -225,3 +225,59 @@ def test_a_fleet_of_more_instances_runs_every_probe_on_it_from_a_start_in_propor
     bound16 = compare.cell_bounds(rows)[("four-task", 256)]
     bound2 = compare.cell_bounds([{**rows[0], "instances": 2}])[("four-task", 256)]
     assert bound16 == pytest.approx(8 * bound2, rel=0.02)
+
+
+def sloped(knee: float):
+    """A fleet whose attainment falls 2 points per 1% of rate, through 90% at ``knee``
+    (both metrics); and the rates it was probed at."""
+    seen: list[float] = []
+
+    def probe(config: SimConfig) -> dict:
+        seen.append(config.qps)
+        a = max(0.0, min(1.0, 0.9 - (config.qps / knee - 1) * 2))
+        return {"qps": config.qps, "attainment": a, "attainment_dslo": a, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    return probe, seen
+
+
+def test_a_search_started_from_an_earlier_result_brackets_its_capacity_in_two_probes():
+    tuned = {"rr": {"256": {"chosen": {}}}}
+    probe, seen = sloped(150.0)
+    cold = compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe,
+                            progress=False)
+    assert len(seen) == 7 and cold[0]["eq4_crossing"] == pytest.approx(150.0)
+    seen.clear()
+    warm = compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe,
+                            progress=False, earlier={"searches": cold})
+    # Half a tolerance (3%) below the earlier crossing, then just under one tolerance up:
+    # the bracket, for both metrics at once.
+    assert seen == [pytest.approx(150 * 0.985), pytest.approx(150 * 0.985 * 1.0297)]
+    assert warm[0]["eq4_warm_start"] == pytest.approx(147.75)
+    assert warm[0]["eq4_crossing"] == pytest.approx(150.0)
+    assert warm[0]["deadline_crossing"] == pytest.approx(150.0)
+    # A search with no earlier row of its own (another seed) starts cold.
+    seen.clear()
+    compare.evaluate(tuned, ["four-task"], [1], (256,), jobs=1, probe=probe, progress=False,
+                     earlier={"searches": cold})
+    assert seen[0] == compare.START["four-task"]
+
+
+def test_a_warm_search_whose_capacity_moved_far_still_finds_it():
+    probe, seen = sloped(600.0)
+    found = compare.dual_capacity(SimConfig(qps=10, duration=60), 0.9, 0.03, probe,
+                                  warm={"eq4": 150.0, "deadline": 150.0})
+    assert found["eq4_crossing"] == pytest.approx(600.0)
+    # Steps grow from 3% to doubling: fewer probes than stepping by 3% throughout would take.
+    assert len(seen) <= 12
+
+
+def test_tuning_starts_each_settings_search_from_the_earlier_tuning_of_that_setting():
+    probe, seen = sloped(80.0)
+    first = tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False)
+    n_settings = len(CONTENDERS["scorpio"].grid)
+    cold = len(seen)
+    seen.clear()
+    tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
+         earlier={"tuning": first})
+    assert len(seen) == 2 * n_settings < cold

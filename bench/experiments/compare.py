@@ -10,6 +10,9 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
         # dispatchers on the same engine: every contender on vLLM's planner
     python bench/experiments/compare.py --engine vllm --model llama-3-70b --hardware h200 \
         --tuned docs/data/compare_engine/vllm_1024.json ...  # a second model and hardware pair
+    python bench/experiments/compare.py --engine vllm --regimes 1024 \
+        --warm docs/data/compare_engine/vllm_1024.json ...  # rerun, each search started
+        # where the last run found it
     python bench/experiments/compare.py --engine vllm --instances 16 \
         --tuned docs/data/compare_engine/vllm_1024.json ...  # a larger fleet
 
@@ -90,6 +93,9 @@ def main() -> int:
     ap.add_argument("--merge", metavar="JSON",
                     help="keep the other contenders' tuning and searches from this earlier "
                     "result (their code unchanged since), and run only --contenders")
+    ap.add_argument("--warm", metavar="JSON", help="start each search just below the capacity "
+                    "this earlier result of the same table found for it (a third of the probes "
+                    "where it is unchanged); default: every search from its workload's rate")
     ap.add_argument("--tuned", metavar="JSON", help="take the tuning from this earlier result "
                     "instead of tuning again")
     args = ap.parse_args()
@@ -134,6 +140,9 @@ def main() -> int:
                                         "grid": list(CONTENDERS[n].grid_on(args.engine))}
                                     for n in names}},
     }
+    warm = json.loads(Path(args.warm).read_text()) if args.warm else None
+    if args.warm:
+        out["warm_from"] = args.warm
     t0 = time.perf_counter()
     if args.tuned:
         earlier = json.loads(Path(args.tuned).read_text())
@@ -142,7 +151,7 @@ def main() -> int:
         out["tuned_from"] = args.tuned
     else:
         out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
-                             engine=args.engine, fleet=fleet)
+                             engine=args.engine, fleet=fleet, earlier=warm)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():
@@ -165,7 +174,7 @@ def main() -> int:
         rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
                          [int(s) for s in args.seeds.split(",")],
                          regimes, args.jobs, args.ray_address, engine=args.engine,
-                         fleet=fleet)
+                         fleet=fleet, earlier=warm)
         out["evaluation_seconds"] = round(time.perf_counter() - t1)
         out["searches"] = rows
         out["table"] = cells(rows, cell_bounds(rows))

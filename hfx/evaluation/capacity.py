@@ -124,17 +124,24 @@ def unreachable(config: SimConfig) -> tuple[float, list[str]]:
 
 def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.02,
                   probe: Probe = simulate, metric: str = "attainment",
-                  quick: Probe | None = None) -> dict:
+                  quick: Probe | None = None, first_step: float = 2.0) -> dict:
     """The highest rate meeting ``target`` attainment for ``config``'s seed, by bracketing then
     bisection; with every probe run. ``metric``: the result's attainment to score, Eq. 4's
     (``attainment``) or per-token deadlines (``attainment_dslo``). The search runs ``quick``
     (default ``quick_probe(probe, target)``), whose runs may end once they fail; the one
     failing rate the ``crossing`` reads is then run whole with ``probe``, so capacity and
-    crossing are those of whole runs."""
+    crossing are those of whole runs.
+
+    The bracket steps from the config's rate by ``first_step``, each step the square of the
+    last up to 2 (doubling throughout by default): a search started just below a capacity
+    known from an earlier run, with a first step within ``tolerance``, is bracketed in two
+    probes where doubling takes six or seven."""
     if not 0 < target <= 1:
         raise ValueError(f"target attainment must be in (0, 1], got {target}")
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    if not 1 < first_step <= 2:
+        raise ValueError(f"first_step must be in (1, 2], got {first_step}")
     lost, why = unreachable(config)
     if lost >= 1 - target - 1e-9:  # the search would halve towards 0 QPS, probe after probe
         raise ValueError(
@@ -158,10 +165,12 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
     q = rate_of(config)
     lo: float | None
     hi: float | None
+    step = first_step
     if meets(q):
         lo, hi = q, None
         for _ in range(MAX_DOUBLINGS):
-            q *= 2
+            q *= step
+            step = min(step * step, 2.0)
             if not meets(q):
                 hi = q
                 break
@@ -172,7 +181,8 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
     else:
         lo, hi = None, q
         for _ in range(MAX_DOUBLINGS):
-            q /= 2
+            q /= step
+            step = min(step * step, 2.0)
             if meets(q):
                 lo = q
                 break

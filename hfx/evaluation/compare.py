@@ -38,6 +38,7 @@ assume. Every search row names the commit it ran at; a table is rendered from on
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -48,7 +49,7 @@ from itertools import product
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation.capacity import crossing, is_trace, quick_probe, seed_capacity
+from hfx.evaluation.capacity import at_rate, crossing, is_trace, quick_probe, seed_capacity
 from hfx.evaluation.presets import SEED_DISPATCHER
 from hfx.evaluation.runner import run_all
 from hfx.sim.driver import simulate
@@ -182,9 +183,11 @@ Probe = Callable[[SimConfig], dict]
 
 
 def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 0.03,
-                  probe: Probe = simulate) -> dict:
+                  probe: Probe = simulate, warm: Mapping[str, float] | None = None) -> dict:
     """``seed_capacity`` under each metric of ``METRICS``, from one set of probe runs: a rate
-    the first search probed is not run again for the second."""
+    the first search probed is not run again for the second. ``warm``: each metric's capacity
+    in an earlier run of the same search; each search then starts just below it, its first
+    step within ``tolerance`` (``warm_start``), where it would start at the config's rate."""
     seen: dict[float, dict] = {}
     quick = quick_probe(probe, target)  # a run that stops once it fails under both metrics
 
@@ -198,15 +201,28 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"seed": config.seed}
     for name, key in METRICS.items():
-        found = seed_capacity(config, target, tolerance, partial(once, whole=True), key,
-                              partial(once, whole=False))
+        start, step = warm_start((warm or {}).get(name), tolerance)
+        c = config if start is None else at_rate(config, start)
+        found = seed_capacity(c, target, tolerance, partial(once, whole=True), key,
+                              partial(once, whole=False), step)
         out[name], out[f"{name}_crossing"] = found["capacity"], found["crossing"]
+        if start is not None:
+            out[f"{name}_warm_start"] = start
     out["probes"] = [{"qps": q, "attainment": r["attainment"],
                       "attainment_dslo": r["attainment_dslo"], "hit_rate": r.get("hit_rate"),
                       **({} if r.get("stopped_at") is None else {"stopped_at": r["stopped_at"]})}
                      for q, r in sorted(seen.items())]
     out["wall_seconds"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def warm_start(earlier: float | None, tolerance: float) -> tuple[float | None, float]:
+    """Where a search starts and its first step, given the capacity an earlier run of it found
+    (None or 0: cold, at the config's rate, doubling): half a tolerance below it, stepping by
+    just under one tolerance, so an unchanged capacity is bracketed by its first two probes."""
+    if not earlier or earlier <= 0:
+        return None, 2.0
+    return round(earlier * (1 - tolerance / 2), 6), 1 + 0.99 * tolerance
 
 
 def resolved(row: dict, metric: str, target: float = TARGET) -> float:
@@ -238,13 +254,14 @@ def start(workload: str, fields: Mapping[str, Any]) -> float:
 
 
 def _search(name: str, setting: dict[str, Any], run: dict[str, float], fields: dict[str, Any],
-            probe: Probe = simulate, engine: str | None = None) -> dict:
+            probe: Probe = simulate, engine: str | None = None,
+            warm: Mapping[str, float] | None = None) -> dict:
     workload = fields["workload"]
     # ``fields`` (a fleet given for the whole run among them) over the workload's own fleet.
     merged = {**WORKLOAD_CONFIG.get(workload, {}), **fields}
     config = CONTENDERS[name].config(setting, engine, qps=start(workload, merged),
                                      duration=run["duration"], warmup=run["warmup"], **merged)
-    return dual_capacity(config, TARGET, run["tolerance"], probe)
+    return dual_capacity(config, TARGET, run["tolerance"], probe, warm)
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -255,15 +272,45 @@ def regimes_of(name: str, regimes: Sequence[int]) -> list[int]:
     return list(regimes) if CONTENDERS[name].every_regime else [min(regimes)]
 
 
+def _setting_key(setting: Mapping[str, Any]) -> str:
+    return json.dumps(setting, sort_keys=True)
+
+
+def _capacities(row: dict) -> dict[str, float]:
+    return {m: resolved(row, m) for m in METRICS}
+
+
+def earlier_tuning(result: Mapping[str, Any] | None) -> dict[tuple[str, int, str], dict]:
+    """An earlier result's tuning searches' capacities by metric, keyed (contender, regime,
+    setting): where ``tune`` starts the same searches (``warm_start``)."""
+    out = {}
+    for n, by_regime in (result or {}).get("tuning", {}).items():
+        for regime, t in by_regime.items():
+            for setting, row in zip(t.get("settings", ()), t.get("results", ()), strict=False):
+                out[(n, int(regime), _setting_key(setting))] = _capacities(row)
+    return out
+
+
+def earlier_searches(result: Mapping[str, Any] | None) -> dict[tuple[str, str, int, int], dict]:
+    """An earlier result's evaluation searches' capacities by metric, keyed (contender,
+    workload, seed, regime): where ``evaluate`` starts the same searches."""
+    return {(r["contender"], r["workload"], r["seed"], r["regime"]): _capacities(r)
+            for r in (result or {}).get("searches", ())}
+
+
 def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | None = None,
          ray_address: str | None = None, probe: Probe = simulate,
          progress: bool = True, engine: str | None = None,
-         fleet: dict[str, Any] | None = None) -> dict[str, dict[str, dict]]:
+         fleet: dict[str, Any] | None = None,
+         earlier: Mapping[str, Any] | None = None) -> dict[str, dict[str, dict]]:
     """Each contender's capacity per grid setting on the tuning workload and seed, per regime,
     and the setting chosen: {name: {regime: {"settings", "capacities", "chosen"}}}. ``fleet``:
-    config fields (``FLEET_FIELDS``) for every run, over each workload's own."""
+    config fields (``FLEET_FIELDS``) for every run, over each workload's own. ``earlier``: a
+    result of the same protocol whose searches start these (``warm_start``)."""
+    warm = earlier_tuning(earlier)
     calls = [(n, setting, TUNING_RUN, {"workload": TUNING_WORKLOAD, "seed": TUNING_SEED,
-                                       "max_num_seqs": regime, **(fleet or {})}, probe, engine)
+                                       "max_num_seqs": regime, **(fleet or {})}, probe, engine,
+              warm.get((n, regime, _setting_key(setting))))
              for n in names for regime in regimes_of(n, regimes)
              for setting in CONTENDERS[n].grid_on(engine)]
     found = iter(run_all(_search, calls, jobs, ray_address, progress, "tuning"))
@@ -286,18 +333,21 @@ def evaluate(tuned: dict[str, dict[str, dict]], workloads: Sequence[str] = WORKL
              seeds: Sequence[int] = SEEDS, regimes: Sequence[int] = REGIMES,
              jobs: int | None = None, ray_address: str | None = None,
              probe: Probe = simulate, progress: bool = True,
-             engine: str | None = None, fleet: dict[str, Any] | None = None) -> list[dict]:
+             engine: str | None = None, fleet: dict[str, Any] | None = None,
+             earlier: Mapping[str, Any] | None = None) -> list[dict]:
     """Every tuned contender's dual capacity per workload × seed × regime: one row each,
-    naming the commit it ran at (and ``fleet``, as ``tune`` takes it, where given)."""
+    naming the commit it ran at (and ``fleet``, as ``tune`` takes it, where given).
+    ``earlier``: a result of the same protocol whose searches start these (``warm_start``)."""
     from hfx.evaluation import code_commit
 
     commit = code_commit()
     fleet = fleet or {}
+    warm = earlier_searches(earlier)
     keys = [(n, w, s, regime) for n in tuned for w in workloads
             for regime in regimes_of(n, regimes) for s in seeds]
     calls = [(n, tuned[n][str(regime)]["chosen"], EVALUATION_RUN,
-              {"workload": w, "seed": s, "max_num_seqs": regime, **fleet}, probe, engine)
-             for n, w, s, regime in keys]
+              {"workload": w, "seed": s, "max_num_seqs": regime, **fleet}, probe, engine,
+              warm.get((n, w, s, regime))) for n, w, s, regime in keys]
     results = run_all(_search, calls, jobs, ray_address, progress, "evaluation")
     return [{"contender": n, "workload": w, "seed": s, "regime": regime, "commit": commit,
              **fleet, **r} for (n, w, s, regime), r in zip(keys, results, strict=True)]
