@@ -281,3 +281,14 @@ def test_tuning_starts_each_settings_search_from_the_earlier_tuning_of_that_sett
     tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
          earlier={"tuning": first})
     assert len(seen) == 2 * n_settings < cold
+
+
+def test_a_warm_search_on_a_larger_fleet_starts_from_the_earlier_capacity_in_proportion():
+    tuned = {"rr": {"256": {"chosen": {}}}}
+    probe, seen = sloped(150.0)
+    two = compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe,
+                           progress=False)
+    seen.clear()
+    compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe, progress=False,
+                     fleet={"instances": 16}, earlier={"searches": two})
+    assert seen[0] == pytest.approx(8 * 150 * 0.985)

@@ -95,7 +95,8 @@ def main() -> int:
                     "result (their code unchanged since), and run only --contenders")
     ap.add_argument("--warm", metavar="JSON", help="start each search just below the capacity "
                     "this earlier result of the same table found for it (a third of the probes "
-                    "where it is unchanged); default: every search from its workload's rate")
+                    "where it is unchanged; one of another fleet size in proportion); default: "
+                    "every search from its workload's rate")
     ap.add_argument("--tuned", metavar="JSON", help="take the tuning from this earlier result "
                     "instead of tuning again")
     args = ap.parse_args()

@@ -291,11 +291,17 @@ def earlier_tuning(result: Mapping[str, Any] | None) -> dict[tuple[str, int, str
     return out
 
 
-def earlier_searches(result: Mapping[str, Any] | None) -> dict[tuple[str, str, int, int], dict]:
+def earlier_searches(result: Mapping[str, Any] | None,
+                     instances: int = 2) -> dict[tuple[str, str, int, int], dict]:
     """An earlier result's evaluation searches' capacities by metric, keyed (contender,
-    workload, seed, regime): where ``evaluate`` starts the same searches."""
-    return {(r["contender"], r["workload"], r["seed"], r["regime"]): _capacities(r)
-            for r in (result or {}).get("searches", ())}
+    workload, seed, regime): where ``evaluate`` starts the same searches, on ``instances``
+    (an earlier fleet of another size in proportion: a guess the search corrects)."""
+    out = {}
+    for r in (result or {}).get("searches", ()):
+        scale = instances / r.get("instances", 2)
+        out[(r["contender"], r["workload"], r["seed"], r["regime"])] = {
+            m: c * scale for m, c in _capacities(r).items()}
+    return out
 
 
 def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | None = None,
@@ -342,7 +348,7 @@ def evaluate(tuned: dict[str, dict[str, dict]], workloads: Sequence[str] = WORKL
 
     commit = code_commit()
     fleet = fleet or {}
-    warm = earlier_searches(earlier)
+    warm = earlier_searches(earlier, fleet.get("instances", 2))
     keys = [(n, w, s, regime) for n in tuned for w in workloads
             for regime in regimes_of(n, regimes) for s in seeds]
     calls = [(n, tuned[n][str(regime)]["chosen"], EVALUATION_RUN,
