@@ -74,12 +74,13 @@ def main() -> int:
     regime = table["protocol"]["regimes"][0]
     out: dict = {"command": "python bench/sim/search_ab.py " + " ".join(sys.argv[1:]),
                  "table": args.table, "engine": engine, "regime": regime, "cases": []}
+    capacities = earlier_searches(table)  # each search's, where --warm starts it
     for case in args.case or CASES:
         name, workload, seed = case.split(":")
         setting = table["tuning"][name][str(regime)]["chosen"]
         call = [name, setting, {"workload": workload, "seed": int(seed),
                                 "max_num_seqs": regime}, engine]
-        earlier = earlier_searches(table).get((name, workload, int(seed), regime))
+        earlier = capacities.get((name, workload, int(seed), regime))
         row = {"case": case, "setting": setting}
         order = ("before", "after") if len(out["cases"]) % 2 == 0 else ("after", "before")
         for tag in order:
