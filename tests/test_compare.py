@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hfx.config import SimConfig
+from hfx.engine.planners.deadline_chunked import DeadlineChunkedPlanner
+from hfx.engine.planners.slo_paced import DEFAULT_PACE
 from hfx.evaluation import compare
 from hfx.evaluation.compare import CONTENDERS, HFX, Contender, cells, dual_capacity, tune
 
@@ -115,8 +117,9 @@ def test_slos_serve_admits_with_the_pace_its_engine_runs_at():
 
     for setting in CONTENDERS["slos-serve"].grid:
         assert setting["policy_params"]["pace"] == setting["planner_params"]["pace"]
-    config = CONTENDERS["slos-serve"].config(CONTENDERS["slos-serve"].grid[0],
-                                             workload="four-task")
+    setting = next(s for s in CONTENDERS["slos-serve"].grid
+                   if s["policy_params"]["pace"] == 0.7)  # not the shipped pace
+    config = CONTENDERS["slos-serve"].config(setting, workload="four-task")
     control = sim_cluster(config, resolve_profile(config))
     assert control.policy.pace == 0.7
     assert {i.engine.planner.pace for i in control.instances.values()} == {0.7}
@@ -292,3 +295,28 @@ def test_a_warm_search_on_a_larger_fleet_starts_from_the_earlier_capacity_in_pro
     compare.evaluate(tuned, ["four-task"], [0], (256,), jobs=1, probe=probe, progress=False,
                      fleet={"instances": 16}, earlier={"searches": two})
     assert seen[0] == pytest.approx(8 * 150 * 0.985)
+
+
+def test_tuning_keeps_the_setting_listed_first_unless_another_beats_it_beyond_the_resolution():
+    tie = compare.TUNING_TIE
+    # The best leads the first by less than the resolution: a tie, the first is kept.
+    assert compare.choose([100.0, 100.0 * (1 + tie) * 0.999, 90.0]) == 0
+    # Beyond it, the best is chosen; and among several within it of the best, the first of them.
+    assert compare.choose([100.0, 104.0, 105.0]) == 1
+    assert compare.choose([100.0, 90.0, 103.0]) == 2
+    assert compare.choose([0.0, 0.0]) == 0
+
+
+def test_every_grid_lists_the_policys_shipped_setting_first():
+    import inspect
+
+    from hfx.policies import POLICIES
+
+    for c in CONTENDERS.values():
+        params = c.grid[0].get("policy_params", {})
+        signature = inspect.signature(POLICIES[c.fields["policy"]].__init__).parameters
+        own = c.fields.get("policy_params", {})  # the contender's fixed params over the class's
+        assert params == {k: own.get(k, signature[k].default) for k in params}, c.name
+    assert CONTENDERS["hfx"].grid[0]["planner_params"] == {
+        "slack_share": DeadlineChunkedPlanner.slack_share}
+    assert CONTENDERS["slos-serve"].grid[0]["planner_params"] == {"pace": DEFAULT_PACE}
