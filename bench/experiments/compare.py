@@ -15,6 +15,8 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
         # where the last run found it
     python bench/experiments/compare.py --engine vllm --instances 16 \
         --tuned docs/data/compare_engine/vllm_1024.json ...  # a larger fleet
+    python bench/experiments/compare.py --engine vllm --regimes 1024 --workloads none \
+        --tuning-fleet qwen2.5-32b@h200 --json ...  # tuning only, held out by model and hardware
 
 Each cell names its work bound (hfx/evaluation/bound.py, computed when the table is made):
 the most requests/s any dispatcher and engine could carry there, and HFX's share of it.
@@ -87,6 +89,10 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=None,
                     help="every run on this many instances (each search starting at its "
                     "2-instance rate in proportion); default: 2")
+    ap.add_argument("--tuning-fleet", metavar="MODEL@HARDWARE", default=None,
+                    help="tune on this shipped profile's model and hardware instead of the "
+                    "evaluated fleet's (a tuning held out by model and hardware); "
+                    "'--workloads none' then tunes only")
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="render a table whose searches ran at different commits")
@@ -126,6 +132,14 @@ def main() -> int:
             ap.error(f"no shipped profile {args.model}@{args.hardware}; choose from "
                      f"{', '.join(shipped_profiles())}")
         fleet.update(model=args.model, hardware=args.hardware)
+    tuning_fleet = dict(fleet)
+    if args.tuning_fleet is not None:
+        if args.tuning_fleet not in shipped_profiles():
+            ap.error(f"no shipped profile {args.tuning_fleet}; choose from "
+                     f"{', '.join(shipped_profiles())}")
+        model, hardware = args.tuning_fleet.split("@")
+        tuning_fleet.update(model=model, hardware=hardware)
+    workloads = [] if args.workloads == "none" else args.workloads.split(",")
     names = args.contenders.split(",")
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
@@ -136,6 +150,7 @@ def main() -> int:
         "protocol": {"target": TARGET, "metrics": METRICS, "regimes": regimes,
                      "engine": args.engine, "fleet": fleet or None,
                      "tuning_workload": TUNING_WORKLOAD, "tuning_seed": TUNING_SEED,
+                     "tuning_fleet": tuning_fleet if tuning_fleet != fleet else None,
                      "tuning_run": TUNING_RUN, "evaluation_run": EVALUATION_RUN,
                      "contenders": {n: {"fields": CONTENDERS[n].fields, "help": CONTENDERS[n].help,
                                         "grid": list(CONTENDERS[n].grid_on(args.engine))}
@@ -152,12 +167,13 @@ def main() -> int:
         out["tuned_from"] = args.tuned
     else:
         out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
-                             engine=args.engine, fleet=fleet, earlier=warm)
+                             engine=args.engine, fleet=tuning_fleet or None, earlier=warm)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():
-            print(f"tuned {n:<12} @{regime}: {t['chosen']} (score {max(t['scores']):.1f})",
-                  flush=True)
+            score = t["scores"][t["settings"].index(t["chosen"])]
+            print(f"tuned {n:<12} @{regime}: {t['chosen']} (score {score:.1f}, best "
+                  f"{max(t['scores']):.1f})", flush=True)
     if args.json:
         write_json(args.json, out)
     t1 = time.perf_counter()
@@ -171,7 +187,7 @@ def main() -> int:
         rows += [r for r in earlier["searches"] if r["contender"] not in names]
         out["merged_from"] = {"file": args.merge, "command": earlier.get("command"),
                               "contenders": sorted(set(out["tuning"]) - set(names))}
-    for workload in args.workloads.split(","):
+    for workload in workloads:
         rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
                          [int(s) for s in args.seeds.split(",")],
                          regimes, args.jobs, args.ray_address, engine=args.engine,
@@ -182,8 +198,9 @@ def main() -> int:
         print(headline([c for c in out["table"] if c["workload"] == workload]), flush=True)
         if args.json:
             write_json(args.json, out)
-    print(headline(out["table"]))
-    print(f"tuning {out['tuning_seconds']} s, evaluation {out['evaluation_seconds']} s")
+    if workloads:
+        print(headline(out["table"]))
+        print(f"tuning {out['tuning_seconds']} s, evaluation {out['evaluation_seconds']} s")
     return 0
 
 
