@@ -232,7 +232,7 @@ def test_slos_serve_admission_plans_at_its_pace(monkeypatch):
         return [items[-1].key]
 
     monkeypatch.setattr(slos, "admit", admit)
-    pol = make_policy("slos-serve", pace=0.5)
+    pol = make_policy("slos-serve", pace=0.5, decide_steps=0)
     pol.enqueue(req("a", 0.1), 0.0)
     pol.schedule(view(2))
     assert steps and steps[0] == pytest.approx(0.5 * 0.1)
@@ -377,7 +377,7 @@ def test_slos_serve_forces_the_prompts_admitted_since_the_last_snapshot():
     the instance's last snapshot; one admitted before it, with no waiting tokens in the
     snapshot, is prefilled already. Here (about 8,900 prefill tokens/s) a prompt of 8,000
     admitted after the snapshot leaves no room by 1.7 s for another one of 8,000."""
-    pol = make_policy("slos-serve", route_limit=1)
+    pol = make_policy("slos-serve", route_limit=1, decide_steps=0)
     pol.enqueue(req("older", 0.1, prompt=100), 0.0)
     assert [d.request.id for d in pol.schedule(view(1)).dispatch] == ["older"]
     v = view(1, now=0.5)  # the snapshot at 0.5: "older" is in it, prefilled
@@ -389,3 +389,25 @@ def test_slos_serve_forces_the_prompts_admitted_since_the_last_snapshot():
     # "old" (deadline 1.6) goes first: 0.9 s of budget, 8,000 of it taken; by 1.7 s, 0.1 s
     # more: not 8,000. Declined on its one replica, "new" goes best effort.
     assert [(d.request.id, d.best_effort) for d in pol.schedule(v).dispatch] == [("new", True)]
+
+
+@pytest.mark.parametrize(("decide_steps", "admitted"), [(1.0, ["s1", "s2"]), (0.0, ["big"])])
+def test_slos_serve_admits_the_largest_set_of_the_requests_one_batch_brought(
+        decide_steps, admitted):
+    """SLOs-Serve decides the requests that arrived during a batch together (§3.1, Algorithm 1):
+    of a 7,000-token prompt and two of 4,000 due by about 1 s (some 8,900 prefill tokens/s),
+    its DP admits the two small ones, where deciding each on arrival admits the first."""
+    pol = make_policy("slos-serve", route_limit=1, decide_steps=decide_steps)
+    v = view(1)
+    out = []
+    for rid, prompt, at in (("big", 7000, 0.0), ("s1", 4000, 0.002), ("s2", 4000, 0.004)):
+        v.now = at
+        pol.enqueue(req(rid, 0.1, prompt=prompt, arrival=at), at)
+        out.append(pol.schedule(v))
+    if decide_steps:  # nothing decided within the batch: a wake-up at its end, one step on
+        assert [(d.dispatch, d.wake_at) for d in out] == [([], MODEL.decode_a)] * 3
+        v.now = MODEL.decode_a
+        out.append(pol.schedule(v))
+    placed = [d for o in out for d in o.dispatch]
+    assert sorted(d.request.id for d in placed if not d.best_effort) == admitted
+    assert len(placed) == 3  # the declined are served best effort, not lost

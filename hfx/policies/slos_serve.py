@@ -16,6 +16,11 @@ requests are forced in (continuous optimisation). The DP keeps, for every n, the
 most budget (then the least demand): the per-tier counts of the seed's state are folded into D,
 exact when requests share a TPOT, O(N²) in general. The largest feasible n is admitted.
 
+Subset selection (§3.1, Algorithm 1): the scheduler runs between batches, so the requests that
+arrive during one are decided together: a replica's DP takes all of its candidates at once and
+admits the largest set it can serve. Here a new request waits up to ``decide_steps`` decode
+steps (Eq. 2's fixed term) for others to be decided with; 0 decides each on arrival.
+
 Routing (§4.2): a new request goes to the next replica round robin; declined, it tries the next
 replica, up to ``route_limit`` replicas. Declined everywhere, it joins the best-effort tier
 (§4.1) on the replica with the most free KV: served with leftover budget, preempted first.
@@ -103,12 +108,15 @@ class SLOsServe(ArrivalOrderPolicy):
     planner = SLOPacedPlanner.name
 
     def __init__(self, route_limit: int = 2, output_length: str = "history",
-                 pace: float = DEFAULT_PACE) -> None:
+                 pace: float = DEFAULT_PACE, decide_steps: float = 1.0) -> None:
         if route_limit < 1:
             raise ValueError(f"route_limit must be >= 1, got {route_limit}")
         if not 0 < pace <= 1:
             raise ValueError(f"pace must be in (0, 1], got {pace}")
+        if decide_steps < 0:
+            raise ValueError(f"decide_steps must be >= 0, got {decide_steps}")
         self.route_limit = int(route_limit)
+        self.decide_steps = float(decide_steps)
         # The engine's decode pace (``--planner-params pace=``) as admission plans with it:
         # give both the same value.
         self.pace = float(pace)
@@ -129,9 +137,9 @@ class SLOsServe(ArrivalOrderPolicy):
         return Item(req.id, req.arrival + req.slo.ttft, req.prompt_len, 1.0 / req.slo.tpot,
                     req.prompt_len + self.predictor.predict(req))
 
-    def _try(self, inst: InstanceView, sh: ShadowInstance, req: Request, model: StepTimeModel,
-             now: float) -> bool:
-        """Run the replica's admission DP with ``req`` as the one candidate."""
+    def _admit(self, inst: InstanceView, sh: ShadowInstance, reqs: list[Request],
+               model: StepTimeModel, now: float) -> set[str]:
+        """Run the replica's admission DP over the candidates ``reqs``: the ids it admits."""
         # Forced work (continuous optimisation): prompts not yet prefilled. Those admitted since
         # the last snapshot, and of the earlier ones the latest-deadline prompts that make up the
         # snapshot's waiting tokens (the engine prefills earliest deadline first). Their decode
@@ -154,40 +162,54 @@ class SLOsServe(ArrivalOrderPolicy):
                 pending.append(x)
                 left -= x.prompt
         demand0 = sh.tpot_demand()
-        assert req.slo is not None
-        t0 = self.pace * min(sh.min_tpot() or req.slo.tpot, req.slo.tpot)
-        ctx = sh.decode_ctx / sh.batch_size if sh.batch_size else float(req.prompt_len)
-        return bool(admit([*pending, self._item(req)], now, model, t0, demand0,
-                          sh.free_kv_tokens(), ctx))
+        # The tightest TPOT, running or candidate, sets the step every batch is planned at.
+        tightest = min(r.slo.tpot for r in reqs if r.slo is not None)
+        t0 = self.pace * min(sh.min_tpot() or tightest, tightest)
+        ctx = (sh.decode_ctx / sh.batch_size if sh.batch_size
+               else sum(r.prompt_len for r in reqs) / len(reqs))
+        return set(admit([*pending, *(self._item(r) for r in reqs)], now, model, t0, demand0,
+                         sh.free_kv_tokens(), ctx))
 
     def schedule(self, view: ClusterView) -> Decision:
         decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
-        if not targets:
+        if not targets or not self._queue:
+            return decision
+        # Algorithm 1 runs between batches: wait up to a batch for others to decide with.
+        due = self._queue[0].arrival + self.decide_steps * model.decode_a
+        if now < due:
+            decision.wake_at = due
             return decision
         shadows = {inst.id: self.shadow.sync(inst) for inst in targets}
+        # Each request's first replica round robin; declined there, the next (§4.2).
+        undecided: list[tuple[Request, int]] = []
         while self._queue:
-            req = self._queue.popleft()
-            start = self._next % len(targets)
+            undecided.append((self._queue.popleft(), self._next % len(targets)))
             self._next += 1
-            placed = False
-            for k in range(min(self.route_limit, len(targets))):
-                inst = targets[(start + k) % len(targets)]
+        for hop in range(min(self.route_limit, len(targets))):
+            candidates: dict[int, list[Request]] = {}
+            for req, start in undecided:
+                candidates.setdefault((start + hop) % len(targets), []).append(req)
+            admitted_ids: set[str] = set()
+            for k, reqs in candidates.items():
+                inst = targets[k]
                 sh = shadows[inst.id]
-                if self._try(inst, sh, req, model, now):
-                    decision.dispatch.append(Dispatch(req, inst.id))
-                    sh.add(req, self.predictor.predict(req))
-                    admitted = self._admitted[inst.id]
-                    admitted.pop(req.id, None)  # keep the dict in admission order
-                    admitted[req.id] = (now, self._item(req, forced=True))
-                    placed = True
-                    break
-            if not placed:  # the best-effort tier (§4.1)
-                inst = max(targets, key=lambda i: (shadows[i.id].free_kv_tokens(), -i.id))
-                # Not in the shadow: best-effort work yields to SLO work (preempted first) and
-                # must not tighten the replica's admission of SLO requests.
-                decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
+                ids = self._admit(inst, sh, reqs, model, now)
+                admitted = self._admitted.setdefault(inst.id, {})
+                for req in reqs:
+                    if req.id in ids:
+                        decision.dispatch.append(Dispatch(req, inst.id))
+                        sh.add(req, self.predictor.predict(req))
+                        admitted.pop(req.id, None)  # keep the dict in admission order
+                        admitted[req.id] = (now, self._item(req, forced=True))
+                admitted_ids |= ids
+            undecided = [(r, s) for r, s in undecided if r.id not in admitted_ids]
+        for req, _ in undecided:  # the best-effort tier (§4.1)
+            inst = max(targets, key=lambda i: (shadows[i.id].free_kv_tokens(), -i.id))
+            # Not in the shadow: best-effort work yields to SLO work (preempted first) and
+            # must not tighten the replica's admission of SLO requests.
+            decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
         return decision
 
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
