@@ -127,18 +127,19 @@ def main() -> int:
         fleet["instances"] = args.instances
     if (args.model is None) != (args.hardware is None):
         ap.error("--model and --hardware go together")
+
+    def profile(name: str) -> dict[str, str]:
+        """A shipped profile's model and hardware, as fleet fields."""
+        if name not in shipped_profiles():
+            ap.error(f"no shipped profile {name}; choose from {', '.join(shipped_profiles())}")
+        model, hardware = name.split("@")
+        return {"model": model, "hardware": hardware}
+
     if args.model is not None:
-        if f"{args.model}@{args.hardware}" not in shipped_profiles():
-            ap.error(f"no shipped profile {args.model}@{args.hardware}; choose from "
-                     f"{', '.join(shipped_profiles())}")
-        fleet.update(model=args.model, hardware=args.hardware)
+        fleet.update(profile(f"{args.model}@{args.hardware}"))
     tuning_fleet = dict(fleet)
     if args.tuning_fleet is not None:
-        if args.tuning_fleet not in shipped_profiles():
-            ap.error(f"no shipped profile {args.tuning_fleet}; choose from "
-                     f"{', '.join(shipped_profiles())}")
-        model, hardware = args.tuning_fleet.split("@")
-        tuning_fleet.update(model=model, hardware=hardware)
+        tuning_fleet.update(profile(args.tuning_fleet))
     workloads = [] if args.workloads == "none" else args.workloads.split(",")
     names = args.contenders.split(",")
     unknown = [n for n in names if n not in CONTENDERS]
@@ -167,7 +168,7 @@ def main() -> int:
         out["tuned_from"] = args.tuned
     else:
         out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
-                             engine=args.engine, fleet=tuning_fleet or None, earlier=warm)
+                             engine=args.engine, fleet=tuning_fleet, earlier=warm)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from hfx.evaluation import write_json
+from hfx.evaluation.compare import _setting_key
 
 
 def load(side: str) -> dict:
@@ -39,7 +40,7 @@ def scores(result: dict) -> dict[tuple[str, str, str], float]:
     for name, by_regime in result.get("tuning", {}).items():
         for regime, t in by_regime.items():
             for setting, score in zip(t["settings"], t["scores"], strict=True):
-                out[(name, regime, json.dumps(setting, sort_keys=True))] = score
+                out[(name, regime, _setting_key(setting))] = score
     return out
 
 
