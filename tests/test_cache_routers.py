@@ -109,6 +109,22 @@ def test_sglang_balances_past_its_thresholds_else_follows_the_longest_match():
     assert route(pol, view(2, outstanding=(100, 40)), req("e", [1, 2, 3, 4, 6])) == [0]
 
 
+def test_sglang_counts_prompts_without_content_in_the_smallest_tree():
+    # SGLang inserts every prompt's text into its tree: a prompt with no content (the synthetic
+    # task workloads) is text of its own length, so the next one goes to the other worker.
+    pol = make_policy("sglang")
+    v = view(2)
+
+    def plain(rid: str, prompt: int) -> Request:
+        return Request(rid, 0.0, prompt, 8, SLO(2.0, 0.5))
+
+    assert route(pol, v, plain("a", 640)) == [0]  # both trees empty: the first
+    assert route(pol, v, plain("b", 160)) == [1]  # 0 holds 40 blocks, 1 none
+    assert route(pol, v, plain("c", 160)) == [1]  # 40 against 10
+    assert route(pol, v, plain("d", 480)) == [1]  # 40 against 20
+    assert route(pol, v, plain("e", 16)) == [0]  # 40 against 50
+
+
 def test_prefix_aware_follows_the_longest_routed_prefix_and_ignores_load():
     pol = make_policy("prefix-aware")
     first = route(pol, view(4), req("a", [1, 2, 3, 4]))[0]
