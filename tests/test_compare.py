@@ -320,3 +320,36 @@ def test_every_grid_lists_the_policys_shipped_setting_first():
     assert CONTENDERS["hfx"].grid[0]["planner_params"] == {
         "slack_share": DeadlineChunkedPlanner.slack_share}
     assert CONTENDERS["slos-serve"].grid[0]["planner_params"] == {"pace": DEFAULT_PACE}
+
+
+def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "experiments" / "compare.py"
+    spec = importlib.util.spec_from_file_location("compare_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "hfx").mkdir()
+    for name in ("sglang.py", "hfx.py"):
+        (tmp_path / "hfx" / name).write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "a")
+    first = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "hfx" / "sglang.py").write_text("x = 2\n")
+    (tmp_path / "notes.md").write_text("not the package\n")
+    git("add", ".")
+    git("commit", "-qm", "b")
+    second = git("rev-parse", "--short", "HEAD")
+    assert script.code_between({first, second}, tmp_path) == (
+        f"hfx/ between {min(first, second)} and {max(first, second)}: hfx/sglang.py")
+    assert script.code_between({first, "0000000"}, tmp_path).endswith("(not in this checkout)")

@@ -31,8 +31,10 @@ each workload's searches, so a run stopped early keeps what it found.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,6 +61,8 @@ from hfx.evaluation.compare import (
 )
 from hfx.stepmodel.profiles import shipped_profiles
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def fleet_words(fleet: dict | None) -> str:
     """How a result's fleet reads in its rendered table's header."""
@@ -66,6 +70,19 @@ def fleet_words(fleet: dict | None) -> str:
     model = (f"{fleet['model']} on {fleet['hardware']}" if "model" in fleet
              else "each workload's model")
     return f"{model}, {fleet.get('instances', 2)} instances"
+
+
+def code_between(commits: set[str], root: Path = ROOT) -> str:
+    """What the package (hfx/) differs in between a mixed table's commits: a cell is current
+    at another commit only where none of its code is in this list."""
+    known = sorted(c for c in commits if c != "not recorded")
+    lines = []
+    for a, b in itertools.pairwise(known):
+        got = subprocess.run(["git", "-C", str(root), "diff", "--name-only", a, b, "--", "hfx"],
+                             capture_output=True, text=True)
+        files = got.stdout.split() if got.returncode == 0 else ["(not in this checkout)"]
+        lines.append(f"hfx/ between {a} and {b}: {', '.join(files) or 'nothing'}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -115,6 +132,7 @@ def main() -> int:
                 print(f"not rendered: {e}", file=sys.stderr)
                 return 1
             print(f"mixed commits: {e}")
+            print(code_between({r.get("commit", "not recorded") for r in result["searches"]}))
         protocol = result.get("protocol", {})
         print(f"engine {protocol.get('engine') or 'each its own'}; "
               f"fleet {fleet_words(protocol.get('fleet'))}")
