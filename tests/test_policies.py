@@ -306,6 +306,19 @@ def test_aladdin_feasibility_predicts_ttft_and_mean_tpot(ttft, tpot, best_effort
     assert [(x.request.id, x.best_effort) for x in d.dispatch] == [("r", best_effort)]
 
 
+def test_aladdin_keeps_the_tightest_tpot_already_running_on_a_worker():
+    pol = make_policy("aladdin")
+    view = kv_view(0.0, [1000, 0])  # worker 0 the fuller: best fit's pick
+    view.step_model = PD_MODEL
+    pol.schedule(view)
+    # Worker 0 runs a 30 ms request: ~22 ms a step alone, ~33 ms with a second 1,000-token one.
+    pol.shadow[0].add(req("tight", 0.0, 1000, 5.0, 0.03), 128.0)
+    pol.enqueue(req("loose", 0.0, 1000, 5.0, 0.5), 0.0)
+    d = pol.schedule(view)
+    assert [(x.request.id, x.instance, x.best_effort) for x in d.dispatch] == [
+        ("loose", 1, False)]
+
+
 def test_sa_assigns_each_request_to_the_largest_remaining_memory():
     pol = make_policy("sa")
     for rid, prompt in (("big", 3000), ("a", 100), ("b", 100)):
@@ -800,6 +813,24 @@ def test_hfx_override_never_sends_to_an_engine_with_a_backlog():
     pol = held_by_the_guard("on")
     assert pol.schedule(busy(11.3, waiting=3)).dispatch == []
     assert pol.num_queued() == 1  # still queued: the normal scan may take it later
+
+
+@pytest.mark.parametrize("looser", [0, 1])
+def test_hfx_override_sends_an_urgent_prompt_where_it_leaves_most_room(looser: int):
+    pol = make_policy("hfx")
+    pol.schedule(view(0.0, n=2))
+    # Two instances decoding alike (E_d = 0.032 s, TTFT 1 s): a tightest TPOT of 36 ms leaves
+    # Eq. 5 room for 911 prompt tokens, 35 ms for 657. The 8000-token prompt fits neither, and
+    # its first token is as likely in time on both (p = 1): the order of the instances must
+    # not decide, or every urgent prompt goes to the same one.
+    for iid in (0, 1):
+        tpot = 0.036 if iid == looser else 0.035
+        for i in range(20):
+            pol.shadow[iid].add(req(f"run{iid}.{i}", 0.0, 1000, 1.0, tpot), 10.0)
+    pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
+    assert pol.schedule(view(10.0, n=2, running=20, ctx=20_000)).dispatch == []
+    d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", looser)]
 
 
 def test_hfx_override_takes_what_the_maturity_wait_would_make_late():
