@@ -353,3 +353,34 @@ def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
     assert script.code_between({first, second}, tmp_path) == (
         f"hfx/ between {min(first, second)} and {max(first, second)}: hfx/sglang.py")
     assert script.code_between({first, "0000000"}, tmp_path).endswith("(not in this checkout)")
+
+
+def test_a_rerun_merged_into_the_table_it_writes_keeps_the_other_contenders(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "compare_script", root / "bench" / "experiments" / "compare.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = tmp_path / "table.json"
+    earlier = json.loads((root / "docs/data/compare_whole/own_engines_1024_20.json").read_text())
+    table.write_text(json.dumps(earlier))
+    others = [r for r in earlier["searches"] if r["contender"] != "hfx"]
+    rerun = [dict(r, commit="new", eq4=r["eq4"] + 1.0) for r in earlier["searches"]
+             if r["contender"] == "hfx" and r["workload"] == "tiered-512-512"]
+    monkeypatch.setattr(script, "evaluate", lambda tuned, workloads, *a, **k: [
+        r for r in rerun if r["workload"] in workloads])
+    # --merge and --json name one file: the merge must be read before the tuning is written.
+    monkeypatch.setattr(sys, "argv", [
+        "compare.py", "--regimes", "1024", "--instances", "20", "--seeds", "0,1",
+        "--workloads", "tiered-512-512", "--contenders", "hfx", "--tuned", str(table),
+        "--merge", str(table), "--json", str(table)])
+    assert script.main() == 0
+    result = json.loads(table.read_text())
+    assert result["searches"] == others + rerun
+    assert set(result["tuning"]) == set(earlier["tuning"])
+    assert result["merged_from"]["contenders"] == sorted(set(earlier["tuning"]) - {"hfx"})

@@ -176,6 +176,8 @@ def main() -> int:
                                     for n in names}},
     }
     warm = json.loads(Path(args.warm).read_text()) if args.warm else None
+    # Read before anything is written: --merge and --json may name the same file.
+    merged = json.loads(Path(args.merge).read_text()) if args.merge else None
     if args.warm:
         out["warm_from"] = args.warm
     t0 = time.perf_counter()
@@ -193,19 +195,22 @@ def main() -> int:
             score = t["scores"][t["settings"].index(t["chosen"])]
             print(f"tuned {n:<12} @{regime}: {t['chosen']} (score {score:.1f}, best "
                   f"{max(t['scores']):.1f})", flush=True)
+    rows: list[dict] = []
+    if merged is not None:  # the others' results as they were: one table over every contender
+        for n, t in merged["tuning"].items():
+            if n not in names:
+                out["tuning"][n] = t
+                out["protocol"]["contenders"][n] = merged["protocol"]["contenders"][n]
+        rows += [r for r in merged["searches"] if r["contender"] not in names]
+        out["merged_from"] = {"file": args.merge, "command": merged.get("command"),
+                              "contenders": sorted(set(out["tuning"]) - set(names))}
+        if merged.get("merged_from"):  # what that result had merged in its turn
+            out["merged_from"]["earlier"] = merged["merged_from"]
+        out["searches"] = list(rows)
+        out["table"] = cells(rows, cell_bounds(rows))
     if args.json:
         write_json(args.json, out)
     t1 = time.perf_counter()
-    rows: list[dict] = []
-    if args.merge:  # the others' results as they were: one table over every contender
-        earlier = json.loads(Path(args.merge).read_text())
-        for n, t in earlier["tuning"].items():
-            if n not in names:
-                out["tuning"][n] = t
-                out["protocol"]["contenders"][n] = earlier["protocol"]["contenders"][n]
-        rows += [r for r in earlier["searches"] if r["contender"] not in names]
-        out["merged_from"] = {"file": args.merge, "command": earlier.get("command"),
-                              "contenders": sorted(set(out["tuning"]) - set(names))}
     for workload in workloads:
         rows += evaluate({n: out["tuning"][n] for n in names}, [workload],
                          [int(s) for s in args.seeds.split(",")],

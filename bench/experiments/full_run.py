@@ -5,11 +5,16 @@ order, each table's CPU time (its process and the workers it reaped) and wall ti
     python bench/experiments/full_run.py --out /tmp/full --warm docs/data  # each search
         # started where the table of the same name there found it (compare.py --warm)
     python bench/experiments/full_run.py --tables compare_engine/vllm_1024 ...
+    python bench/experiments/full_run.py --out docs/data --warm docs/data --merge docs/data \
+        --contenders hfx,hfx-paper  # rerun these in every table, the others kept as they are
 
 Each table is written to OUT/<table>.json; the tables of the second model and hardware pair
 and of larger fleets take their tuning from their first table's new result (held out by
 model, hardware and fleet size, as docs/results.md describes). A table whose commit differs
-from the others' fails the run: every table at one commit (issue 49).
+from the others' fails the run: every table at one commit (issue 49). With ``--merge`` only
+``--contenders`` run, each table keeping the others' searches from the table of the same name
+in the merge folder (``compare.py --merge``: for contenders whose code has not changed), and
+only the rerun contenders' commits must agree.
 """
 
 from __future__ import annotations
@@ -61,12 +66,19 @@ def main() -> int:
     ap.add_argument("--tables", default=",".join(t for t, _, _ in TABLES))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None, help="the run's summary: each table's times")
+    ap.add_argument("--contenders", default=None,
+                    help="run only these (compare.py --contenders); default: every contender")
+    ap.add_argument("--merge", metavar="DIR", default=None,
+                    help="keep the other contenders' searches from the table of the same name "
+                    "here (compare.py --merge); needs --contenders")
     args = ap.parse_args()
     known = {t: (a, tuned) for t, a, tuned in TABLES}
     chosen = args.tables.split(",")
     unknown = [t for t in chosen if t not in known]
     if unknown:
         ap.error(f"unknown tables {unknown}; choose from {', '.join(known)}")
+    if args.merge and not args.contenders:
+        ap.error("--merge reruns only --contenders: name them")
     out = Path(args.out)
     here = Path(__file__).resolve().parent
     summary: dict = {"command": " ".join(["python", *sys.argv]), "tables": []}
@@ -84,13 +96,19 @@ def main() -> int:
             warm = Path(args.warm) / f"{tuned_from}.json"  # a larger fleet: in proportion
         if warm is not None and warm.exists():
             cmd += ["--warm", str(warm)]
+        if args.contenders:
+            cmd += ["--contenders", args.contenders]
+        if args.merge:
+            cmd += ["--merge", str(Path(args.merge) / f"{table}.json")]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         print(f"== {table}: {' '.join(cmd[1:])}", flush=True)
         subprocess.run(cmd, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = json.loads(target.read_text())
-        table_commits = {r.get("commit", "not recorded") for r in result["searches"]}
+        rerun = set(args.contenders.split(",")) if args.merge else None
+        table_commits = {r.get("commit", "not recorded") for r in result["searches"]
+                         if rerun is None or r["contender"] in rerun}
         commits |= table_commits
         summary["tables"].append({
             "table": table, "command": result["command"],
