@@ -3,6 +3,9 @@ contender's best setting on the tuning workload, cells scored against the best p
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from hfx.config import SimConfig
@@ -322,15 +325,22 @@ def test_every_grid_lists_the_policys_shipped_setting_first():
     assert CONTENDERS["slos-serve"].grid[0]["planner_params"] == {"pace": DEFAULT_PACE}
 
 
-def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
-    import importlib.util
-    import subprocess
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parents[1]
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "experiments" / "compare.py"
-    spec = importlib.util.spec_from_file_location("compare_script", path)
+
+def compare_script():
+    """bench/experiments/compare.py as a module (it is a script, not in the package)."""
+    spec = importlib.util.spec_from_file_location(
+        "compare_script", ROOT / "bench" / "experiments" / "compare.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
+    import subprocess
+
+    script = compare_script()
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
@@ -356,18 +366,12 @@ def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
 
 
 def test_a_rerun_merged_into_the_table_it_writes_keeps_the_other_contenders(tmp_path, monkeypatch):
-    import importlib.util
     import json
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(
-        "compare_script", root / "bench" / "experiments" / "compare.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = compare_script()
     table = tmp_path / "table.json"
-    earlier = json.loads((root / "docs/data/compare_whole/own_engines_1024_20.json").read_text())
+    earlier = json.loads((ROOT / "docs/data/compare_whole/own_engines_1024_20.json").read_text())
     table.write_text(json.dumps(earlier))
     others = [r for r in earlier["searches"] if r["contender"] != "hfx"]
     rerun = [dict(r, commit="new", eq4=r["eq4"] + 1.0) for r in earlier["searches"]

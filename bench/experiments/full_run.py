@@ -79,6 +79,8 @@ def main() -> int:
         ap.error(f"unknown tables {unknown}; choose from {', '.join(known)}")
     if args.merge and not args.contenders:
         ap.error("--merge reruns only --contenders: name them")
+    # The contenders whose commits must agree: with --merge, the others keep their own.
+    rerun = set(args.contenders.split(",")) if args.merge else None
     out = Path(args.out)
     here = Path(__file__).resolve().parent
     summary: dict = {"command": " ".join(["python", *sys.argv]), "tables": []}
@@ -106,7 +108,6 @@ def main() -> int:
         subprocess.run(cmd, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = json.loads(target.read_text())
-        rerun = set(args.contenders.split(",")) if args.merge else None
         table_commits = {r.get("commit", "not recorded") for r in result["searches"]
                          if rerun is None or r["contender"] in rerun}
         commits |= table_commits

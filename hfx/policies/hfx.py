@@ -446,7 +446,8 @@ class HFXDispatcher(Policy):
             req = heapq.heappop(heap)[2]
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
-            best, best_key, best_e_p, best_c = None, (0.0, self.theta), 0.0, 0
+            best: ShadowInstance | None = None
+            best_key, best_e_p, best_c = (0.0, 0.0), 0.0, 0
             assert req.slo is not None
             deadline = req.arrival + req.slo.ttft
             cached = self.cached(req)
@@ -769,21 +770,18 @@ class HFXDispatcher(Policy):
     # ---- what the P stage of P/D changes (HFX paper §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
         """Eq. 5 with the tightest targets involved: queued requests and those in flight."""
-        if self.tpot_guard == "off":
-            return float("inf")
-        ttft = _tighter(self.queue.min_ttft(), sh.min_ttft())
-        tpot = _tighter(self.queue.min_tpot(), sh.min_tpot())
-        if ttft is None or tpot is None:
-            return float("inf")
-        return token_budget(ttft, tpot, e_d, model.prefill_a, model.prefill_b)
+        return self._eq5(_tighter(self.queue.min_ttft(), sh.min_ttft()),
+                         _tighter(self.queue.min_tpot(), sh.min_tpot()), e_d, model)
 
     def room(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
         """Eq. 5 over the instance's own requests only: the prompt tokens a prefill there may
         hold without breaking the tightest TTFT and TPOT in flight (inf when idle)."""
-        if self.tpot_guard == "off":
-            return float("inf")
-        ttft, tpot = sh.min_ttft(), sh.min_tpot()
-        if ttft is None or tpot is None:
+        return self._eq5(sh.min_ttft(), sh.min_tpot(), e_d, model)
+
+    def _eq5(self, ttft: float | None, tpot: float | None, e_d: float,
+             model: StepTimeModel) -> float:
+        """Eq. 5's token budget for these tightest targets; inf without a target or a guard."""
+        if self.tpot_guard == "off" or ttft is None or tpot is None:
             return float("inf")
         return token_budget(ttft, tpot, e_d, model.prefill_a, model.prefill_b)
 
