@@ -833,6 +833,23 @@ def test_hfx_override_sends_an_urgent_prompt_where_it_leaves_most_room(looser: i
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", looser)]
 
 
+@pytest.mark.parametrize("busy_one", [0, 1])
+def test_hfx_override_sends_an_urgent_prompt_where_it_starts_soonest(busy_one: int):
+    pol = make_policy("hfx")
+    pol.schedule(view(0.0, n=2))
+    # As above, the looser TPOT (the more Eq. 5 room) on ``busy_one``; but a batch sent there
+    # is prefilled only at 11.5 s. Its first token is as likely in time on both (p = 1): the
+    # prompt goes where it starts at once, not behind that batch where the room is.
+    for iid in (0, 1):
+        tpot = 0.036 if iid == busy_one else 0.035
+        for i in range(20):
+            pol.shadow[iid].add(req(f"run{iid}.{i}", 0.0, 1000, 1.0, tpot), 10.0)
+    pol._prefilled_at[busy_one] = 11.5
+    pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
+    d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1 - busy_one)]
+
+
 def test_hfx_override_takes_what_the_maturity_wait_would_make_late():
     # 4000 tokens fit Eq. 5's 4,943: the payback wait (to 23.6 s), not the budget, holds it.
     # With TTFT 6 s (deadline 16 s) the wait ends too late: it goes once urgent.

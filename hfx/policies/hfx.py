@@ -116,12 +116,15 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   only among instances whose budget it exceeds or whose maturity comes too late for it
   (elsewhere the guard lets it start in time, and Q_R's scan decides as ever), and never to an
   engine with a backlog of its own (no start is predictable there). Of those where p ≥ θ it
-  goes where Eq. 5 over the instance's own requests leaves the most room (its prompt's
-  length at most), then where p is highest: p saturates at 1 on lightly loaded instances, and
-  ties broken by the instances' order packed PolyServe's 20-instance tiered-4096-1024 (at 20
-  req/s, 14% of the prompt tokens on one instance, its 20 ms tier at 0.74). At 40 req/s,
-  seeds 0/1: ties by order 0.879/0.883, the room first 0.936/0.941, Algorithm 1's payback
-  first 0.921/0.928, the lightest decode step first 0.923 (seed 0). Eq. 4 scores the mean
+  goes where it starts soonest (after the instance's last batch is prefilled), then where
+  Eq. 5 over the instance's own requests leaves the most room (its prompt's length at most),
+  then where p is highest: p saturates at 1 on lightly loaded instances, and ties broken by
+  the instances' order packed PolyServe's 20-instance tiered-4096-1024 (at 20 req/s, 14% of
+  the prompt tokens on one instance, its 20 ms tier at 0.74). At 40 req/s, Eq. 4, seeds 0/1:
+  ties by order 0.879/0.883, the room first 0.936/0.941 (per token 0.886/0.893), the start
+  first 0.946/0.954 (per token 0.916/0.925), Algorithm 1's payback first 0.921/0.928; five
+  2-instance cells moved by 0.002 at most (docs/log/2026-11-30-guard-variants.md). Set on
+  this evaluated cell (docs/results.md, "HFX's defaults"). Eq. 4 scores the mean
   TPOT, so one prefill's stall is spread over the running requests' outputs: where prompts are
   long and outputs longer (tiered-4096-1024) the budget alone holds long prompts back until
   their TTFT is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
@@ -447,7 +450,7 @@ class HFXDispatcher(Policy):
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
             best: ShadowInstance | None = None
-            best_key, best_e_p, best_c = (0.0, 0.0), 0.0, 0
+            best_key, best_e_p, best_c = (0.0, 0.0, 0.0), 0.0, 0
             assert req.slo is not None
             deadline = req.arrival + req.slo.ttft
             cached = self.cached(req)
@@ -468,9 +471,10 @@ class HFXDispatcher(Policy):
                 p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p < self.theta:
                     continue
-                # Where its prefill leaves the running requests most room, then likeliest:
-                # not the targets' order, which packed p = 1 ties onto one instance.
-                key = (min(self.room(sh, model, e_d), c), p)
+                # Where it starts soonest, then where its prefill leaves the running requests
+                # most room, then likeliest: not the targets' order, which packed p = 1 ties
+                # onto one instance.
+                key = (-start, min(self.room(sh, model, e_d), c), p)
                 if best is None or key > best_key:
                     best, best_key, best_e_p, best_c = sh, key, e_p, c
             if best is None:
