@@ -815,19 +815,25 @@ def test_hfx_override_never_sends_to_an_engine_with_a_backlog():
     assert pol.num_queued() == 1  # still queued: the normal scan may take it later
 
 
-@pytest.mark.parametrize("looser", [0, 1])
-def test_hfx_override_sends_an_urgent_prompt_where_it_leaves_most_room(looser: int):
+def two_alike(looser: int) -> HFXDispatcher:
+    """HFX over two instances decoding alike (E_d = 0.032 s, TTFT 1 s), the looser tightest TPOT
+    on ``looser``: 36 ms leaves Eq. 5 room for 911 prompt tokens, 35 ms for 657. An
+    8000-token prompt, TTFT 6 s, is queued at 10 s: it fits neither, and its first token is as
+    likely in time on both (p = 1)."""
     pol = make_policy("hfx")
     pol.schedule(view(0.0, n=2))
-    # Two instances decoding alike (E_d = 0.032 s, TTFT 1 s): a tightest TPOT of 36 ms leaves
-    # Eq. 5 room for 911 prompt tokens, 35 ms for 657. The 8000-token prompt fits neither, and
-    # its first token is as likely in time on both (p = 1): the order of the instances must
-    # not decide, or every urgent prompt goes to the same one.
     for iid in (0, 1):
         tpot = 0.036 if iid == looser else 0.035
         for i in range(20):
             pol.shadow[iid].add(req(f"run{iid}.{i}", 0.0, 1000, 1.0, tpot), 10.0)
     pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
+    return pol
+
+
+@pytest.mark.parametrize("looser", [0, 1])
+def test_hfx_override_sends_an_urgent_prompt_where_it_leaves_most_room(looser: int):
+    # The order of the instances must not decide, or every urgent prompt goes to the same one.
+    pol = two_alike(looser)
     assert pol.schedule(view(10.0, n=2, running=20, ctx=20_000)).dispatch == []
     d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", looser)]
@@ -835,17 +841,10 @@ def test_hfx_override_sends_an_urgent_prompt_where_it_leaves_most_room(looser: i
 
 @pytest.mark.parametrize("busy_one", [0, 1])
 def test_hfx_override_sends_an_urgent_prompt_where_it_starts_soonest(busy_one: int):
-    pol = make_policy("hfx")
-    pol.schedule(view(0.0, n=2))
-    # As above, the looser TPOT (the more Eq. 5 room) on ``busy_one``; but a batch sent there
-    # is prefilled only at 11.5 s. Its first token is as likely in time on both (p = 1): the
-    # prompt goes where it starts at once, not behind that batch where the room is.
-    for iid in (0, 1):
-        tpot = 0.036 if iid == busy_one else 0.035
-        for i in range(20):
-            pol.shadow[iid].add(req(f"run{iid}.{i}", 0.0, 1000, 1.0, tpot), 10.0)
+    # The more room is on ``busy_one``, but a batch sent there is prefilled only at 11.5 s: the
+    # prompt goes where it starts at once, not behind that batch.
+    pol = two_alike(busy_one)
     pol._prefilled_at[busy_one] = 11.5
-    pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
     d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1 - busy_one)]
 
