@@ -372,6 +372,7 @@ def test_a_rerun_merged_into_the_table_it_writes_keeps_the_other_contenders(tmp_
     script = compare_script()
     table = tmp_path / "table.json"
     earlier = json.loads((ROOT / "docs/data/compare_whole/own_engines_1024_20.json").read_text())
+    earlier["commands"] = ["python compare.py --first", "python compare.py --second"]
     table.write_text(json.dumps(earlier))
     others = [r for r in earlier["searches"] if r["contender"] != "hfx"]
     rerun = [dict(r, commit="new", eq4=r["eq4"] + 1.0) for r in earlier["searches"]
@@ -388,3 +389,5 @@ def test_a_rerun_merged_into_the_table_it_writes_keeps_the_other_contenders(tmp_
     assert result["searches"] == others + rerun
     assert set(result["tuning"]) == set(earlier["tuning"])
     assert result["merged_from"]["contenders"] == sorted(set(earlier["tuning"]) - {"hfx"})
+    # The runs behind the kept searches, then this one.
+    assert result["commands"] == [*earlier["commands"], result["command"]]

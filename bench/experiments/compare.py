@@ -206,6 +206,9 @@ def main() -> int:
                               "contenders": sorted(set(out["tuning"]) - set(names))}
         if merged.get("merged_from"):  # what that result had merged in its turn
             out["merged_from"]["earlier"] = merged["merged_from"]
+        # Every run whose searches the table now holds, oldest first: the one line of
+        # provenance a reader of the table follows.
+        out["commands"] = [*(merged.get("commands") or [merged.get("command")]), out["command"]]
         out["searches"] = list(rows)
         out["table"] = cells(rows, cell_bounds(rows))
     if args.json:
