@@ -450,7 +450,7 @@ class HFXDispatcher(Policy):
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
             best: ShadowInstance | None = None
-            best_key, best_e_p, best_c = (0.0, 0.0, 0.0), 0.0, 0
+            best_key, best_e_p, best_c, best_start = (0.0, 0.0, 0.0), 0.0, 0, 0.0
             assert req.slo is not None
             deadline = req.arrival + req.slo.ttft
             cached = self.cached(req)
@@ -476,16 +476,14 @@ class HFXDispatcher(Policy):
                 # onto one instance.
                 key = (-start, min(self.room(sh, model, e_d), c), p)
                 if best is None or key > best_key:
-                    best, best_key, best_e_p, best_c = sh, key, e_p, c
+                    best, best_key, best_e_p, best_c, best_start = sh, key, e_p, c, start
             if best is None:
                 continue  # it stays queued: Q_R's scan may still take it, or it goes best effort
-            e_p = best_e_p
             self.queue.take(req)
             decision.dispatch.append(Dispatch(req, best.id))
             best.add(req, self.kv_reserve(req))
-            start = max(now, self._prefilled_at.get(best.id, now))
-            self._prefilled_at[best.id] = start + e_p
-            at = self.mature_after(now, start, e_p, best_c, best, model, mixed)
+            self._prefilled_at[best.id] = best_start + best_e_p
+            at = self.mature_after(now, best_start, best_e_p, best_c, best, model, mixed)
             self.maturity.set(best.id, max(self.maturity[best.id], at))
 
     def cached(self, req: Request) -> dict[int, int]:
