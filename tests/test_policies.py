@@ -849,6 +849,38 @@ def test_hfx_override_sends_an_urgent_prompt_where_it_starts_soonest(busy_one: i
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1 - busy_one)]
 
 
+def loaded_and_maturing(now: float) -> ClusterView:
+    """Instance 0 decoding 20 sequences of 1,000 tokens, instance 1 idle."""
+    stats = [InstanceStats(i, Role.COLOCATED, now, 0, r, 0, r * 1000 // 16, 0, 6250, 16,
+                           r * 1000, 256, 0.0, 0) for i, r in ((0, 20), (1, 0))]
+    return ClusterView(now, [InstanceView(i, Role.COLOCATED, s) for i, s in enumerate(stats)],
+                       MODEL, PROFILE)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_hfx_override_waits_for_an_instance_that_matures_in_time(ahead: bool):
+    # Instance 0 runs 20 requests of TPOT 35 ms, TTFT 1 s: Eq. 5 leaves it 657 tokens. Instance 1
+    # is idle but prefilling until 12 s, its maturity. The 8000-token prompt (TTFT 6 s, deadline
+    # 16 s) is urgent at 11.3 s; on instance 1 at 12 s it is still in time (+0.82 s).
+    pol = make_policy("hfx")
+    pol.schedule(loaded_and_maturing(0.0))
+    for i in range(20):
+        pol.shadow[0].add(req(f"run{i}", 0.0, 1000, 1.0, 0.035), 10.0)
+    pol.maturity.set(1, 12.0)
+    if ahead:  # a stricter request, not urgent, heads Q_R's scan: instance 1 would take it first
+        pol.enqueue(req("strict", 10.0, 8000, 60.0, 0.1), 10.0)
+    pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
+    assert pol.schedule(loaded_and_maturing(10.0)).dispatch == []
+    d = pol.schedule(loaded_and_maturing(11.3))
+    if ahead:  # the scan at 12 s would not find it first: it goes now, past instance 0's budget
+        assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 0)]
+        return
+    # Not past the loaded instance's budget: it waits for instance 1's maturity.
+    assert d.dispatch == [] and d.wake_at is not None and d.wake_at <= 12.0
+    d = pol.schedule(loaded_and_maturing(12.0))
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1)]
+
+
 def test_hfx_override_takes_what_the_maturity_wait_would_make_late():
     # 4000 tokens fit Eq. 5's 4,943: the payback wait (to 23.6 s), not the budget, holds it.
     # With TTFT 6 s (deadline 16 s) the wait ends too late: it goes once urgent.

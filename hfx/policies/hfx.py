@@ -124,7 +124,15 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   ties by order 0.879/0.883, the room first 0.936/0.941 (per token 0.886/0.893), the start
   first 0.946/0.954 (per token 0.916/0.925), Algorithm 1's payback first 0.921/0.928; five
   2-instance cells moved by 0.002 at most (docs/log/2026-11-30-guard-variants.md). Set on
-  this evaluated cell (docs/results.md, "HFX's defaults"). Eq. 4 scores the mean
+  this evaluated cell (docs/results.md, "HFX's defaults"). An urgent request that heads Q_R's
+  scan waits, though, while an instance whose guard lets it start in time (p ≥ θ there) is
+  yet to mature, and is looked at again then: the override's candidates are the instances
+  its prompt exceeds the budget of, the ones loaded the most, and sending it there at once
+  fed the most loaded instance of PolyServe's 20-instance cell every prompt that arrived
+  urgent (at 20 req/s, 289 of 2,630 requests and 100 of the 290 misses on one instance; per
+  token 0.890 → 0.980 with the wait, 0.925 → 0.967 at 40 req/s). Only the scan's head waits:
+  behind others, that instance's scan takes them first, and waiting anyway lost tiered-512-512
+  on 2 instances 0.886 → 0.839 (docs/log/2026-11-30-override-wait.md). Eq. 4 scores the mean
   TPOT, so one prefill's stall is spread over the running requests' outputs: where prompts are
   long and outputs longer (tiered-4096-1024) the budget alone holds long prompts back until
   their TTFT is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
@@ -454,20 +462,24 @@ class HFXDispatcher(Policy):
             assert req.slo is not None
             deadline = req.arrival + req.slo.ttft
             cached = self.cached(req)
+            awaited = math.inf  # the soonest maturity where the guard lets it start in time
             for inst in targets:
                 sh = self.shadow[inst.id]
                 e_d = self.decode_step(sh, model)
                 k = cached.get(inst.id, 0)
                 e_p, c = prefill_over(model, req.prompt_len, k), req.prompt_len - k
-                if (c <= self.budget(sh, model, e_d)
-                        and self.maturity[inst.id] + e_p + e_d <= deadline):
-                    continue  # the guard lets it start here in time: Q_R's scan decides
-                if (inst.stats.num_waiting  # a backlog in the engine: no predictable start
-                        or sh.free_slots() <= 0 or c > sh.free_kv_tokens()):
+                mature = self.maturity[inst.id]
+                if inst.stats.num_waiting or sh.free_slots() <= 0 or c > sh.free_kv_tokens():
+                    continue  # a backlog in the engine (no predictable start), or no room
+                beside, wait = self.engine_terms(sh, model, e_d, mixed)
+                if c <= self.budget(sh, model, e_d) and mature + e_p + e_d <= deadline:
+                    # The guard lets it start here in time: Q_R's scan decides.
+                    if (now < mature < awaited and self.calculate_p(
+                            deadline, e_p + beside, sh, wait, mature) >= self.theta):
+                        awaited = mature
                     continue
                 # It starts once the instance's last batch is prefilled.
                 start = max(now, self._prefilled_at.get(inst.id, now))
-                beside, wait = self.engine_terms(sh, model, e_d, mixed)
                 p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p < self.theta:
                     continue
@@ -477,6 +489,12 @@ class HFXDispatcher(Policy):
                 key = (-start, min(self.room(sh, model, e_d), c), p)
                 if best is None or key > best_key:
                     best, best_key, best_e_p, best_c, best_start = sh, key, e_p, c, start
+            if awaited < math.inf and next(self._scan(None), None) is req:
+                # An instance that matures in time will find it first in Q_R's scan: it waits
+                # for that, and is looked at again then. Overriding now would send it where its
+                # prompt exceeds the budget: to the instances loaded the most.
+                heapq.heappush(heap, (awaited, next(self._tie), req))
+                continue
             if best is None:
                 continue  # it stays queued: Q_R's scan may still take it, or it goes best effort
             self.queue.take(req)
