@@ -857,26 +857,31 @@ def loaded_and_maturing(now: float) -> ClusterView:
                        MODEL, PROFILE)
 
 
-@pytest.mark.parametrize("ahead", [False, True])
-def test_hfx_override_waits_for_an_instance_that_matures_in_time(ahead: bool):
+@pytest.mark.parametrize("ahead, matures", [(False, 12.0), (True, 12.0), (False, 15.1)])
+def test_hfx_override_waits_for_an_instance_that_matures_in_time(ahead: bool, matures: float):
     # Instance 0 runs 20 requests of TPOT 35 ms, TTFT 1 s: Eq. 5 leaves it 657 tokens. Instance 1
-    # is idle but prefilling until 12 s, its maturity. The 8000-token prompt (TTFT 6 s, deadline
-    # 16 s) is urgent at 11.3 s; on instance 1 at 12 s it is still in time (+0.82 s).
+    # is idle but prefilling until ``matures``. The 8000-token prompt (TTFT 6 s, deadline 16 s,
+    # prefill 0.82 s) is urgent at 11.3 s. From 12 s it ends 3.18 s early on instance 1; from
+    # 15.1 s 0.08 s early, in time but with p = Φ(0.08 / 0.082) = 0.84 < θ.
     pol = make_policy("hfx")
     pol.schedule(loaded_and_maturing(0.0))
     for i in range(20):
         pol.shadow[0].add(req(f"run{i}", 0.0, 1000, 1.0, 0.035), 10.0)
-    pol.maturity.set(1, 12.0)
+    pol.maturity.set(1, matures)
     if ahead:  # a stricter request, not urgent, heads Q_R's scan: instance 1 would take it first
         pol.enqueue(req("strict", 10.0, 8000, 60.0, 0.1), 10.0)
     pol.enqueue(req("long", 10.0, 8000, 6.0, 0.5), 10.0)
     assert pol.schedule(loaded_and_maturing(10.0)).dispatch == []
     d = pol.schedule(loaded_and_maturing(11.3))
-    if ahead:  # the scan at 12 s would not find it first: it goes now, past instance 0's budget
+    if ahead or matures > 12.0:
+        # Behind another request, or unlikely in time there: it goes now, past instance 0's
+        # budget.
         assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 0)]
         return
-    # Not past the loaded instance's budget: it waits for instance 1's maturity.
-    assert d.dispatch == [] and d.wake_at is not None and d.wake_at <= 12.0
+    # Not past the loaded instance's budget: it waits for instance 1's maturity, when it is
+    # looked at again.
+    assert d.dispatch == [] and pol.num_queued() == 1
+    assert [(t, r.id) for t, _, r in pol._urgent] == [(12.0, "long")]
     d = pol.schedule(loaded_and_maturing(12.0))
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1)]
 

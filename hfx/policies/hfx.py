@@ -125,14 +125,15 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   first 0.946/0.954 (per token 0.916/0.925), Algorithm 1's payback first 0.921/0.928; five
   2-instance cells moved by 0.002 at most (docs/log/2026-11-30-guard-variants.md). Set on
   this evaluated cell (docs/results.md, "HFX's defaults"). An urgent request that heads Q_R's
-  scan waits, though, while an instance whose guard lets it start in time (p ≥ θ there) is
-  yet to mature, and is looked at again then: the override's candidates are the instances
-  its prompt exceeds the budget of, the ones loaded the most, and sending it there at once
-  fed the most loaded instance of PolyServe's 20-instance cell every prompt that arrived
-  urgent (at 20 req/s, 289 of 2,630 requests and 100 of the 290 misses on one instance; per
-  token 0.890 → 0.980 with the wait, 0.925 → 0.967 at 40 req/s). Only the scan's head waits:
-  behind others, that instance's scan takes them first, and waiting anyway lost tiered-512-512
-  on 2 instances 0.886 → 0.839 (docs/log/2026-11-30-override-wait.md). Eq. 4 scores the mean
+  scan waits, though, while an instance that has room for it (no backlog, a free sequence,
+  the KV) and whose guard lets it start in time (p ≥ θ at its maturity) is yet to mature, and
+  is looked at again then: the override's candidates are the instances its prompt exceeds
+  the budget of, the ones loaded the most, and sending it there at once fed the most loaded
+  instance of PolyServe's 20-instance cell every prompt that arrived urgent (seed 1 at 20
+  req/s: 289 of 2,630 requests and 100 of the 290 misses on one instance; per token 0.890 →
+  0.980 with the wait, 0.925 → 0.967 at 40 req/s). Only the scan's head waits: behind
+  others, that instance's scan takes them first, and waiting anyway lost tiered-512-512 on 2
+  instances 0.886 → 0.844 (docs/log/2026-11-30-override-wait.md). Eq. 4 scores the mean
   TPOT, so one prefill's stall is spread over the running requests' outputs: where prompts are
   long and outputs longer (tiered-4096-1024) the budget alone holds long prompts back until
   their TTFT is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
