@@ -472,15 +472,15 @@ class HFXDispatcher(Policy):
                 mature = self.maturity[inst.id]
                 if inst.stats.num_waiting or sh.free_slots() <= 0 or c > sh.free_kv_tokens():
                     continue  # a backlog in the engine (no predictable start), or no room
-                beside, wait = self.engine_terms(sh, model, e_d, mixed)
                 if c <= self.budget(sh, model, e_d) and mature + e_p + e_d <= deadline:
                     # The guard lets it start here in time: Q_R's scan decides.
-                    if (now < mature < awaited and self.calculate_p(
-                            deadline, e_p + beside, sh, wait, mature) >= self.theta):
+                    if now < mature < awaited and self._likely(req, inst.id, k, deadline, model,
+                                                               now, mixed):
                         awaited = mature
                     continue
                 # It starts once the instance's last batch is prefilled.
                 start = max(now, self._prefilled_at.get(inst.id, now))
+                beside, wait = self.engine_terms(sh, model, e_d, mixed)
                 p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p < self.theta:
                     continue
