@@ -815,12 +815,12 @@ def test_hfx_override_never_sends_to_an_engine_with_a_backlog():
     assert pol.num_queued() == 1  # still queued: the normal scan may take it later
 
 
-def two_alike(looser: int) -> HFXDispatcher:
+def two_alike(looser: int, **params: float) -> HFXDispatcher:
     """HFX over two instances decoding alike (E_d = 0.032 s, TTFT 1 s), the looser tightest TPOT
     on ``looser``: 36 ms leaves Eq. 5 room for 911 prompt tokens, 35 ms for 657. An
     8000-token prompt, TTFT 6 s, is queued at 10 s: it fits neither, and its first token is as
     likely in time on both (p = 1)."""
-    pol = make_policy("hfx")
+    pol = make_policy("hfx", **params)
     pol.schedule(view(0.0, n=2))
     for iid in (0, 1):
         tpot = 0.036 if iid == looser else 0.035
@@ -847,6 +847,26 @@ def test_hfx_override_sends_an_urgent_prompt_where_it_starts_soonest(busy_one: i
     pol._prefilled_at[busy_one] = 11.5
     d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", 1 - busy_one)]
+
+
+@pytest.mark.parametrize("looser", [0, 1])
+@pytest.mark.parametrize("ended, quiet_cap, goes_looser", [
+    (11.1, 0.5, False),  # its last prefill ended 0.2 s ago: the quiet instance
+    (10.5, 0.5, True),  # 0.8 s ago, both past the cap: the room decides
+    (11.1, 0.0, True),  # no cap: the room decides (38ea47f's order)
+])
+def test_hfx_override_prefers_the_instance_quiet_longest_among_equal_starts(
+        looser: int, ended: float, quiet_cap: float, goes_looser: bool):
+    # Both start the prompt at 11.3 s. The looser one's last prefill ended at ``ended``: its
+    # newest requests have banked little slack against a second 0.82 s prefill, so among equal
+    # starts the other goes first, unless both have been quiet for the cap or longer.
+    pol = two_alike(looser, quiet_cap=quiet_cap)
+    pol._prefilled_at[looser] = ended
+    d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
+    want = looser if goes_looser else 1 - looser
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", want)]
+    with pytest.raises(ValueError, match="quiet_cap"):
+        make_policy("hfx", quiet_cap=-1.0)
 
 
 def loaded_and_maturing(now: float) -> ClusterView:

@@ -133,16 +133,23 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   req/s: 289 of 2,630 requests and 100 of the 290 misses on one instance; per token 0.890 →
   0.980 with the wait, 0.925 → 0.967 at 40 req/s). Only the scan's head waits: behind
   others, that instance's scan takes them first, and waiting anyway lost tiered-512-512 on 2
-  instances 0.886 → 0.844 (docs/log/2026-11-30-override-wait.md). Eq. 4 scores the mean
-  TPOT, so one prefill's stall is spread over the running requests' outputs: where prompts are
-  long and outputs longer (tiered-4096-1024) the budget alone holds long prompts back until
-  their TTFT is lost. The leads (5, 20) attained most of (1.2, 2), (5, 20) and (10, 40) on
-  tiered-4096-1024; overriding load as well (every instance a candidate) lost 15% of
-  wikisql's attainment near its knee, and overriding every maturity wait cost it 0.894 →
-  0.731 at 35 QPS (its short waits batch its prefills), where overriding only the waits that
-  end too late cost it nothing and gave tiered-4096-1024 its short prompts' TTFT back: after
-  an 8k prefill beside a 20 ms batch the payback wait is about one more prefill
-  (docs/log/2026-11-28-architecture-history.md).
+  instances 0.886 → 0.844 (docs/log/2026-11-30-override-wait.md). Among instances that start
+  it equally soon, it goes first where the last prefill ended longest ago, counting at most
+  ``quiet_cap`` (0.5 s), before the room: an instance whose start is "now" again just after a
+  prefill has running requests that banked little slack since, and 72 of the 74 requests
+  stalled after their first token at 20 instances (40 req/s, seed 0) were stalled by a long
+  prompt sent to their instance 0.2–1 s after their own. Per token 0.957/0.967 → 0.977/0.981
+  (seeds 0/1; round robin 0.990/0.992); five 2-instance cells unchanged, tiered-4096-1024 on
+  2 instances −0.005 to +0.007; set on this evaluated cell (0.5 s and 2 s alike). Eq. 4
+  scores the mean TPOT, so one prefill's stall is spread over the running requests' outputs:
+  where prompts are long and outputs longer (tiered-4096-1024) the budget alone holds long
+  prompts back until their TTFT is lost. The leads (5, 20) attained most of (1.2, 2),
+  (5, 20) and (10, 40) on tiered-4096-1024; overriding load as well (every instance a
+  candidate) lost 15% of wikisql's attainment near its knee, and overriding every maturity
+  wait cost it 0.894 → 0.731 at 35 QPS (its short waits batch its prefills), where
+  overriding only the waits that end too late cost it nothing and gave tiered-4096-1024 its
+  short prompts' TTFT back: after an 8k prefill beside a 20 ms batch the payback wait is
+  about one more prefill (docs/log/2026-11-28-architecture-history.md).
 - Fair shares between tenants (ours; hfx/cluster/fair_share.py): Q_R's classes are in
   start-tag order; with scope "fleet", while a tenant is past its share the others' requests
   are scanned first whatever their class (``ClusterView.fair_past``); and a tenant running
@@ -259,7 +266,7 @@ class HFXDispatcher(Policy):
                  override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0, mature_order: str = "lightest",
                  prefill_wait: str = "batch", queue_order: str = "shortest",
-                 best_effort: str = "idle") -> None:
+                 best_effort: str = "idle", quiet_cap: float = 0.5) -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -284,6 +291,9 @@ class HFXDispatcher(Policy):
         self.lead_prefills, self.lead_steps = float(lead_prefills), float(lead_steps)
         if self.lead_prefills < 0 or self.lead_steps < 0:
             raise ValueError("lead_prefills and lead_steps must be >= 0")
+        if quiet_cap < 0:
+            raise ValueError(f"quiet_cap must be >= 0, got {quiet_cap}")
+        self.quiet_cap = float(quiet_cap)
         self.tpot_guard = tpot_guard
         self.override = override == "on"
         self.theta = theta
@@ -459,7 +469,7 @@ class HFXDispatcher(Policy):
             if req not in self.queue:
                 continue  # dispatched or withdrawn meanwhile
             best: ShadowInstance | None = None
-            best_key, best_e_p, best_c, best_start = (0.0, 0.0, 0.0), 0.0, 0, 0.0
+            best_key, best_e_p, best_c, best_start = (0.0, 0.0, 0.0, 0.0), 0.0, 0, 0.0
             assert req.slo is not None
             deadline = req.arrival + req.slo.ttft
             cached = self.cached(req)
@@ -484,10 +494,13 @@ class HFXDispatcher(Policy):
                 p = self.calculate_p(deadline, e_p + beside, sh, wait, start)
                 if p < self.theta:
                     continue
-                # Where it starts soonest, then where its prefill leaves the running requests
-                # most room, then likeliest: not the targets' order, which packed p = 1 ties
-                # onto one instance.
-                key = (-start, min(self.room(sh, model, e_d), c), p)
+                # Where it starts soonest; then where the last prefill ended longest ago (at
+                # most quiet_cap): an instance whose start is "now" again just after a prefill
+                # has running requests that banked little slack since; then where its prefill
+                # leaves the running requests most room; then likeliest. Not the targets'
+                # order, which packed p = 1 ties onto one instance.
+                quiet = min(now - self._prefilled_at.get(inst.id, -math.inf), self.quiet_cap)
+                key = (-start, quiet, min(self.room(sh, model, e_d), c), p)
                 if best is None or key > best_key:
                     best, best_key, best_e_p, best_c, best_start = sh, key, e_p, c, start
             if awaited < math.inf and next(self._scan(None), None) is req:
