@@ -68,6 +68,29 @@ def test_tuning_keeps_each_contenders_best_setting_on_the_tuning_workload(monkey
     assert {c.duration for c in calls} == {compare.TUNING_RUN["duration"]}
 
 
+def test_the_held_out_tuning_workload_shares_no_task_or_slo_with_an_evaluated_one(monkeypatch):
+    from hfx.workloads.tasks import BURSTY, TIERS, TTFTS, WORKLOADS
+
+    held = WORKLOADS[compare.HELD_OUT]
+    for name in (*compare.WORKLOADS, compare.TUNING_WORKLOAD):
+        base = BURSTY[name][0] if name in BURSTY else name
+        for task in WORKLOADS.get(base, ()):
+            assert all(t.name != task.name and t.slo != task.slo for t in held), (name, task)
+    tiered = {(tpot, ttft) for tpot, _ in TIERS for ttft in TTFTS}
+    assert not {(t.slo.tpot, t.slo.ttft) for t in held} & tiered
+    calls: list[SimConfig] = []
+
+    def probe(config: SimConfig) -> dict:
+        calls.append(config)
+        return {"qps": config.qps, "attainment": float(config.qps <= 9.0),
+                "attainment_dslo": float(config.qps <= 9.0), "shed": 0, "backlog_at_end": 0,
+                "max_wait": 0.0, "requests": 1}
+
+    tune(["rr"], regimes=(256,), jobs=1, probe=probe, progress=False, workload=compare.HELD_OUT)
+    assert calls and {c.workload for c in calls} == {"slos-serve-mixed"}
+    assert {c.seed for c in calls} == {compare.TUNING_SEED}
+
+
 def test_a_cell_scores_each_hfx_against_the_best_peer_and_never_against_itself():
     rows = [{"contender": n, "workload": "w", "regime": 256, "seed": s, "eq4": v + s,
              "deadline": v / 2}

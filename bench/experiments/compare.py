@@ -44,6 +44,7 @@ from hfx.evaluation import write_json
 from hfx.evaluation.compare import (
     CONTENDERS,
     EVALUATION_RUN,
+    HELD_OUT,
     METRICS,
     REGIMES,
     SEEDS,
@@ -110,6 +111,10 @@ def main() -> int:
                     help="tune on this shipped profile's model and hardware instead of the "
                     "evaluated fleet's (a tuning held out by model and hardware); "
                     "'--workloads none' then tunes only")
+    ap.add_argument("--tuning-workload", default=TUNING_WORKLOAD,
+                    choices=(TUNING_WORKLOAD, HELD_OUT),
+                    help=f"tune on this workload; {HELD_OUT} is held out by task, length and "
+                    "SLO (six-task holds the evaluated tasks); '--workloads none' then tunes only")
     ap.add_argument("--render", metavar="JSON", help="print the table of a result and exit")
     ap.add_argument("--allow-mixed-commits", action="store_true",
                     help="render a table whose searches ran at different commits")
@@ -168,7 +173,7 @@ def main() -> int:
         "command": " ".join(["python", *sys.argv]),
         "protocol": {"target": TARGET, "metrics": METRICS, "regimes": regimes,
                      "engine": args.engine, "fleet": fleet or None,
-                     "tuning_workload": TUNING_WORKLOAD, "tuning_seed": TUNING_SEED,
+                     "tuning_workload": args.tuning_workload, "tuning_seed": TUNING_SEED,
                      "tuning_fleet": tuning_fleet if tuning_fleet != fleet else None,
                      "tuning_run": TUNING_RUN, "evaluation_run": EVALUATION_RUN,
                      "contenders": {n: {"fields": CONTENDERS[n].fields, "help": CONTENDERS[n].help,
@@ -188,7 +193,8 @@ def main() -> int:
         out["tuned_from"] = args.tuned
     else:
         out["tuning"] = tune(names, regimes, args.jobs, args.ray_address,
-                             engine=args.engine, fleet=tuning_fleet, earlier=warm)
+                             engine=args.engine, fleet=tuning_fleet, earlier=warm,
+                             workload=args.tuning_workload)
         out["tuning_seconds"] = round(time.perf_counter() - t0)
     for n, by_regime in out["tuning"].items():
         for regime, t in by_regime.items():

@@ -38,6 +38,21 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+# SLOs-Serve §6: ChatBot, Coder and Summarizer, lengths as its Table 4 (mean, std). Its SLOs
+# (Tables 1 and 3): a tight prefill is 3x the zero-load TTFT, a loose one 5x; a tight decode 50
+# ms, a loose one 100 ms. It scales TTFT per request; here per task, from the task's mean
+# prompt prefilled alone on Qwen2.5-7B/910B (0.117 s for 1,333 tokens, 0.079 s for 847, 0.073 s
+# for 763), the default fleet.
+SLOS_SERVE_TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec("summarizer", SLO(0.35, 0.1), 1333.0, 444.0, 202.0, 234.0),  # tight, loose
+        TaskSpec("coder", SLO(0.4, 0.05), 847.0, 617.0, 26.0, 47.0),  # loose, tight
+        TaskSpec("chatbot", SLO(0.36, 0.1), 763.0, 424.0, 266.0, 160.0),  # loose, loose
+    )
+}
+
+
 # The SLO of a request that names none, in hfx serve (--default-ttft-ms, --default-tpot-ms) and
 # in a trace replayed by hfx sim / hfx whatif: Table 1's sharegpt, general chat.
 DEFAULT_SLO = TASKS["sharegpt"].slo
@@ -57,6 +72,9 @@ WORKLOADS: dict[str, tuple[TaskSpec, ...]] = {
     # Every Table 1 task at once (ours): the comparison protocol tunes each policy's
     # knobs on it (hfx/evaluation/compare.py), and evaluates none of them on it.
     "six-task": tuple(TASKS.values()),
+    # SLOs-Serve §6's Mixed scenario (ours as a held-out tuning workload: no evaluated
+    # workload has its tasks, lengths or SLOs; hfx/evaluation/compare.py --tuning-workload).
+    "slos-serve-mixed": tuple(SLOS_SERVE_TASKS.values()),
 }
 
 
