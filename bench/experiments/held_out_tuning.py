@@ -8,8 +8,13 @@ For each table whose tuning the others take (full_run.py's first six), ``compare
 --workloads none --tuning-workload slos-serve-mixed`` tunes every contender (or
 ``--contenders``) on that table's engine and regime, cold, and the summary lists each
 contender's choice beside the table's. Where the two agree, the table's cells stand under the
-held-out tuning; where they differ, that contender's cells of the table would be searched again
-with the held-out choice (the summary says which).
+held-out tuning. With ``--evaluate DIR`` the contenders whose choice differs are searched
+again with it (``compare.py --tuned --merge``, warm from the table) and the table under the
+held-out tuning is written to DIR; ``--reuse`` takes the tunings already in OUT.
+
+    python bench/experiments/held_out_tuning.py --out docs/data/tuning_held_out \
+        --against docs/data --reuse --evaluate docs/data/compare_held_out --jobs 2 \
+        --json docs/data/tuning_held_out.json
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ def main() -> int:
     ap.add_argument("--contenders", default=None, help="default: every contender")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None, help="the summary")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take each table's held-out tuning from OUT instead of tuning again")
+    ap.add_argument("--evaluate", metavar="DIR", default=None,
+                    help="search the contenders whose choice differs again with it, each "
+                    "table under the held-out tuning written here")
     args = ap.parse_args()
     chosen = args.tables.split(",")
     unknown = [t for t in chosen if t not in TUNED_TABLES]
@@ -75,23 +85,35 @@ def main() -> int:
                "--json", str(target)]
         if args.contenders:
             cmd += ["--contenders", args.contenders]
-        print(f"== {table}: {' '.join(cmd[1:])}", flush=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if not (args.reuse and target.exists()):
+            print(f"== {table}: {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=True)
         held = json.loads(target.read_text())
-        against = json.loads((Path(args.against) / f"{table}.json").read_text())
-        rows = agreement(held, against)
-        summary["tables"].append({
-            "table": table, "command": held["command"],
-            "cpu_seconds": round(after.ru_utime + after.ru_stime
-                                 - before.ru_utime - before.ru_stime),
-            "wall_seconds": round(time.perf_counter() - t0), "contenders": rows})
+        table_json = Path(args.against) / f"{table}.json"
+        rows = agreement(held, json.loads(table_json.read_text()))
+        entry: dict = {"table": table, "command": held["command"], "contenders": rows}
         for r in rows:
             mark = "same" if r["agree"] else "DIFFERS"
             print(f"   {r['contender']:<12} @{r['regime']}: {mark}: held out {r['held_out']}, "
                   f"six-task {r['six_task']}", flush=True)
+        differ = sorted({r["contender"] for r in rows if not r["agree"]})
+        if args.evaluate and differ:
+            evaluated = Path(args.evaluate) / f"{table}.json"
+            evaluated.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, str(here / "compare.py"), *TUNED_TABLES[table],
+                   "--tuned", str(target), "--contenders", ",".join(differ),
+                   "--merge", str(table_json), "--warm", str(table_json),
+                   "--jobs", str(args.jobs), "--json", str(evaluated)]
+            print(f"== {table} evaluated: {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=True)
+            entry["evaluated"] = str(evaluated)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        entry["cpu_seconds"] = round(after.ru_utime + after.ru_stime
+                                     - before.ru_utime - before.ru_stime)
+        entry["wall_seconds"] = round(time.perf_counter() - t0)
+        summary["tables"].append(entry)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
