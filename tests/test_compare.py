@@ -68,7 +68,7 @@ def test_tuning_keeps_each_contenders_best_setting_on_the_tuning_workload(monkey
     assert {c.duration for c in calls} == {compare.TUNING_RUN["duration"]}
 
 
-def test_the_held_out_tuning_workload_shares_no_task_or_slo_with_an_evaluated_one(monkeypatch):
+def test_the_held_out_tuning_workload_shares_no_task_or_slo_with_an_evaluated_one():
     from hfx.workloads.tasks import BURSTY, TIERS, TTFTS, WORKLOADS
 
     held = WORKLOADS[compare.HELD_OUT]
@@ -310,6 +310,20 @@ def test_tuning_starts_each_settings_search_from_the_earlier_tuning_of_that_sett
     tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
          earlier={"tuning": first})
     assert len(seen) == 2 * n_settings < cold
+    # A tuning on another workload starts none of them: its capacities are another knee's.
+    seen.clear()
+    held = tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
+                workload=compare.HELD_OUT)
+    cold_held = len(seen)
+    seen.clear()
+    tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
+         earlier={"tuning": first}, workload=compare.HELD_OUT)
+    assert len(seen) == cold_held > 2 * n_settings
+    seen.clear()
+    tune(["scorpio"], regimes=(256,), jobs=1, probe=probe, progress=False,
+         workload=compare.HELD_OUT,
+         earlier={"tuning": held, "protocol": {"tuning_workload": compare.HELD_OUT}})
+    assert len(seen) == 2 * n_settings
 
 
 def test_a_warm_search_on_a_larger_fleet_starts_from_the_earlier_capacity_in_proportion():
@@ -414,3 +428,23 @@ def test_a_rerun_merged_into_the_table_it_writes_keeps_the_other_contenders(tmp_
     assert result["merged_from"]["contenders"] == sorted(set(earlier["tuning"]) - {"hfx"})
     # The runs behind the kept searches, then this one.
     assert result["commands"] == [*earlier["commands"], result["command"]]
+
+
+def test_a_table_that_takes_its_tuning_says_what_workload_that_tuning_ran_on(tmp_path,
+                                                                             monkeypatch):
+    import json
+    import sys
+
+    script = compare_script()
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"protocol": {"tuning_workload": compare.HELD_OUT,
+                                              "tuning_seed": 7},
+                                 "tuning": {"rr": {"1024": {"settings": [{}], "scores": [9.0],
+                                                            "chosen": {}}}}}))
+    out = tmp_path / "table.json"
+    monkeypatch.setattr(sys, "argv", [
+        "compare.py", "--regimes", "1024", "--workloads", "none", "--contenders", "rr",
+        "--tuned", str(tuned), "--json", str(out)])
+    assert script.main() == 0
+    protocol = json.loads(out.read_text())["protocol"]
+    assert (protocol["tuning_workload"], protocol["tuning_seed"]) == (compare.HELD_OUT, 7)

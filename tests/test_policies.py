@@ -853,7 +853,7 @@ def test_hfx_override_sends_an_urgent_prompt_where_it_starts_soonest(busy_one: i
 @pytest.mark.parametrize("ended, quiet_cap, goes_looser", [
     (11.1, 0.5, False),  # its last prefill ended 0.2 s ago: the quiet instance
     (10.5, 0.5, True),  # 0.8 s ago, both past the cap: the room decides
-    (11.1, 0.0, True),  # no cap: the room decides (38ea47f's order)
+    (11.1, 0.0, True),  # a cap of 0: the tie-break off, the room decides (38ea47f's order)
 ])
 def test_hfx_override_prefers_the_instance_quiet_longest_among_equal_starts(
         looser: int, ended: float, quiet_cap: float, goes_looser: bool):
@@ -865,6 +865,9 @@ def test_hfx_override_prefers_the_instance_quiet_longest_among_equal_starts(
     d = pol.schedule(view(11.3, n=2, running=20, ctx=20_000))
     want = looser if goes_looser else 1 - looser
     assert [(x.request.id, x.instance) for x in d.dispatch] == [("long", want)]
+
+
+def test_hfx_refuses_a_negative_quiet_cap():
     with pytest.raises(ValueError, match="quiet_cap"):
         make_policy("hfx", quiet_cap=-1.0)
 

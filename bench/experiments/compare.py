@@ -188,6 +188,10 @@ def main() -> int:
     t0 = time.perf_counter()
     if args.tuned:
         earlier = json.loads(Path(args.tuned).read_text())
+        # The tuning taken is the earlier result's: so is the workload and seed it ran on.
+        for field in ("tuning_workload", "tuning_seed", "tuning_fleet"):
+            if field in earlier.get("protocol", {}):
+                out["protocol"][field] = earlier["protocol"][field]
         out["tuning"] = {n: earlier["tuning"][n] for n in names}
         out["tuning_seconds"] = earlier.get("tuning_seconds")
         out["tuned_from"] = args.tuned

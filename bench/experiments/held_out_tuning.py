@@ -14,12 +14,13 @@ held-out tuning is written to DIR; ``--reuse`` takes the tunings already in OUT.
 
     python bench/experiments/held_out_tuning.py --out docs/data/tuning_held_out \
         --against docs/data --reuse --evaluate docs/data/compare_held_out --jobs 2 \
-        --json docs/data/tuning_held_out.json
+        --json docs/data/compare_held_out/run.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import subprocess
@@ -29,16 +30,21 @@ from pathlib import Path
 
 from hfx.evaluation.compare import HELD_OUT
 
-# The tables whose tuning every other table takes (bench/experiments/full_run.py), with the
-# compare.py arguments that name their engine and regime.
+
+def _full_run_tables() -> list[tuple[str, list[str], str | None]]:
+    """full_run.py's tables, from the file beside this one (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("full_run", Path(__file__).with_name(
+        "full_run.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TABLES
+
+
+# The tables whose tuning every other table takes, with the compare.py arguments that name
+# their engine and regime.
 TUNED_TABLES: dict[str, list[str]] = {
-    "compare_engine/vllm_1024": ["--engine", "vllm", "--regimes", "1024"],
-    "compare_engine/deadline_chunked_1024": ["--engine", "deadline-chunked", "--regimes", "1024"],
-    "compare_engine/vllm_256": ["--engine", "vllm", "--regimes", "256"],
-    "compare_engine/deadline_chunked_256": ["--engine", "deadline-chunked", "--regimes", "256"],
-    "compare_whole/own_engines_1024": ["--regimes", "1024"],
-    "compare_whole/own_engines_256": ["--regimes", "256"],
-}
+    t: args for t, args, tuned in _full_run_tables() if tuned is None}
 
 
 def agreement(held: dict, table: dict) -> list[dict]:
@@ -103,7 +109,8 @@ def main() -> int:
             evaluated = Path(args.evaluate) / f"{table}.json"
             evaluated.parent.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, str(here / "compare.py"), *TUNED_TABLES[table],
-                   "--tuned", str(target), "--contenders", ",".join(differ),
+                   "--tuning-workload", HELD_OUT, "--tuned", str(target),
+                   "--contenders", ",".join(differ),
                    "--merge", str(table_json), "--warm", str(table_json),
                    "--jobs", str(args.jobs), "--json", str(evaluated)]
             print(f"== {table} evaluated: {' '.join(cmd[1:])}", flush=True)

@@ -82,7 +82,7 @@ TUNING_TIE = 0.02
 # knee, to save probes.
 START = {"four-task": 100.0, "two-task": 100.0, "bursty-four-task": 80.0, "wikisql": 8.0,
          "six-task": 60.0, "tiered-512-512": 40.0, "tiered-4096-1024": 4.0,
-         "slos-serve-mixed": 8.0}
+         HELD_OUT: 8.0}
 # Workloads that come with their own fleet: PolyServe's tiered settings (PolyServe §5.1) are
 # Llama-3.1-8B on H200, whose ~7 ms decode step makes the 20 ms TPOT tier reachable at all (on
 # the 910B profile one decode step takes ~25 ms, so no rate attains 90%).
@@ -327,7 +327,9 @@ def tune(names: Sequence[str], regimes: Sequence[int] = REGIMES, jobs: int | Non
     config fields (``FLEET_FIELDS``) for every run, over each workload's own. ``earlier``: a
     result of the same protocol whose searches start these (``warm_start``). ``workload``:
     ``HELD_OUT`` tunes on tasks, lengths and SLOs that no evaluated workload has."""
-    warm = earlier_tuning(earlier)
+    # A tuning on another workload is no guide to where this one's searches end.
+    same = (earlier or {}).get("protocol", {}).get("tuning_workload", TUNING_WORKLOAD) == workload
+    warm = earlier_tuning(earlier if same else None)
     calls = [(n, setting, TUNING_RUN, {"workload": workload, "seed": TUNING_SEED,
                                        "max_num_seqs": regime, **(fleet or {})}, probe, engine,
               warm.get((n, regime, _setting_key(setting))))
