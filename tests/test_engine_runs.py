@@ -1,10 +1,11 @@
 """The decode cohort and decode runs against stepping each sequence, on many small random cases.
 
 For the planners whose decode steps take every decoding sequence (prefill-first, TPOT-chunked,
-deadline-chunked) the engine core advances the running decodes by one counter per step
-(hfx/engine/cohort.py), and on a virtual clock with a ``SimExecutor`` may take several such
-steps as one timer, a decode run (hfx/engine/decode_run.py): one ``step()`` call, one
-StepOutput whose ``earlier_ticks`` lists the earlier steps. ``EngineConfig(engine_runs=False)``
+deadline-chunked; chunked and vLLM's where nobody is preempted) the engine core advances the
+running decodes by one counter per step (hfx/engine/cohort.py), and on a virtual clock with a
+``SimExecutor`` may take several such steps as one timer, a decode run
+(hfx/engine/decode_run.py): one ``step()`` call, one StepOutput whose ``earlier_ticks`` lists
+the earlier steps. ``EngineConfig(engine_runs=False)``
 turns both off and steps each sequence as before. The two must give the same results to the
 last bit. tests/test_golden.py checks that on its fixed cases; these draw seeded random ones
 that reach what those may not:
@@ -64,7 +65,8 @@ from hfx.sim.clock import run
 from hfx.sim.driver import instance_spans, load_requests, resolve_profile, run_cluster
 from hfx.stepmodel.latency import load_profile
 
-PLANNERS = ("prefill-first", "tpot-chunked", "deadline-chunked")  # those that plan a cohort
+PLANNERS = ("prefill-first", "tpot-chunked", "deadline-chunked", "chunked", "vllm",
+            "vllm-fcfs")  # those that plan a cohort
 MODEL = load_profile("tiny@cpu").model  # ~3 ms steps: the TPOT targets below bind
 TPOTS = (None, 0.004, 0.006, 0.01, 0.03)
 ENGINE_CASES = 100  # per planner; ~1.5 s each
@@ -182,7 +184,7 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
     noise = StepNoise(case.noise_cv, 7) if case.noise_cv else None
     engine = EngineCore(EngineConfig(**case.config, engine_runs=engine_runs),
                         _StepExecutor(MODEL, noise))
-    assert (engine.state.cohort is not None) == engine_runs
+    assert (engine.state.cohort is not None) == (engine_runs and engine.planner.takes_cohort())
     ledger = RequestLedger()
     seqs: dict[str, Sequence] = {}
     pending: list[Sequence] = []  # imports waiting for KV room here, in arrival order
@@ -456,7 +458,7 @@ async def _drive_runs(case: RunCase, engine_runs: bool) -> RunsRun:
     noise = StepNoise(case.noise_cv, 7) if case.noise_cv else None
     engine = _CountingCore(EngineConfig(**case.config, engine_runs=engine_runs),
                            SimExecutor(MODEL, noise))
-    assert (engine.state.cohort is not None) == engine_runs
+    assert (engine.state.cohort is not None) == (engine_runs and engine.planner.takes_cohort())
     ledger = RequestLedger()
     wake = asyncio.Event()  # an action happened (LocalInstance's ``_wake``)
     seqs: dict[str, Sequence] = {}

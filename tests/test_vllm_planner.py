@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import make_engine, seq
 
-from hfx.engine import RequestStatus
+from hfx.engine import RequestStatus, Role, Sequence
 from hfx.engine.planners.vllm import BEST_EFFORT_PRIORITY, vllm_priority
 
 
@@ -109,3 +109,34 @@ def test_vllm_fcfs_ignores_priorities(vloop):
         engine.add_request(seq(rid, 4, 2, tpot=tpot))
     vloop.run_until_complete(steps(engine, 4))
     assert ex.plans == [{"a": 4, "b": 4}, {"a": 1, "b": 1}, {"c": 4, "d": 4}, {"c": 1, "d": 1}]
+
+
+def _import(rid: str, tpot: float) -> Sequence:
+    s = seq(rid, 4, 12, tpot=tpot)
+    s.output_token_ids.append(0)  # prefilled elsewhere, its first token sampled
+    s.num_tokens += 1
+    s.num_computed_tokens = s.prompt_len
+    return s
+
+
+def test_imports_take_their_place_in_the_arrival_order(vloop):
+    """A decode instance's imports never queue: each is numbered as its KV is reserved, so
+    vLLM's victims and requeue order, by (priority, arrival), hold for them too. Unnumbered,
+    two preempted imports of one priority tied and the queue compared the sequences (a
+    TypeError)."""
+    # 6 blocks of 4 tokens: three imports of 5 tokens (4 + the sampled one) hold two each.
+    engine, ex = make_engine(num_blocks=6, block_size=4, planner="vllm", role=Role.DECODE,
+                             watermark=0.0)
+    imports = [_import(rid, 0.05) for rid in ("a", "b", "c")]
+    for s in imports:
+        assert engine.reserve_import(s)
+        engine.activate_import(s.request_id)
+    assert [s.arrival for s in imports] == [1, 2, 3]
+    # Step 5 writes token 9, past two blocks: a needs a third, none is free, and the last to
+    # arrive of the one priority is preempted (c). Step 9 writes token 13: a needs a fourth
+    # and b goes; it waits before c, which arrived after it.
+    vloop.run_until_complete(steps(engine, 5))
+    assert [s.request_id for s in engine.state.waiting] == ["c"]
+    vloop.run_until_complete(steps(engine, 4))
+    assert [s.request_id for s in engine.state.waiting] == ["b", "c"]
+    assert [s.num_preemptions for s in imports] == [0, 1, 1]

@@ -45,7 +45,8 @@ docstring has its part):
   are None.
 - **The decode cohort and decode runs** (cohort.py, tick_calendar.py, decode_run.py): planners
   whose decode step takes every decoding sequence (``plans_cohort``: prefill-first,
-  tpot-chunked, deadline-chunked) advance them by one counter; on the virtual clock, with an
+  tpot-chunked, deadline-chunked; chunked and vLLM's in every step that preempts nobody,
+  ``plan_cohort_first``) advance them by one counter; on the virtual clock, with an
   executor that knows its steps' times ahead (``SimExecutor.advances_runs``), a stretch of cohort
   steps nothing can change is one ``step()`` and one timer. With a simulated executor
   (``plans_by_shape``) a step's output says the cohort ticked instead of listing its members:

@@ -22,8 +22,11 @@ plans (``EngineCore._advance``); it reads each block's id, so its members get th
 by one.
 
 Planners whose decode step takes every decoding sequence (prefill-first, TPOT-chunked,
-deadline-chunked) plan with the cohort; those that pick which sequences decode (SLOs-Serve's
-pacing, SCORPIO's credits, vLLM v1's budget-cut chunking) step each sequence.
+deadline-chunked) plan with the cohort. The budget-cut ones (chunked, vLLM v1's) do in every
+step whose per-sequence pass would decode every member first and preempt nobody
+(planners/chunked.py, ``plan_cohort_first``); in any other step the members leave and are
+stepped one by one, and join again with their next token. Those that pick which sequences
+decode (SLOs-Serve's pacing, SCORPIO's credits) step each sequence.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class EngineCore:
                                prefix_caching=config.prefix_caching)
         self.state = EngineState(waiting=self.planner.make_waiting(self.kv.blocks_for),
                                  running=[], kv=self.kv)
-        if config.engine_runs and self.planner.plans_cohort:
+        if config.engine_runs and self.planner.takes_cohort():
             # A real executor reads each block's id: its members get their blocks one by one.
             self.state.cohort = DecodeCohort(config.block_size, events=not self._expand,
                                              kv=None if self._expand else self.kv)
@@ -209,6 +209,8 @@ class EngineCore:
             return False
         self.incoming[seq.request_id] = seq
         self._seqs[seq.request_id] = seq
+        # Its place in the arrival order: vLLM's preemption and requeue order read it.
+        self.state.waiting.number(seq)
         return True
 
     def activate_import(self, request_id: str, kv: object | None = None) -> None:

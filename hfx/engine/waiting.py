@@ -27,10 +27,15 @@ class WaitingQueue:
     def _blocks(self, seq: Sequence) -> int:
         return self._blocks_for(seq.num_tokens)
 
-    def append(self, seq: Sequence) -> None:
-        """A newcomer, at the back."""
+    def number(self, seq: Sequence) -> None:
+        """Give ``seq`` its place in the engine's arrival order (``Sequence.arrival``): as it
+        first queues, or as its KV is reserved here (an import, which never queues)."""
         self._arrivals += 1
         seq.arrival = self._arrivals
+
+    def append(self, seq: Sequence) -> None:
+        """A newcomer, at the back."""
+        self.number(seq)
         self._queue.append(seq)
         self.blocks += self._blocks(seq)
 
@@ -102,8 +107,7 @@ class PriorityWaitingQueue(WaitingQueue):
         self._priority_of = priority_of
 
     def append(self, seq: Sequence) -> None:
-        self._arrivals += 1
-        seq.arrival = self._arrivals
+        self.number(seq)
         self.appendleft(seq)
 
     def appendleft(self, seq: Sequence) -> None:
@@ -160,8 +164,7 @@ class DeadlineWaitingQueue(WaitingQueue):
         self._late: deque[Sequence] = deque()
 
     def append(self, seq: Sequence) -> None:
-        self._arrivals += 1
-        seq.arrival = self._arrivals
+        self.number(seq)
         due = seq.prefill_deadline
         if seq.best_effort or due is None:
             self._late.append(seq)

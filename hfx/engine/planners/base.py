@@ -106,6 +106,11 @@ class BatchPlanner(ABC):
     # Whether its decode steps take every decoding sequence, so that they can be planned as
     # one decode cohort (cohort.py).
     plans_cohort: ClassVar[bool] = False
+
+    def takes_cohort(self) -> bool:
+        """Whether the engine keeps a decode cohort for this planner: ``plans_cohort``, and
+        whatever its configuration needs besides (the budget-cut planners: chunked.py)."""
+        return self.plans_cohort
     # Whether a step that prefills also decodes every running sequence (chunked prefill), so a
     # prompt's first token comes with a step that carries the running batch's decodes; a
     # dispatcher that predicts first tokens needs to know (hfx/policies/hfx.py). slo-paced

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
+from hfx.engine.planners.chunked import budget_holds_decodes, plan_cohort_first
 from hfx.engine.sequence import Sequence
 from hfx.engine.waiting import PriorityWaitingQueue, WaitingQueue
 
@@ -56,6 +57,11 @@ class VLLMPlanner(BatchPlanner):
     # vLLM v1's and is not applied here).
     watermark = 0.0
     tunables = ("watermark",)
+    # A step that preempts nobody decodes every running sequence first (``plan_cohort_first``).
+    plans_cohort = True
+
+    def takes_cohort(self) -> bool:
+        return budget_holds_decodes(self)
 
     @staticmethod
     def priority(seq: Sequence) -> int:
@@ -70,11 +76,13 @@ class VLLMPlanner(BatchPlanner):
 
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()
-        scheduled: dict[Sequence, int] = {}
-        budget = self._plan_running(state, out, scheduled)
-        # Into the step's shape only now: a victim scheduled earlier in the step left it.
-        for seq, n in scheduled.items():
-            out.schedule(seq, n)
+        budget = plan_cohort_first(self, state, out) if state.cohort is not None else None
+        if budget is None:
+            scheduled: dict[Sequence, int] = {}
+            budget = self._plan_running(state, out, scheduled)
+            # Into the step's shape only now: a victim scheduled earlier in the step left it.
+            for seq, n in scheduled.items():
+                out.schedule(seq, n)
         if not out.preempted:
             self._plan_waiting(state, out, budget)
         return out
