@@ -88,6 +88,26 @@ def _diff(on: Any, off: Any) -> str | None:
     return f"engine_runs=True {on!r:.400}, engine_runs=False {off!r:.400}"
 
 
+def draw_contents(rng: random.Random, max_prompt: int) -> list[list[int]] | None:
+    """Prompt contents for a case, or None (four in ten: none). Two shared prefixes over a
+    small vocabulary: prompts repeat, so the prefix cache hits, evicts and offers units."""
+    if rng.random() < 0.6:
+        return None
+    return [[rng.randrange(8) for _ in range(max_prompt)] for _ in range(2)]
+
+
+def draw_tokens(rng: random.Random, contents: list[list[int]] | None,
+                prompt_len: int) -> list[int] | None:
+    """A prompt of ``prompt_len`` tokens from one of ``contents``, its last token changed in
+    half the cases."""
+    if contents is None:
+        return None
+    tokens = contents[rng.randrange(len(contents))][:prompt_len]
+    if rng.random() < 0.5:
+        tokens[-1] = rng.randrange(8)
+    return tokens
+
+
 # ---- engine level ------------------------------------------------------------------------
 @dataclass
 class EngineCase:
@@ -122,10 +142,13 @@ def draw_engine_case(rng: random.Random, planner: str) -> EngineCase:
     length = rng.randint(20, 120)
     script: list[list[Action]] = [[] for _ in range(length + 80)]
     probes = rng.random() < 0.3  # get() syncs a member, which could hide a stale read
+    contents = draw_contents(rng, max_prompt)
     for i in range(rng.randint(4, 40)):
         rid = f"r{i}"
         at = rng.randrange(length)
-        spec = {"request_id": rid, "prompt_len": rng.randint(1, max_prompt),
+        prompt_len = rng.randint(1, max_prompt)
+        spec = {"request_id": rid, "prompt_len": prompt_len,
+                "tokens": draw_tokens(rng, contents, prompt_len),
                 "tpot": rng.choice(TPOTS), "ttft": rng.uniform(0.005, 0.3)}
         if role is Role.DECODE:
             # Prefilled elsewhere (its first token sampled); its KV lands now or later.
@@ -207,7 +230,8 @@ async def _drive(case: EngineCase, engine_runs: bool) -> EngineRun:
     def open_record(spec: dict[str, Any]) -> Sequence:
         now = loop.time()
         seq = Sequence(spec["request_id"], spec["prompt_len"], spec["max_tokens"],
-                       tpot=spec["tpot"], prefill_deadline=now + spec["ttft"])
+                       prompt_token_ids=spec.get("tokens"), tpot=spec["tpot"],
+                       prefill_deadline=now + spec["ttft"])
         seqs[seq.request_id] = seq
         ledger.open(Request(seq.request_id, now, seq.prompt_len, seq.max_tokens), None)
         return seq
@@ -310,7 +334,8 @@ def _final(seqs: dict[str, Sequence], ledger: RequestLedger) -> dict[str, Any]:
             "status": seq.status.name, "num_tokens": seq.num_tokens,
             "num_computed_tokens": seq.num_computed_tokens,
             "output_token_ids": list(seq.output_token_ids),
-            "num_preemptions": seq.num_preemptions, "num_blocks": seq.num_blocks,
+            "num_preemptions": seq.num_preemptions, "num_cached_tokens": seq.num_cached_tokens,
+            "num_blocks": seq.num_blocks,
             "block_table": list(seq.block_table),
             "in_cohort": seq.in_cohort, "outcome": record.outcome,
             "finish_time": record.finish_time, "token_times": list(record.token_times),
@@ -390,11 +415,14 @@ def draw_run_case(rng: random.Random, planner: str) -> RunCase:
               "max_num_batched_tokens": rng.choice((None, 32, 512)),
               "watermark": watermark}
     script: list[tuple[float, Action]] = []
+    contents = draw_contents(rng, max_prompt)
     for i in range(rng.randint(2, 10)):
         rid = f"r{i}"
         at = rng.uniform(0.0, RUN_HORIZON)
         short = rng.random() < 0.2  # a finish soon after it joins: it ends others' runs
-        spec = {"request_id": rid, "prompt_len": rng.randint(1, max_prompt),
+        prompt_len = rng.randint(1, max_prompt)
+        spec = {"request_id": rid, "prompt_len": prompt_len,
+                "tokens": draw_tokens(rng, contents, prompt_len),
                 "max_tokens": rng.randint(2, 10) if short else rng.randint(50, max_out),
                 "tpot": rng.choice(TPOTS), "ttft": rng.uniform(0.005, 0.3)}
         if role is Role.DECODE:
@@ -471,7 +499,8 @@ async def _drive_runs(case: RunCase, engine_runs: bool) -> RunsRun:
     def open_record(spec: dict[str, Any]) -> Sequence:
         now = loop.time()
         seq = Sequence(spec["request_id"], spec["prompt_len"], spec["max_tokens"],
-                       tpot=spec["tpot"], prefill_deadline=now + spec["ttft"])
+                       prompt_token_ids=spec.get("tokens"), tpot=spec["tpot"],
+                       prefill_deadline=now + spec["ttft"])
         seqs[seq.request_id] = seq
         ledger.open(Request(seq.request_id, now, seq.prompt_len, seq.max_tokens), None)
         return seq
@@ -670,6 +699,40 @@ def test_a_recompute_down_to_its_last_token_decodes_with_the_cohort() -> None:
         for j, (a, b) in enumerate(zip(on.trace, off.trace, strict=True)):
             assert a == b, f"{planner}: trace entry {j}: {_diff(a, b)}"
         assert on.final == off.final, planner
+
+
+def test_a_prompts_last_unit_is_cached_at_its_first_crossing_on_a_budget_cut_planner() -> None:
+    """Chunked and vLLM's planners grow a prompt's KV only across a block boundary, and
+    caching its computed units comes with that call: a prompt whose last chunk crosses no
+    boundary has its last unit cached at its first decode crossing, one by one, not in the
+    cohort's count. Here P (16 tokens, blocks of 4, 7-token chunks beside a decode: 7, 7, 2)
+    leaves its fourth unit to its first crossing, and Q (P's 16 tokens and 4 more) is
+    admitted in that step, after it: it finds all 16 cached (found by a review: with the
+    crossing counted, 12)."""
+    def add(rid: str, prompt: int, out: int, tokens: list[int] | None) -> Action:
+        return ("add", {"request_id": rid, "prompt_len": prompt, "tpot": None, "ttft": 1.0,
+                        "max_tokens": out, "tokens": tokens}, False)
+
+    shared = list(range(1, 17))
+    for planner in ("chunked", "vllm"):
+        hits = {}
+        for at in range(2, 8):  # Q's arrival, around P's first crossing
+            script: list[list[Action]] = [[] for _ in range(40)]
+            script[0] = [add("d", 1, 30, None)]
+            script[1] = [add("P", 16, 10, shared)]
+            script[at].append(add("Q", 20, 5, [*shared, 17, 18, 19, 20]))
+            case = EngineCase({"num_kv_blocks": 64, "block_size": 4, "planner": planner,
+                               "planner_params": {}, "role": Role.COLOCATED,
+                               "max_num_seqs": 8, "max_num_batched_tokens": 8,
+                               "watermark": 0.0}, 0.0, script)
+            on, off = run_engine_case(case, True), run_engine_case(case, False)
+            for j, (a, b) in enumerate(zip(on.trace, off.trace, strict=True)):
+                assert a == b, f"{planner}, Q at {at}: trace entry {j}: {_diff(a, b)}"
+            assert on.final == off.final, (planner, at)
+            hits[at] = on.final["Q"]["num_cached_tokens"]
+        # Before P's third chunk is done, its fourth unit is not computed; from the step of
+        # its first crossing (4) on, it is cached.
+        assert hits == {2: 12, 3: 12, 4: 16, 5: 16, 6: 16, 7: 16}, planner
 
 
 async def _listened(engine_runs: bool, scenario: str) -> dict[str, tuple[int, int]]:

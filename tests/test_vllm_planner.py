@@ -125,7 +125,7 @@ def test_imports_take_their_place_in_the_arrival_order(vloop):
     two preempted imports of one priority tied and the queue compared the sequences (a
     TypeError)."""
     # 6 blocks of 4 tokens: three imports of 5 tokens (4 + the sampled one) hold two each.
-    engine, ex = make_engine(num_blocks=6, block_size=4, planner="vllm", role=Role.DECODE,
+    engine, _ = make_engine(num_blocks=6, block_size=4, planner="vllm", role=Role.DECODE,
                              watermark=0.0)
     imports = [_import(rid, 0.05) for rid in ("a", "b", "c")]
     for s in imports:
@@ -140,3 +140,27 @@ def test_imports_take_their_place_in_the_arrival_order(vloop):
     vloop.run_until_complete(steps(engine, 4))
     assert [s.request_id for s in engine.state.waiting] == ["b", "c"]
     assert [s.num_preemptions for s in imports] == [0, 1, 1]
+
+
+def test_a_request_that_preempts_itself_first_leaves_the_step_to_the_others(vloop):
+    """lo runs first in the running list and is the lowest priority: when it needs a block and
+    none is free it is its own victim, and vLLM plans no one after it in that pass. vLLM's
+    next iteration plans hi; so does the engine at once (an empty plan here used to end the
+    step with work left, and the simulator's instance then idled for good)."""
+    # 4 blocks of 4: lo (6 tokens) holds 2, hi (4) 1; hi's first decode takes the last.
+    engine, ex = make_engine(num_blocks=4, block_size=4, planner="vllm", watermark=0.0,
+                             max_num_batched_tokens=16)
+
+    async def go() -> list[list[str]]:
+        engine.add_request(seq("lo", 6, 6, tpot=0.2))
+        ran = [(await engine.step()).request_ids]
+        engine.add_request(seq("hi", 4, 6, tpot=0.02))
+        for _ in range(3):
+            ran.append((await engine.step()).request_ids)
+        return ran
+
+    # Step 4: lo writes its 9th token, needs a third block and preempts itself; hi decodes.
+    assert vloop.run_until_complete(go()) == [["lo"], ["lo", "hi"], ["lo", "hi"], ["hi"]]
+    assert ex.plans[-1] == {"hi": 1}
+    assert [s.request_id for s in engine.state.waiting] == ["lo"]
+    assert engine.num_preemptions == 1

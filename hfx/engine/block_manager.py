@@ -117,6 +117,14 @@ class BlockManager:
             self._offer(seq, min(num_tokens, seq.prompt_len))
         return True
 
+    def offers_pending(self, seq: Sequence) -> bool:
+        """Whether growing ``seq``'s KV past its prompt would also cache prompt units it has
+        computed and not offered: a prompt whose last chunk crossed no block boundary, on a
+        planner that calls ``allocate`` only across one (planners/chunked.py)."""
+        keys = seq.unit_keys
+        return keys is not None and \
+            min(len(keys), seq.prompt_len // seq.unit_size) > seq.units_seen
+
     def fits(self, seq: Sequence, num_tokens: int, reserve: int = 0, cached: int = 0) -> bool:
         """Whether ``allocate(seq, num_tokens, reserve, cached)`` would succeed, allocating
         nothing: vLLM's check that a new request's whole prompt fits before its first chunk is

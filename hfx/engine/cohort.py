@@ -40,8 +40,8 @@ from hfx.tally import Tally
 
 
 class DecodeCohort:
-    __slots__ = ("_charged", "_cross", "_finish", "_kv", "_phase", "_sum_base", "_tpots",
-                 "block_size", "members", "moves", "tick")
+    __slots__ = ("_charged", "_cross", "_finish", "_kv", "_listed", "_phase", "_sum_base",
+                 "_tpots", "block_size", "members", "moves", "tick")
 
     def __init__(self, block_size: int, events: bool = True,
                  kv: BlockManager | None = None) -> None:
@@ -64,6 +64,10 @@ class DecodeCohort:
         # Each member's finish, and its first block crossing, by tick.
         self._finish = Finishes()
         self._cross = Crossings()
+        # Ticks whose crossings are allocated one by one although they fit, and how many
+        # members asked: a member whose first crossing also caches prompt units (its
+        # ``allocate`` offers them, interleaved with the others' claims in running order).
+        self._listed: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.members)
@@ -99,7 +103,11 @@ class DecodeCohort:
         self._finish.put(seq, seq.prompt_len + seq.max_tokens - base)
         # A decode at tick k writes the KV of token base + k: it needs a new block once that
         # passes the blocks it holds.
-        self._cross.put(seq, seq.num_blocks * self.block_size - base + 1)
+        due = seq.num_blocks * self.block_size - base + 1
+        self._cross.put(seq, due)
+        kv = self._kv
+        if kv is not None and kv.offers_pending(seq):
+            self._listed[due] = self._listed.get(due, 0) + 1
 
     def blocks(self, seq: Sequence) -> int:
         """A member's KV blocks, as a sync would make its ``num_blocks``."""
@@ -155,7 +163,9 @@ class DecodeCohort:
         tick, size = self.tick, self.block_size
         firsts = self._cross.take(tick)
         kv = self._kv
-        if kv is not None:
+        # A listed tick's crossings go one by one (a member that left meanwhile leaves its
+        # tick listed: one by one is exact too, only slower).
+        if kv is not None and (not self._listed or self._listed.pop(tick, 0) == 0):
             need = self._phase[tick % size] if tick > self._charged else 0
             for seq in firsts:  # the blocks it lacks at this tick: one, as it is due now
                 need += -(-(seq.cohort_base + tick) // size) - seq.num_blocks
@@ -183,6 +193,16 @@ class DecodeCohort:
         """``seq`` got the block it crossed into: it crosses by phase from now on."""
         seq.cross_due = IN_PHASE
         self._phase[(1 - seq.cohort_base) % self.block_size] += 1
+
+    def next_listed(self) -> int | None:
+        """The first tick from this one whose crossings are allocated one by one (None: no
+        such tick): a decode run, which takes them in counts, ends before it."""
+        listed = self._listed
+        if not listed:
+            return None
+        for t in [t for t in listed if t < self.tick]:
+            del listed[t]  # a member left before its tick
+        return min(listed) if listed else None
 
     def next_finish(self) -> int | None:
         """The tick at which the first member reaches ``max_tokens`` (None: no member)."""
@@ -236,6 +256,7 @@ class DecodeCohort:
             self.leave(seq)
         self._finish.clear()
         self._cross.clear()
+        self._listed.clear()
 
 
 def _order(seq: Sequence) -> int:

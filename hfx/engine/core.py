@@ -349,6 +349,12 @@ class EngineCore:
         out = self.planner.plan(self.state)
         if out.preempted:
             self.num_preemptions += len(out.preempted)
+        while not out and out.preempted:
+            # It preempted and planned nothing (vLLM's victim was the sequence that needed
+            # the block, first in the running list): plan again with the blocks freed, as
+            # vLLM's next iteration does, or the engine would idle with work.
+            out = self.planner.plan(self.state)
+            self.num_preemptions += len(out.preempted)
         if not out:
             return self._output(loop.time(), [], None, transitions)
         cohort = out.cohort

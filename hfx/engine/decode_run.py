@@ -61,8 +61,12 @@ def plan_run(cohort: DecodeCohort, kv: BlockManager, executor: object, now: floa
     length = min(kv.block_size, finish - tick)
     if length < 2:
         return None
-    # Plan ticks before the first crossing with no block left; it would preempt.
+    # Plan ticks before the first crossing with no block left; it would preempt. And before
+    # the first whose crossings are allocated one by one (cohort.next_listed).
     length = cohort.ticks_with_blocks(length, kv.num_free_blocks)
+    listed = cohort.next_listed()
+    if listed is not None:
+        length = min(length, listed - tick)
     if length < 2:
         return None
     duration = executor.duration  # type: ignore[attr-defined]  # a SimExecutor's
