@@ -735,6 +735,27 @@ def test_a_prompts_last_unit_is_cached_at_its_first_crossing_on_a_budget_cut_pla
         assert hits == {2: 12, 3: 12, 4: 16, 5: 16, 6: 16, 7: 16}, planner
 
 
+def test_a_budget_cut_planner_keeps_no_cohort_when_its_budget_cannot_hold_every_decode() -> None:
+    """With a token budget under ``max_num_seqs`` a chunked or vLLM step decodes only the first
+    running sequences that fit: no cohort then (``BatchPlanner.takes_cohort``). Admission
+    keeps a colocated engine's decodes within the budget; a decode instance's imports start
+    by the slots alone. Eight imports, a budget of 4: each step decodes four of them."""
+    def imp(rid: str) -> Action:
+        return ("import", {"request_id": rid, "prompt_len": 2, "tpot": None, "ttft": 1.0,
+                           "max_tokens": 12, "transfer": 0.0})
+
+    for planner in ("chunked", "vllm"):
+        script: list[list[Action]] = [[] for _ in range(60)]
+        script[0] = [imp(f"r{i}") for i in range(8)]
+        case = EngineCase({"num_kv_blocks": 64, "block_size": 4, "planner": planner,
+                           "planner_params": {}, "role": Role.DECODE, "max_num_seqs": 8,
+                           "max_num_batched_tokens": 4, "watermark": 0.0}, 0.0, script)
+        on, off = run_engine_case(case, True), run_engine_case(case, False)
+        for j, (a, b) in enumerate(zip(on.trace, off.trace, strict=True)):
+            assert a == b, f"{planner}: trace entry {j}: {_diff(a, b)}"
+        assert on.final == off.final, planner
+
+
 async def _listened(engine_runs: bool, scenario: str) -> dict[str, tuple[int, int]]:
     """Two 40-token requests with listeners; per request (events heard, tokens recorded)."""
     loop = asyncio.get_running_loop()

@@ -64,10 +64,10 @@ class DecodeCohort:
         # Each member's finish, and its first block crossing, by tick.
         self._finish = Finishes()
         self._cross = Crossings()
-        # Ticks whose crossings are allocated one by one although they fit, and how many
-        # members asked: a member whose first crossing also caches prompt units (its
-        # ``allocate`` offers them, interleaved with the others' claims in running order).
-        self._listed: dict[int, int] = {}
+        # Ticks whose crossings are allocated one by one although they fit: a member's first
+        # crossing there also caches prompt units (its ``allocate`` offers them, interleaved
+        # with the others' claims in running order).
+        self._listed: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.members)
@@ -107,7 +107,7 @@ class DecodeCohort:
         self._cross.put(seq, due)
         kv = self._kv
         if kv is not None and kv.offers_pending(seq):
-            self._listed[due] = self._listed.get(due, 0) + 1
+            self._listed.add(due)
 
     def blocks(self, seq: Sequence) -> int:
         """A member's KV blocks, as a sync would make its ``num_blocks``."""
@@ -165,7 +165,10 @@ class DecodeCohort:
         kv = self._kv
         # A listed tick's crossings go one by one (a member that left meanwhile leaves its
         # tick listed: one by one is exact too, only slower).
-        if kv is not None and (not self._listed or self._listed.pop(tick, 0) == 0):
+        listed = tick in self._listed
+        if listed:
+            self._listed.discard(tick)
+        if kv is not None and not listed:
             need = self._phase[tick % size] if tick > self._charged else 0
             for seq in firsts:  # the blocks it lacks at this tick: one, as it is due now
                 need += -(-(seq.cohort_base + tick) // size) - seq.num_blocks
@@ -201,7 +204,7 @@ class DecodeCohort:
         if not listed:
             return None
         for t in [t for t in listed if t < self.tick]:
-            del listed[t]  # a member left before its tick
+            listed.discard(t)  # a member left before its tick
         return min(listed) if listed else None
 
     def next_finish(self) -> int | None:

@@ -347,8 +347,7 @@ class EngineCore:
             if run is not None:
                 return run
         out = self.planner.plan(self.state)
-        if out.preempted:
-            self.num_preemptions += len(out.preempted)
+        self.num_preemptions += len(out.preempted)
         while not out and out.preempted:
             # It preempted and planned nothing (vLLM's victim was the sequence that needed
             # the block, first in the running list): plan again with the blocks freed, as

@@ -108,9 +108,11 @@ class BatchPlanner(ABC):
     plans_cohort: ClassVar[bool] = False
 
     def takes_cohort(self) -> bool:
-        """Whether the engine keeps a decode cohort for this planner: ``plans_cohort``, and
-        whatever its configuration needs besides (the budget-cut planners: chunked.py)."""
-        return self.plans_cohort
+        """Whether the engine keeps a decode cohort for this planner: ``plans_cohort``, and for
+        one that cuts each step at its token budget (``splits_prompts``), a budget that holds a
+        decode of every running sequence (planners/chunked.py, ``plan_cohort_first``)."""
+        return self.plans_cohort and (not self.splits_prompts
+                                      or self.config.max_num_seqs <= self.token_budget)
     # Whether a step that prefills also decodes every running sequence (chunked prefill), so a
     # prompt's first token comes with a step that carries the running batch's decodes; a
     # dispatcher that predicts first tokens needs to know (hfx/policies/hfx.py). slo-paced

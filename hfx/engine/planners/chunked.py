@@ -21,9 +21,6 @@ class ChunkedPlanner(BatchPlanner):
     splits_prompts = True
     plans_cohort = True
 
-    def takes_cohort(self) -> bool:
-        return budget_holds_decodes(self)
-
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = plan_cohort_first(self, state, out) if state.cohort is not None else None
@@ -63,12 +60,6 @@ class ChunkedPlanner(BatchPlanner):
             self.admit(state, seq)
             out.schedule(seq, n)
             budget -= n
-
-
-def budget_holds_decodes(planner: BatchPlanner) -> bool:
-    """Whether a step's token budget always holds a decode of every running sequence, so that
-    a budget-cut planner's decode step may take them all as a cohort (``plan_cohort_first``)."""
-    return planner.plans_cohort and planner.config.max_num_seqs <= planner.token_budget
 
 
 def plan_cohort_first(planner: BatchPlanner, state: EngineState,

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hfx.engine.planners.base import BatchPlanner, EngineState, SchedulerOutput
-from hfx.engine.planners.chunked import budget_holds_decodes, plan_cohort_first
+from hfx.engine.planners.chunked import plan_cohort_first
 from hfx.engine.sequence import Sequence
 from hfx.engine.waiting import PriorityWaitingQueue, WaitingQueue
 
@@ -59,9 +59,6 @@ class VLLMPlanner(BatchPlanner):
     tunables = ("watermark",)
     # A step that preempts nobody decodes every running sequence first (``plan_cohort_first``).
     plans_cohort = True
-
-    def takes_cohort(self) -> bool:
-        return budget_holds_decodes(self)
 
     @staticmethod
     def priority(seq: Sequence) -> int:
