@@ -17,6 +17,7 @@ from hfx.policies import sa as sa_module
 from hfx.policies.deadline_queue import DeadlineQueue
 from hfx.policies.hfx import HFXDispatcher, maturity_time, token_budget
 from hfx.policies.output_length import OutputLengthPredictor
+from hfx.policies.prefill_demand import PrefillDemand, guard_floor
 from hfx.policies.sa_search import Job, anneal, delay, evaluate, objective, squeeze, swap
 from hfx.policies.scorpio import TPOTMix
 from hfx.policies.shadow import ShadowInstance
@@ -125,6 +126,42 @@ def test_hfx_best_effort_idle_waits_for_an_instance_without_feasible_work_in_fli
     assert pol.schedule(view(6.0)).dispatch == [] and pol.num_queued() == 1  # still busy
     with pytest.raises(ValueError, match="best_effort"):
         make_policy("hfx", best_effort="never")
+
+
+def test_prefill_demand_is_the_windowed_prefill_share_and_bounds_the_keepable_tpot():
+    demand = PrefillDemand(window=10.0)
+    demand.add(0.0, 2.0)
+    demand.add(5.0, 4.0)
+    # 6 s of prefill over the 5 s since the first arrival, on 2 instances.
+    assert demand.share(5.0, 2) == pytest.approx(0.6)
+    # 12 s on: the first arrival left the window; 4 s over 10 s, on 1 instance.
+    assert demand.share(12.0, 1) == pytest.approx(0.4)
+    assert demand.share(30.0, 1) == 0.0
+    # Algorithm 1's payback leaves a share 1 − E_d / T for prefills: the tightest T it keeps.
+    assert guard_floor(0.014, 0.3) == pytest.approx(0.02)
+    assert guard_floor(0.014, 1.0) == math.inf
+
+
+def test_hfx_keepable_guard_leaves_a_tpot_its_payback_cannot_keep_out_of_the_guard():
+    loose, strict = req("loose", 0.0, 100, 5.0, 0.5), req("strict", 0.0, 100, 5.0, 0.05)
+    for guard, kept in (("all", True), ("keepable", False)):
+        pol = make_policy("hfx", guard_tpots=guard)
+        assert isinstance(pol, HFXDispatcher)
+        pol._share = 0.5  # the fleet's prompts take half of each instance's time
+        sh = ShadowInstance(0, 10**6, 256)
+        assert pol.guards(strict, sh, MODEL)  # nothing kept there yet: the first one is
+        sh.add(loose, 10.0)
+        # E_d = 0.03 + 1e-4 with one running: the payback keeps T >= E_d / (1 − 0.5) = 0.0602.
+        assert pol.guards(strict, sh, MODEL) is kept
+        assert pol.guards(req("mid", 0.0, 100, 5.0, 0.07), sh, MODEL)
+        e_d = pol.decode_step(sh, MODEL)
+        pol.enqueue(strict, 0.0)
+        # Eq. 5 counts the queued strict class only where it is kept.
+        assert pol.budget(sh, MODEL, e_d) == pytest.approx(
+            token_budget(5.0, 0.05 if kept else 0.5, e_d, 0.02, 1e-4))
+        sh.add(strict, 10.0, pol.guards(strict, sh, MODEL))
+        assert sh.min_tpot() == (0.05 if kept else 0.5)
+        assert sh.remove("strict", 110) and sh.min_tpot() == 0.5
 
 
 def test_hfx_idle_instance_takes_work_beyond_the_budget():

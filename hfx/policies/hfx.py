@@ -107,6 +107,16 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   Eq. 4 scores the mean TPOT, so one long prefill's stall is spread over every output token;
   where prompts are long and outputs longer (tiered-4096-1024: prompts to 8k, outputs ~1k) the
   guard holds long prompts back until their TTFT is lost (docs/results.md).
+- ``guard_tpots`` (ours; "all", the seed's, by default): which TPOT targets the guard keeps.
+  Algorithm 1's payback lets an instance prefill a share 1 − E_d / T of its time, so where the
+  fleet's prompts need more (prefill_demand.py), guarding T holds every class behind it until
+  their TTFTs are lost. With "keepable" a request whose TPOT is under E_d / (1 − share) on the
+  instance it goes to is sent unguarded, decided once at dispatch (a kept request is kept to
+  its end); where nothing there is guarded the next request is, so the wait still paces Q_R
+  (giving every target up cost wikisql on the deadline-chunked engine 0.898 → 0.836 at its
+  knee). On PolyServe's 20-instance tiered-512-512 it moves HFX's crossing 511 → 544 req/s
+  under Eq. 4 and 529 → 546 per token; at 2 instances the cells move by −0.013 to +0.032
+  (docs/results.md, "Guarding only the TPOTs the payback can keep"). Not the default.
 - ``override`` (ours; "on" by default, "off" is the seed's dispatcher): a request
   that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
   anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
@@ -179,6 +189,7 @@ from hfx.policies.base import (
 from hfx.policies.maturity import MaturityQueue
 from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.parking import Parking
+from hfx.policies.prefill_demand import PrefillDemand, guard_floor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
 from hfx.request import Request, RequestRecord
@@ -237,6 +248,9 @@ MATURE_ORDERS = ("maturity", "lightest")
 PREFILL_WAITS = ("batch", "admitted")
 QUEUE_ORDERS = ("arrival", "shortest")
 BEST_EFFORTS = ("drained", "idle")
+# Which in-flight TPOT targets the guard keeps: every one (the seed's), or those whose payback
+# leaves room for the fleet's prefill demand (prefill_demand.py).
+GUARD_TPOTS = ("all", "keepable")
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -266,7 +280,8 @@ class HFXDispatcher(Policy):
                  override: str | None = None, lead_prefills: float = 5.0,
                  lead_steps: float = 20.0, mature_order: str = "lightest",
                  prefill_wait: str = "batch", queue_order: str = "shortest",
-                 best_effort: str = "idle", quiet_cap: float = 0.5) -> None:
+                 best_effort: str = "idle", quiet_cap: float = 0.5,
+                 guard_tpots: str = "all") -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -295,6 +310,12 @@ class HFXDispatcher(Policy):
             raise ValueError(f"quiet_cap must be >= 0, got {quiet_cap}")
         self.quiet_cap = float(quiet_cap)
         self.tpot_guard = tpot_guard
+        if guard_tpots not in GUARD_TPOTS:
+            raise ValueError(f"guard_tpots must be one of {GUARD_TPOTS}, got {guard_tpots!r}")
+        self.guard_keepable = guard_tpots == "keepable"
+        self._demand = PrefillDemand()
+        self._demand_new: list[tuple[float, int]] = []  # (arrival, prompt tokens), unpriced
+        self._share = 0.0  # the fleet's prefill demand per instance, per decision
         self.override = override == "on"
         self.theta = theta
         self.prefill_cv = prefill_cv
@@ -350,6 +371,8 @@ class HFXDispatcher(Policy):
             self._fair_new.append(request)
         if self.override:
             self._arrived.append(request)
+        if self.guard_keepable:
+            self._demand_new.append((now, request.prompt_len))
 
     def num_queued(self) -> int:
         return len(self.queue) + len(self._best_effort)
@@ -380,6 +403,11 @@ class HFXDispatcher(Policy):
         if self._taken:
             self._taken = {}
         self._step_tokens = view.step_tokens
+        if self.guard_keepable:
+            for at, tokens in self._demand_new:
+                self._demand.add(at, model.prefill_b * tokens + model.prefill_c * tokens * tokens)
+            self._demand_new.clear()
+            self._share = self._demand.share(now, len(targets))
         if len(self._matches) > MATCHES_KEPT:  # requests that left the queue: read again
             self._matches = {}
             self._parked.clear()
@@ -513,7 +541,7 @@ class HFXDispatcher(Policy):
                 continue  # it stays queued: Q_R's scan may still take it, or it goes best effort
             self.queue.take(req)
             decision.dispatch.append(Dispatch(req, best.id))
-            best.add(req, self.kv_reserve(req))
+            best.add(req, self.kv_reserve(req), self.guards(req, best, model))
             self._prefilled_at[best.id] = best_start + best_e_p
             at = self.mature_after(now, best_start, best_e_p, best_c, best, model, mixed)
             self.maturity.set(best.id, max(self.maturity[best.id], at))
@@ -788,7 +816,7 @@ class HFXDispatcher(Policy):
                 self._hopeless.add(req.id)
             if shares:
                 self._taken[req.tenant] = self._taken.get(req.tenant, 0) + 1
-            sh.add(req, self.kv_reserve(req))
+            sh.add(req, self.kv_reserve(req), self.guards(req, sh, model))
             k = self.cached(req).get(iid, 0)
             c = req.prompt_len - k
             sum_len += c
@@ -803,14 +831,30 @@ class HFXDispatcher(Policy):
 
     # ---- what the P stage of P/D changes (HFX paper §3.3.1, steps 2 and 4) ---------------------
     def budget(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
-        """Eq. 5 with the tightest targets involved: queued requests and those in flight."""
+        """Eq. 5 with the tightest targets involved: queued requests and those in flight (with
+        ``guard_tpots`` "keepable", the queued ones whose target the payback can keep)."""
+        queued = self.queue.min_tpot()
+        if self.guard_keepable:
+            queued = self.queue.min_tpot_from(guard_floor(e_d, self._share)) or \
+                (None if sh.min_tpot() else queued)
         return self._eq5(_tighter(self.queue.min_ttft(), sh.min_ttft()),
-                         _tighter(self.queue.min_tpot(), sh.min_tpot()), e_d, model)
+                         _tighter(queued, sh.min_tpot()), e_d, model)
 
     def room(self, sh: ShadowInstance, model: StepTimeModel, e_d: float) -> float:
         """Eq. 5 over the instance's own requests only: the prompt tokens a prefill there may
         hold without breaking the tightest TTFT and TPOT in flight (inf when idle)."""
         return self._eq5(sh.min_ttft(), sh.min_tpot(), e_d, model)
+
+    def guards(self, req: Request, sh: ShadowInstance, model: StepTimeModel) -> bool:
+        """Whether ``sh`` keeps ``req``'s TPOT once it is sent there (its target counts in
+        Eq. 5 and Algorithm 1's payback until it finishes): always, or with ``guard_tpots``
+        "keepable" where the payback leaves room for the fleet's prefill demand
+        (prefill_demand.py), or where nothing in flight there is kept (the wait still paces
+        what Q_R lets go). Decided once, at dispatch: a request kept is kept to its end."""
+        if not self.guard_keepable or sh.min_tpot() is None:
+            return True
+        assert req.slo is not None
+        return req.slo.tpot >= guard_floor(self.decode_step(sh, model), self._share)
 
     def _eq5(self, ttft: float | None, tpot: float | None, e_d: float,
              model: StepTimeModel) -> float:
@@ -825,7 +869,7 @@ class HFXDispatcher(Policy):
         if self.tpot_guard == "off":  # no payback: look again once the engine decodes again
             return now + e_p + self.decode_step(sh, model)
         min_tpot = sh.min_tpot()
-        assert min_tpot is not None  # called after a dispatch to ``sh``: it has a request
+        assert min_tpot is not None  # called after a dispatch to ``sh``: it keeps one
         return maturity_time(now, e_p, self.decode_step(sh, model), min_tpot)
 
     def mature_after(self, now: float, start: float, e_p: float, tokens: int,

@@ -26,10 +26,12 @@ STEP_WINDOW = 4
 class _Inflight:
     request: Request
     predicted_output: float
+    guarded: bool  # its TPOT counts in min_tpot (a policy may keep only some: hfx.py)
 
-    def __init__(self, request: Request, predicted_output: float) -> None:
+    def __init__(self, request: Request, predicted_output: float, guarded: bool) -> None:
         # Written out, as request.py's: compiled, one made per dispatch runs no Python.
         self.request, self.predicted_output = request, predicted_output
+        self.guarded = guarded
 
 
 @dataclass(slots=True)
@@ -65,7 +67,8 @@ class ShadowInstance:
         return not self.inflight
 
     def tpot_demand(self) -> float:
-        """Σ 1/TPOT over the in-flight requests: tokens per second their targets ask for."""
+        """Σ 1/TPOT over the guarded in-flight requests: tokens per second their targets ask
+        for."""
         return self._tpots.inverse_sum()
 
     def min_tpot(self) -> float | None:
@@ -82,14 +85,16 @@ class ShadowInstance:
         """KV tokens not yet promised: capacity minus every in-flight request's full length."""
         return self.kv_capacity_tokens - max(self.reserved_tokens, self.kv_used_tokens)
 
-    def add(self, request: Request, predicted_output: float) -> None:
+    def add(self, request: Request, predicted_output: float, guarded: bool = True) -> None:
+        """``request`` sent here; ``guarded`` False leaves its TPOT out of ``min_tpot``."""
         assert request.slo is not None
         self.version += 1
-        self.inflight[request.id] = _Inflight(request, predicted_output)
+        self.inflight[request.id] = _Inflight(request, predicted_output, guarded)
         self.decode_ctx += request.prompt_len
         self.reserved_tokens += request.prompt_len + predicted_output
         self.kv_used_tokens += request.prompt_len
-        self._tpots.add(request.slo.tpot)
+        if guarded:
+            self._tpots.add(request.slo.tpot)
         self._ttfts.add(request.slo.ttft)
 
     def remove(self, request_id: str, tokens_at_finish: int) -> bool:
@@ -105,7 +110,8 @@ class ShadowInstance:
         self.reserved_tokens = max(0.0, self.reserved_tokens - req.prompt_len
                                    - item.predicted_output)
         self.kv_used_tokens = max(0.0, self.kv_used_tokens - tokens_at_finish)
-        self._tpots.discard(req.slo.tpot)
+        if item.guarded:
+            self._tpots.discard(req.slo.tpot)
         self._ttfts.discard(req.slo.ttft)
         return True
 

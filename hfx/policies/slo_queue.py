@@ -151,6 +151,11 @@ class SLOQueue:
     def min_tpot(self) -> float | None:
         return self._tpots[0] if self._tpots else None
 
+    def min_tpot_from(self, floor: float) -> float | None:
+        """The tightest queued TPOT at or above ``floor``."""
+        i = bisect.bisect_left(self._tpots, floor)
+        return self._tpots[i] if i < len(self._tpots) else None
+
     def scan(self, limit: int, also: Collection[str] | None = None) -> Iterator[Request]:
         """Requests in (TPOT, arrival) order (start-tag order with fair shares), at most
         ``limit`` of them, with the hidden ones whose ids are in ``also`` in their places. The
