@@ -164,6 +164,29 @@ def test_hfx_keepable_guard_leaves_a_tpot_its_payback_cannot_keep_out_of_the_gua
         assert sh.remove("strict", 110) and sh.min_tpot() == 0.5
 
 
+@pytest.mark.parametrize("guard", ["all", "keepable"])
+def test_hfx_keepable_guard_sends_a_strict_request_unguarded_beside_the_fleets_prompts(guard):
+    pol = make_policy("hfx", guard_tpots=guard)
+    # Five 1,000-token prompts at 0: 0.5 s of prefill (b = 1e-4) for one instance in its first
+    # second, a share of 0.5; all go at once, the first kept as nothing is yet.
+    for i in range(5):
+        pol.enqueue(req(f"loose{i}", 0.0, 1000, 5.0, 0.5), 0.0)
+    d = pol.schedule(view(0.0))
+    assert len(d.dispatch) == 5
+    assert pol.shadow[0].min_tpot() == 0.5
+    # At the maturity a strict request arrives: E_d = 0.03 + 5e-4 with five running, so the
+    # payback keeps T >= E_d / (1 - 0.51) = 0.062; its 0.05 is not kept there.
+    now = pol.maturity[0]
+    pol.enqueue(req("strict", now, 100, 5.0, 0.05), now)
+    d = pol.schedule(view(now))
+    assert [x.request.id for x in d.dispatch] == ["strict"]
+    kept = guard == "all"
+    assert pol.shadow[0].min_tpot() == (0.05 if kept else 0.5)
+    # Algorithm 1's payback after it counts against the target kept.
+    e_p, e_d = MODEL.prefill_time(100, 100 * 100), 0.03 + 6e-4
+    assert pol.maturity[0] == pytest.approx(maturity_time(now, e_p, e_d, 0.05 if kept else 0.5))
+
+
 def test_hfx_idle_instance_takes_work_beyond_the_budget():
     pol = make_policy("hfx")
     pol.enqueue(req("huge", 0.0, 9000, 0.7, 0.5), 0.0)  # more than Eq. 5 allows

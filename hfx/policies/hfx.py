@@ -117,6 +117,8 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   knee). On PolyServe's 20-instance tiered-512-512 it moves HFX's crossing 511 → 544 req/s
   under Eq. 4 and 529 → 546 per token; at 2 instances the cells move by −0.013 to +0.032
   (docs/results.md, "Guarding only the TPOTs the payback can keep"). Not the default.
+  Colocated mode: in P/D the prefill stage runs no decodes to guard and the Migrator keeps
+  every target.
 - ``override`` (ours; "on" by default, "off" is the seed's dispatcher): a request
   that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
   anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
@@ -834,9 +836,8 @@ class HFXDispatcher(Policy):
         """Eq. 5 with the tightest targets involved: queued requests and those in flight (with
         ``guard_tpots`` "keepable", the queued ones whose target the payback can keep)."""
         queued = self.queue.min_tpot()
-        if self.guard_keepable:
-            queued = self.queue.min_tpot_from(guard_floor(e_d, self._share)) or \
-                (None if sh.min_tpot() else queued)
+        if self.guard_keepable and sh.min_tpot() is not None:  # else the next one is kept
+            queued = self.queue.min_tpot_from(guard_floor(e_d, self._share))
         return self._eq5(_tighter(self.queue.min_ttft(), sh.min_ttft()),
                          _tighter(queued, sh.min_tpot()), e_d, model)
 

@@ -8,7 +8,8 @@ time. Where the arrivals need more than that, guarding T holds prompts in Q_R un
 TTFT is lost, and T is missed anyway once the queue is past saving. ``guard_floor`` is the
 tightest TPOT whose payback leaves room for the demand (hfx/policies/hfx.py,
 ``guard_tpots``). Only the per-token terms count (b, c): a batch shares its fixed cost, so the
-demand is a floor, and the rule gives a target up only where even that floor does not fit.
+demand is a floor, and the rule gives a target up only where even that floor does not fit
+(but for prefix-cache hits, which it does not know at arrival: with caching it overstates).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class PrefillDemand:
         arrivals = self._arrivals
         while arrivals and arrivals[0][0] < now - self.window:
             self._sum -= arrivals.popleft()[1]
-        if not arrivals or instances <= 0 or self._first is None:
+        if not arrivals:
+            self._sum = 0.0  # no float residue carried into the next arrivals
+            return 0.0
+        if instances <= 0 or self._first is None:
             return 0.0
         span = min(self.window, max(now - self._first, 1.0))
         return max(0.0, self._sum) / span / instances
