@@ -12,7 +12,15 @@ from hfx.config import SimConfig
 from hfx.engine.planners.deadline_chunked import DeadlineChunkedPlanner
 from hfx.engine.planners.slo_paced import DEFAULT_PACE
 from hfx.evaluation import compare
-from hfx.evaluation.compare import CONTENDERS, HFX, Contender, cells, dual_capacity, tune
+from hfx.evaluation.compare import (
+    CONTENDERS,
+    HFX,
+    CellBound,
+    Contender,
+    cells,
+    dual_capacity,
+    tune,
+)
 
 
 def knees(eq4: float, deadline: float):
@@ -115,11 +123,15 @@ def test_a_cell_says_when_the_goal_is_not_the_dispatchers_to_meet():
     eq4 = cells(rows(117.0))[0]
     assert eq4["rr_share"] == pytest.approx(117 / 120) and eq4["note"] == "fleet-bound"
     assert cells(rows(116.0))[0]["note"] == ""
-    # 1.2x the best peer (120) above the work bound: no dispatcher meets the goal there.
-    a, _, b, _ = cells(rows(80.0), {("a", 256): 119.0, ("b", 256): 121.0})
-    assert (a["note"], b["note"]) == ("goal above the bound", "")
+    # 1.2x the best peer (120) above the work bound: no dispatcher meets the goal there; above
+    # the blind bound only: none that knows no output length before it ends.
+    a, _, b, _ = cells(rows(80.0), {("a", 256): CellBound(119.0, 110.0),
+                                    ("b", 256): CellBound(130.0, 119.0)})
+    assert (a["note"], b["note"]) == ("goal above the bound", "goal above the blind bound")
     assert a["bound"] == 119.0 and a["hfx_over_bound"] == pytest.approx(120 / 119)
-    assert "| 119.0 | 101% | goal above the bound |" in compare.headline([a])
+    assert b["blind_bound"] == 119.0 and b["hfx_over_blind"] == pytest.approx(120 / 119)
+    assert "| 119.0 / 110.0 | 101% / 109% | goal above the bound |" in compare.headline([a])
+    assert cells(rows(80.0), {("a", 256): CellBound(130.0, 121.0)})[0]["note"] == ""
 
 
 def test_every_contender_fits_the_budget_and_builds():
@@ -253,7 +265,8 @@ def test_a_fleet_of_more_instances_runs_every_probe_on_it_from_a_start_in_propor
     # The work bound is the 16-instance fleet's: 8x the same workload's on 2.
     bound16 = compare.cell_bounds(rows)[("four-task", 256)]
     bound2 = compare.cell_bounds([{**rows[0], "instances": 2}])[("four-task", 256)]
-    assert bound16 == pytest.approx(8 * bound2, rel=0.02)
+    assert bound16.work == pytest.approx(8 * bound2.work, rel=0.02)
+    assert bound16.blind == pytest.approx(8 * bound2.blind, rel=0.02)
 
 
 def sloped(knee: float):

@@ -18,8 +18,10 @@ on every workload × seed × engine regime under both SLO metrics (hfx/evaluatio
     python bench/experiments/compare.py --engine vllm --regimes 1024 --workloads none \
         --tuning-fleet qwen2.5-32b@h200 --json ...  # tuning only, held out by model and hardware
 
-Each cell names its work bound (hfx/evaluation/bound.py, computed when the table is made):
-the most requests/s any dispatcher and engine could carry there, and HFX's share of it.
+Each cell names its work bound and blind bound (hfx/evaluation/bound.py, computed when the
+table is made): the most requests/s any dispatcher and engine could carry there, and the most
+one that knows no output length before it ends could; and HFX's share of each. --render with
+--json writes the result back with its table made anew (the bounds of this commit's code).
 A table is rendered from searches of one commit only (each row names its commit); --render
 --allow-mixed-commits prints one anyway, saying which contender ran at which.
 
@@ -141,7 +143,10 @@ def main() -> int:
         protocol = result.get("protocol", {})
         print(f"engine {protocol.get('engine') or 'each its own'}; "
               f"fleet {fleet_words(protocol.get('fleet'))}")
-        print(headline(cells(result["searches"], cell_bounds(result["searches"]))))
+        result["table"] = cells(result["searches"], cell_bounds(result["searches"]))
+        print(headline(result["table"]))
+        if args.json:
+            write_json(args.json, result)
         return 0
     fleet: dict[str, str | int] = {}
     if args.instances is not None:

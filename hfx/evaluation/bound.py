@@ -20,7 +20,21 @@ left when every timing constraint is dropped and only work is counted (ours, fro
   output) count as cached for a later one, on every instance, never evicted.
 
 Hence, for N instances, λ ≤ N / (Σ cost of the cheapest ``target`` share / number of requests):
-no queueing, no TTFT, no TPOT, perfect balance and perfect reuse. It is a steady-state bound:
+no queueing, no TTFT, no TPOT, perfect balance and perfect reuse.
+
+Leaving the costliest requests out assumes their costs known: their output lengths, which
+no contender reads (each predicts them from its tasks' history, hfx/policies/output_length.py;
+least-loaded alone counts ``max_tokens``, a real request's cap, which the simulator sets to
+the output length). The **blind bound** (``output_known=False``) is the same count for a
+dispatcher that knows what a request shows when it arrives, its task and prompt length, and
+never stops a request it started: it serves the ``target`` share of least *expected* cost,
+each request's output moments taken over its task's requests of like prompt length (deciles
+of its task by prompt length, ``OUTPUT_BINS``), and pays their expected work. Where a task's
+output lengths vary apart from its prompts (two-task's sharegpt: 208 ± 235 tokens, drawn
+apart from the prompt) it is lower than the work bound; where the prompt decides the cost
+(wikisql, four-task) it is the same. A dispatcher that starts a request cannot stop paying for
+it, and one that leaves it queued learns nothing of its length, so a request's expected cost
+is all it can rank by. It is a steady-state bound:
 a finite run scored over a window lets the window's last arrivals be served in the drain
 after it (within their TTFT, up to 20 s for four-task's wikisql), so a measured capacity can
 pass it by a little (HFX on four-task at 1,024 sequences: 213.8 against 213.7; at 0.903
@@ -45,6 +59,8 @@ from hfx.request import Request
 from hfx.stepmodel.step_time import StepTimeModel
 
 ALPHAS = tuple(i / 10 for i in range(11))  # the decode-step mix D/S against C/K, searched
+OUTPUT_BINS = 10  # the blind bound's bins of a task's requests by prompt length...
+OUTPUT_BIN_SIZE = 100  # ...fewer where a bin would hold fewer requests than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +70,7 @@ class WorkBound:
     requests: int  # requests in the population it was computed over
     cached_share: float  # prompt tokens that were cached, over prompt tokens
     alpha: float  # the decode-step mix that gave the tightest bound
+    output_known: bool  # False: the blind bound (expected output lengths, module docstring)
     # Seconds of work per request (all requests, served or not) by term: fixed (decode steps),
     # prefill, decode.
     per_request: dict[str, float]
@@ -61,7 +78,7 @@ class WorkBound:
     def to_json(self) -> dict:
         return {"qps": self.qps, "target": self.target, "requests": self.requests,
                 "cached_share": self.cached_share, "alpha": self.alpha,
-                "per_request_seconds": self.per_request}
+                "output_known": self.output_known, "per_request_seconds": self.per_request}
 
 
 def cached_prefixes(requests: Iterable[Request], block_size: int) -> list[int]:
@@ -86,12 +103,32 @@ def cached_prefixes(requests: Iterable[Request], block_size: int) -> list[int]:
     return out
 
 
+def expected_outputs(tasks: Sequence[str], prompt_lens: np.ndarray, decodes: np.ndarray,
+                     bins: int = OUTPUT_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's expected decode count and its square given its task and prompt length:
+    the means over its task's requests in the same of ``bins`` bins by prompt length (equal
+    counts of at least ``OUTPUT_BIN_SIZE`` where the task has them; ties split by arrival
+    order). A bin of a few requests would know their outputs."""
+    mean = np.empty(len(decodes))
+    square = np.empty(len(decodes))
+    names = np.array(tasks)
+    for task in dict.fromkeys(tasks):
+        members = np.flatnonzero(names == task)
+        by_prompt = members[np.argsort(prompt_lens[members], kind="stable")]
+        parts = max(1, min(bins, len(by_prompt) // OUTPUT_BIN_SIZE))
+        for part in np.array_split(by_prompt, parts):
+            mean[part] = decodes[part].mean()
+            square[part] = (decodes[part] ** 2).mean()
+    return mean, square
+
+
 def work_bound(requests: Sequence[Request], model: StepTimeModel, instances: int,
                max_num_seqs: int, kv_capacity_tokens: int, target: float = 0.9,
-               block_size: int = 16, prefix_caching: bool = True) -> WorkBound:
+               block_size: int = 16, prefix_caching: bool = True,
+               output_known: bool = True) -> WorkBound:
     """The most requests/s ``instances`` instances serve at ``target`` attainment, for the mix
     of ``requests`` (its rate is what is bounded; their arrival times only order their
-    prefixes)."""
+    prefixes). ``output_known=False``: the blind bound (the module's docstring)."""
     if not requests:
         raise ValueError("the work bound needs at least one request")
     if not 0 < target <= 1:
@@ -104,7 +141,11 @@ def work_bound(requests: Sequence[Request], model: StepTimeModel, instances: int
     d = np.maximum(np.array([r.max_tokens for r in ordered], dtype=float) - 1, 0)  # decodes
     prefill = (model.prefill_b * c + model.prefill_c * c * (k + (c + 1) / 2)
                + model.prefill_e * c * k)
-    ctx = n_in * d + d * (d + 1) / 2  # Σ context over the decode tokens
+    if output_known:
+        d2 = d * d
+    else:  # what is paid for the requests served is their expected work
+        d, d2 = expected_outputs([r.task for r in ordered], n_in, d)
+    ctx = n_in * d + (d2 + d) / 2  # Σ context over the decode tokens
     decode = model.decode_b * ctx + model.decode_c * d
     served = int(np.ceil(target * len(ordered)))
     best: tuple[float, float, np.ndarray] | None = None
@@ -120,19 +161,32 @@ def work_bound(requests: Sequence[Request], model: StepTimeModel, instances: int
     qps, alpha, fixed = best
     return WorkBound(qps=qps, target=target, requests=len(ordered),
                      cached_share=float(k.sum() / n_in.sum()) if n_in.sum() else 0.0,
-                     alpha=alpha,
+                     alpha=alpha, output_known=output_known,
                      per_request={"fixed": float(fixed.mean()), "prefill": float(prefill.mean()),
                                   "decode": float(decode.mean())})
 
 
-def config_bound(config: SimConfig, target: float = 0.9) -> WorkBound:
-    """The work bound of a simulation's fleet and workload (colocated instances; the
-    workload's requests as ``hfx sim`` would draw them for this config)."""
+def config_bound(config: SimConfig, target: float = 0.9, output_known: bool = True) -> WorkBound:
+    """The work bound (or with ``output_known=False`` the blind bound) of a simulation's fleet
+    and workload (colocated instances; the workload's requests as ``hfx sim`` would draw them
+    for this config)."""
+    return _config_bounds(config, target, (output_known,))[0]
+
+
+def config_bounds(config: SimConfig, target: float = 0.9) -> tuple[WorkBound, WorkBound]:
+    """``config_bound``'s work bound and blind bound, from one draw of the requests."""
+    work, blind = _config_bounds(config, target, (True, False))
+    return work, blind
+
+
+def _config_bounds(config: SimConfig, target: float,
+                   known: tuple[bool, ...]) -> list[WorkBound]:
     from hfx.sim.driver import load_requests, resolve_profile
 
     if config.mode != "colocated":
         raise ValueError("the work bound is for colocated instances")
     profile = resolve_profile(config)
-    return work_bound(list(load_requests(config)), profile.model, config.instances,
-                      config.max_num_seqs, config.kv_capacity_tokens or profile.kv_capacity_tokens,
-                      target, config.block_size, config.prefix_caching)
+    requests = list(load_requests(config))
+    kv = config.kv_capacity_tokens or profile.kv_capacity_tokens
+    return [work_bound(requests, profile.model, config.instances, config.max_num_seqs, kv,
+                       target, config.block_size, config.prefix_caching, k) for k in known]

@@ -234,18 +234,19 @@ def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: 
     """``seed_capacity`` for seeds ``config.seed`` … ``config.seed + seeds − 1`` (in parallel:
     ``jobs`` processes, or the Ray cluster at ``ray_address``), and their mean and spread, in
     requests/s for the whole fleet and per instance; and, for a fixed colocated fleet, the
-    work bound (hfx/evaluation/bound.py): the most any policy could carry there."""
+    work bound (hfx/evaluation/bound.py): the most any policy could carry there, and the blind
+    bound: the most one that does not know output lengths could."""
     config = steady(config)
     configs = [config.model_copy(update={"seed": config.seed + i}) for i in range(seeds)]
     per_seed = run_all(seed_capacity, [(c, target, tolerance) for c in configs], jobs,
                        ray_address, progress=False, desc="capacity")
     over = over_seeds(per_seed)
     instances = config.max_instances or config.initial_instances
-    bound = None
+    bound = blind = None
     if config.mode == "colocated" and config.max_instances is None:
-        from hfx.evaluation.bound import config_bound
+        from hfx.evaluation.bound import config_bounds
 
-        bound = config_bound(config, target).to_json()
+        bound, blind = (b.to_json() for b in config_bounds(config, target))
     return {
         "policy": config.policy, "workload": config.workload, "mode": config.mode,
         "instances": instances, "target": target, "tolerance": tolerance,
@@ -254,6 +255,7 @@ def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: 
         "capacity_min": min(over["per_seed"]), "capacity_max": max(over["per_seed"]),
         "per_instance_mean": over["mean"] / instances,
         "work_bound": bound,
+        "blind_bound": blind,
         "seeds": per_seed,
         "config": config.model_dump(),
     }

@@ -19,9 +19,11 @@ budget, both SLO metrics.
    they both probe.
 4. **The table.** Per cell, HFX's capacity over the best tuned peer's, with each one's spread;
    the cell's work bound (hfx/evaluation/bound.py: the most any dispatcher and engine could
-   carry) and HFX's share of it; and a note where issue 49's 1.2x goal cannot be the
-   dispatcher's to meet: round robin within 3% of the best contender (``fleet-bound``), or
-   1.2x the best peer above the work bound (``goal above the bound``).
+   carry) and its blind bound (the same for one that knows no output length before it ends,
+   as no contender does), and HFX's share of each; and a note where issue 49's 1.2x goal
+   cannot be the dispatcher's to meet: round robin within 3% of the best contender
+   (``fleet-bound``), 1.2x the best peer above the work bound (``goal above the bound``), or
+   above the blind bound (``goal above the blind bound``: only an output-length oracle could).
 
 Capacity is ``hfx.evaluation.capacity.seed_capacity``'s: steady-state runs, bracketing and
 bisection for the highest rate at 90% attainment, and its ``crossing``: the 90% crossing
@@ -381,10 +383,18 @@ def evaluate(tuned: dict[str, dict[str, dict]], workloads: Sequence[str] = WORKL
              **fleet, **r} for (n, w, s, regime), r in zip(keys, results, strict=True)]
 
 
-def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], float]:
-    """Each workload × regime's work bound (hfx/evaluation/bound.py) in requests/s at
-    ``TARGET``: the mean over the seeds its searches ran, on the fleet they ran on."""
-    from hfx.evaluation.bound import config_bound
+@dataclass(frozen=True, slots=True)
+class CellBound:
+    """A cell's bounds (hfx/evaluation/bound.py), requests/s at ``TARGET``."""
+
+    work: float  # knowing every request's output length
+    blind: float  # knowing none before it ends
+
+
+def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], CellBound]:
+    """Each workload × regime's work and blind bounds (hfx/evaluation/bound.py) at
+    ``TARGET``: the means over the seeds its searches ran, on the fleet they ran on."""
+    from hfx.evaluation.bound import config_bounds
 
     seeds: dict[tuple[str, int], set[int]] = {}
     fleets: dict[tuple[str, int], dict[str, Any]] = {}
@@ -395,20 +405,21 @@ def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], float]:
     out = {}
     for (workload, regime), ss in seeds.items():
         fields = {**WORKLOAD_CONFIG.get(workload, {}), **fleets[(workload, regime)]}
-        out[(workload, regime)] = statistics.fmean(
-            config_bound(SimConfig(workload=workload, qps=start(workload, fields), seed=s,
-                                   max_num_seqs=regime, duration=EVALUATION_RUN["duration"],
-                                   **fields), TARGET).qps
-            for s in sorted(ss))
+        pairs = [config_bounds(SimConfig(workload=workload, qps=start(workload, fields), seed=s,
+                                         max_num_seqs=regime,
+                                         duration=EVALUATION_RUN["duration"], **fields), TARGET)
+                 for s in sorted(ss)]
+        out[(workload, regime)] = CellBound(statistics.fmean(w.qps for w, _ in pairs),
+                                            statistics.fmean(b.qps for _, b in pairs))
     return out
 
 
 def cells(rows: Sequence[dict],
-          bounds: Mapping[tuple[str, int], float] | None = None) -> list[dict]:
+          bounds: Mapping[tuple[str, int], CellBound] | None = None) -> list[dict]:
     """Per workload × regime × metric: each contender's mean and spread over seeds, the best
     peer (not HFX), and each HFX variant's ratio to it; round robin's share of the best
-    contender; with ``bounds`` (``cell_bounds``), the work bound and HFX's share of it; and
-    the note of a cell whose goal is not the dispatcher's to meet."""
+    contender; with ``bounds`` (``cell_bounds``), the work and blind bounds and HFX's share
+    of each; and the note of a cell whose goal is not the dispatcher's to meet."""
     out = []
     groups: dict[tuple[str, int], dict[str, list[dict]]] = {}
     for r in rows:
@@ -437,11 +448,15 @@ def cells(rows: Sequence[dict],
                 notes.append("fleet-bound")
             bound = (bounds or {}).get((workload, regime))
             if bound is not None:
-                cell["bound"] = bound
+                cell["bound"], cell["blind_bound"] = bound.work, bound.blind
                 if "hfx" in stats:
-                    cell["hfx_over_bound"] = stats["hfx"]["mean"] / bound
-                if best is not None and GOAL * peers[best]["mean"] > bound:
+                    cell["hfx_over_bound"] = stats["hfx"]["mean"] / bound.work
+                    cell["hfx_over_blind"] = stats["hfx"]["mean"] / bound.blind
+                goal = GOAL * peers[best]["mean"] if best is not None else 0.0
+                if goal > bound.work:
                     notes.append("goal above the bound")
+                elif goal > bound.blind:
+                    notes.append("goal above the blind bound")
             cell["note"] = ", ".join(notes)
             out.append(cell)
     return out
@@ -450,7 +465,7 @@ def cells(rows: Sequence[dict],
 def headline(table: Sequence[dict]) -> str:
     """The markdown table docs/results.md leads with."""
     lines = ["| workload | max seqs | metric | hfx | hfx (paper) | best tuned peer | "
-             "hfx / peer | paper / peer | work bound | hfx / bound | note |",
+             "hfx / peer | paper / peer | work / blind bound | hfx / bounds | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def cap(c: dict, n: str | None) -> str:
@@ -463,8 +478,8 @@ def headline(table: Sequence[dict]) -> str:
         return "–" if x is None else f"**{x:.2f}×**" if x >= 1.2 else f"{x:.2f}×"
 
     for c in table:
-        bound = (f"{c['bound']:.1f} | {c['hfx_over_bound']:.0%}" if "hfx_over_bound" in c
-                 else "– | –")
+        bound = (f"{c['bound']:.1f} / {c['blind_bound']:.1f} | {c['hfx_over_bound']:.0%} / "
+                 f"{c['hfx_over_blind']:.0%}" if "hfx_over_blind" in c else "– | –")
         lines.append(
             f"| {c['workload']} | {c['regime']} | {c['metric']} | {cap(c, 'hfx')} | "
             f"{cap(c, 'hfx-paper')} | {c['best_peer']} {cap(c, c['best_peer'])} | "
