@@ -89,11 +89,28 @@ def test_the_blind_bound_knows_a_task_and_its_prompt_length():
     mean, _ = expected_outputs([r.task for r in both], *lengths, bins=10)
     assert list(mean[99:101]) == [1.0, 3.0]  # a bin by prompt length...
     assert list(mean[-6:]) == [20.0] * 6  # ...of at least OUTPUT_BIN_SIZE requests
+    # A bin holds at least OUTPUT_BIN_SIZE requests: 199 of one task make one bin, 200 two.
+    for n, bins in ((199, 1), (200, 2)):
+        d = np.arange(n, dtype=float)
+        mean, _ = expected_outputs(["t"] * n, d, d)
+        assert len(set(mean)) == bins, n
     # Where the prompt tells the output, blind ranking costs nothing.
     m = model(prefill_b=1e-3, decode_b=1e-6, decode_c=1e-3, decode_a=0.01)
     known = work_bound(follow, m, 1, 8, 10**9, target=0.9)
     assert work_bound(follow, m, 1, 8, 10**9, target=0.9,
                       output_known=False).qps == pytest.approx(known.qps)
+
+
+def test_no_blind_bound_where_outputs_may_follow_what_a_dispatcher_sees():
+    # Sessions (and traces) may tie an output to its prompt more closely than a decile of its
+    # length tells: no blind bound there, and asking for one is an error.
+    config = SimConfig(workload="shared-prompts", qps=10.0, duration=30, max_num_seqs=64)
+    work, blind = config_bounds(config)
+    assert work.output_known and blind is None
+    with pytest.raises(ValueError, match="no blind bound"):
+        config_bound(config, output_known=False)
+    _, blind = config_bounds(config.model_copy(update={"workload": "tiered-512-512"}))
+    assert blind is not None and not blind.output_known
 
 
 def test_a_prefix_counts_as_cached_only_after_an_earlier_request_computed_it():

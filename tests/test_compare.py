@@ -132,6 +132,10 @@ def test_a_cell_says_when_the_goal_is_not_the_dispatchers_to_meet():
     assert b["blind_bound"] == 119.0 and b["hfx_over_blind"] == pytest.approx(120 / 119)
     assert "| 119.0 / 110.0 | 101% / 109% | goal above the bound |" in compare.headline([a])
     assert cells(rows(80.0), {("a", 256): CellBound(130.0, 121.0)})[0]["note"] == ""
+    # A workload with no blind bound (a trace): the work bound alone decides.
+    none = cells(rows(80.0), {("a", 256): CellBound(130.0, None)})[0]
+    assert none["note"] == "" and "hfx_over_blind" not in none
+    assert "| 130.0 / – | 92% / – |" in compare.headline([none])
 
 
 def test_every_contender_fits_the_budget_and_builds():

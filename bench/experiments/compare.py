@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from hfx.engine.planners import PLANNERS
-from hfx.evaluation import write_json
+from hfx.evaluation import code_commit, write_json
 from hfx.evaluation.compare import (
     CONTENDERS,
     EVALUATION_RUN,
@@ -145,7 +145,8 @@ def main() -> int:
               f"fleet {fleet_words(protocol.get('fleet'))}")
         result["table"] = cells(result["searches"], cell_bounds(result["searches"]))
         print(headline(result["table"]))
-        if args.json:
+        if args.json:  # the bounds are this code's: say which
+            result["table_commit"] = code_commit()
             write_json(args.json, result)
         return 0
     fleet: dict[str, str | int] = {}

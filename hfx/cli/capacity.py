@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
               f"counting work only: hfx/evaluation/bound.py); this capacity is "
               f"{result['capacity_mean'] / bound['qps']:.0%} of it")
         blind = result["blind_bound"]
-        print(f"blind bound {blind['qps']:.4g} QPS (the same, knowing no output length before "
-              f"it ends); this capacity is {result['capacity_mean'] / blind['qps']:.0%} of it")
+        if blind is not None:
+            print(f"blind bound {blind['qps']:.4g} QPS (the same, knowing no output length "
+                  f"before it ends); this capacity is "
+                  f"{result['capacity_mean'] / blind['qps']:.0%} of it")
     if args.json:
         write_json(args.json, result)
     return 0

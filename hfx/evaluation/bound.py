@@ -20,21 +20,7 @@ left when every timing constraint is dropped and only work is counted (ours, fro
   output) count as cached for a later one, on every instance, never evicted.
 
 Hence, for N instances, λ ≤ N / (Σ cost of the cheapest ``target`` share / number of requests):
-no queueing, no TTFT, no TPOT, perfect balance and perfect reuse.
-
-Leaving the costliest requests out assumes their costs known: their output lengths, which
-no contender reads (each predicts them from its tasks' history, hfx/policies/output_length.py;
-least-loaded alone counts ``max_tokens``, a real request's cap, which the simulator sets to
-the output length). The **blind bound** (``output_known=False``) is the same count for a
-dispatcher that knows what a request shows when it arrives, its task and prompt length, and
-never stops a request it started: it serves the ``target`` share of least *expected* cost,
-each request's output moments taken over its task's requests of like prompt length (deciles
-of its task by prompt length, ``OUTPUT_BINS``), and pays their expected work. Where a task's
-output lengths vary apart from its prompts (two-task's sharegpt: 208 ± 235 tokens, drawn
-apart from the prompt) it is lower than the work bound; where the prompt decides the cost
-(wikisql, four-task) it is the same. A dispatcher that starts a request cannot stop paying for
-it, and one that leaves it queued learns nothing of its length, so a request's expected cost
-is all it can rank by. It is a steady-state bound:
+no queueing, no TTFT, no TPOT, perfect balance and perfect reuse. It is a steady-state bound:
 a finite run scored over a window lets the window's last arrivals be served in the drain
 after it (within their TTFT, up to 20 s for four-task's wikisql), so a measured capacity can
 pass it by a little (HFX on four-task at 1,024 sequences: 213.8 against 213.7; at 0.903
@@ -44,6 +30,23 @@ bound is how much of the fleet's work it turned into attained requests; 1.2× th
 above the bound is a goal no dispatcher can meet in that cell. Timing constraints are what the
 bound leaves out, so it is loose where TTFTs are tight against prefill (wikisql's 0.7 s) or
 TPOTs against the decode step (the tiered workloads' 20 ms tier).
+
+Leaving the costliest requests out assumes their costs known: their output lengths, which
+no contender reads (each predicts them from its tasks' history, hfx/policies/output_length.py;
+least-loaded alone counts ``max_tokens``, a real request's cap, which the simulator sets to
+the output length, to balance its load). The **blind bound** (``output_known=False``) is the
+same count for a dispatcher that knows what a request shows when it arrives, its task and
+prompt length, and never stops a request it started: it serves the ``target`` share of least
+*expected* cost, each request's output moments taken over its task's requests of like prompt
+length (deciles of its task by prompt length, ``OUTPUT_BINS``), and pays their expected
+work. A dispatcher that starts a request cannot stop paying for it, and one that leaves it
+queued learns nothing of its length, so a request's expected cost is all it can rank by.
+Where a task's output lengths vary apart from its prompts (two-task's sharegpt: 208 ± 235
+tokens, drawn apart from the prompt) it is lower than the work bound; where the prompt
+decides the cost (wikisql, four-task) it is the same. It holds where a workload draws each
+output length apart from the prompt (the task sets, tiered and bursty sets:
+``blind_applies``); a trace's or a session's lengths may follow what a dispatcher sees, and
+have none. It bounds an expectation: one finite run may pass it by the luck of its draws.
 """
 
 from __future__ import annotations
@@ -111,9 +114,9 @@ def expected_outputs(tasks: Sequence[str], prompt_lens: np.ndarray, decodes: np.
     order). A bin of a few requests would know their outputs."""
     mean = np.empty(len(decodes))
     square = np.empty(len(decodes))
-    names = np.array(tasks)
-    for task in dict.fromkeys(tasks):
-        members = np.flatnonzero(names == task)
+    _, which = np.unique(np.array(tasks), return_inverse=True)
+    for members in np.split(np.argsort(which, kind="stable"),
+                            np.cumsum(np.bincount(which))[:-1]):
         by_prompt = members[np.argsort(prompt_lens[members], kind="stable")]
         parts = max(1, min(bins, len(by_prompt) // OUTPUT_BIN_SIZE))
         for part in np.array_split(by_prompt, parts):
@@ -170,13 +173,28 @@ def config_bound(config: SimConfig, target: float = 0.9, output_known: bool = Tr
     """The work bound (or with ``output_known=False`` the blind bound) of a simulation's fleet
     and workload (colocated instances; the workload's requests as ``hfx sim`` would draw them
     for this config)."""
+    if not output_known and not blind_applies(config.workload):
+        raise ValueError(f"no blind bound for {config.workload}: its output lengths are not "
+                         "drawn apart from what a dispatcher sees of a request")
     return _config_bounds(config, target, (output_known,))[0]
 
 
-def config_bounds(config: SimConfig, target: float = 0.9) -> tuple[WorkBound, WorkBound]:
-    """``config_bound``'s work bound and blind bound, from one draw of the requests."""
+def config_bounds(config: SimConfig, target: float = 0.9) -> tuple[WorkBound, WorkBound | None]:
+    """``config_bound``'s work bound and blind bound, from one draw of the requests; no blind
+    bound for a workload whose output lengths may follow its prompts (a trace, sessions): a
+    dispatcher could tell more from a prompt than a decile of its length."""
+    if not blind_applies(config.workload):
+        return _config_bounds(config, target, (True,))[0], None
     work, blind = _config_bounds(config, target, (True, False))
     return work, blind
+
+
+def blind_applies(workload: str) -> bool:
+    """Whether the blind bound holds for ``workload``: its output lengths drawn apart from its
+    prompts, given the task (hfx/workloads/kinds.py)."""
+    from hfx.workloads.kinds import kind_of
+
+    return kind_of(workload).outputs_apart()
 
 
 def _config_bounds(config: SimConfig, target: float,

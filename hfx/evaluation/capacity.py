@@ -246,7 +246,9 @@ def capacity(config: SimConfig, seeds: int = 3, target: float = 0.9, tolerance: 
     if config.mode == "colocated" and config.max_instances is None:
         from hfx.evaluation.bound import config_bounds
 
-        bound, blind = (b.to_json() for b in config_bounds(config, target))
+        work, blind_bound = config_bounds(config, target)
+        bound = work.to_json()
+        blind = blind_bound.to_json() if blind_bound is not None else None
     return {
         "policy": config.policy, "workload": config.workload, "mode": config.mode,
         "instances": instances, "target": target, "tolerance": tolerance,

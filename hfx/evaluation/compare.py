@@ -388,7 +388,7 @@ class CellBound:
     """A cell's bounds (hfx/evaluation/bound.py), requests/s at ``TARGET``."""
 
     work: float  # knowing every request's output length
-    blind: float  # knowing none before it ends
+    blind: float | None  # knowing none before it ends (None: no blind bound for the workload)
 
 
 def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], CellBound]:
@@ -409,8 +409,9 @@ def cell_bounds(rows: Sequence[dict]) -> dict[tuple[str, int], CellBound]:
                                          max_num_seqs=regime,
                                          duration=EVALUATION_RUN["duration"], **fields), TARGET)
                  for s in sorted(ss)]
+        blinds = [b.qps for _, b in pairs if b is not None]
         out[(workload, regime)] = CellBound(statistics.fmean(w.qps for w, _ in pairs),
-                                            statistics.fmean(b.qps for _, b in pairs))
+                                            statistics.fmean(blinds) if blinds else None)
     return out
 
 
@@ -451,11 +452,12 @@ def cells(rows: Sequence[dict],
                 cell["bound"], cell["blind_bound"] = bound.work, bound.blind
                 if "hfx" in stats:
                     cell["hfx_over_bound"] = stats["hfx"]["mean"] / bound.work
-                    cell["hfx_over_blind"] = stats["hfx"]["mean"] / bound.blind
+                    if bound.blind is not None:
+                        cell["hfx_over_blind"] = stats["hfx"]["mean"] / bound.blind
                 goal = GOAL * peers[best]["mean"] if best is not None else 0.0
                 if goal > bound.work:
                     notes.append("goal above the bound")
-                elif goal > bound.blind:
+                elif bound.blind is not None and goal > bound.blind:
                     notes.append("goal above the blind bound")
             cell["note"] = ", ".join(notes)
             out.append(cell)
@@ -478,8 +480,13 @@ def headline(table: Sequence[dict]) -> str:
         return "–" if x is None else f"**{x:.2f}×**" if x >= 1.2 else f"{x:.2f}×"
 
     for c in table:
-        bound = (f"{c['bound']:.1f} / {c['blind_bound']:.1f} | {c['hfx_over_bound']:.0%} / "
-                 f"{c['hfx_over_blind']:.0%}" if "hfx_over_blind" in c else "– | –")
+        if "hfx_over_bound" not in c:
+            bound = "– | –"
+        elif c.get("blind_bound") is None:
+            bound = f"{c['bound']:.1f} / – | {c['hfx_over_bound']:.0%} / –"
+        else:
+            bound = (f"{c['bound']:.1f} / {c['blind_bound']:.1f} | {c['hfx_over_bound']:.0%} / "
+                     f"{c['hfx_over_blind']:.0%}")
         lines.append(
             f"| {c['workload']} | {c['regime']} | {c['metric']} | {cap(c, 'hfx')} | "
             f"{cap(c, 'hfx-paper')} | {c['best_peer']} {cap(c, c['best_peer'])} | "

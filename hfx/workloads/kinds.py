@@ -49,6 +49,10 @@ class Kind(Protocol):
 
     def requests(self, workload: str, draw: Draw) -> list[Request]: ...
 
+    # Whether each request's output length is drawn apart from its prompt, given its task (the
+    # blind bound's premise, hfx/evaluation/bound.py).
+    def outputs_apart(self) -> bool: ...
+
 
 class TaskSets:
     """The papers' task sets: each task a Poisson stream at an equal share of the rate."""
@@ -61,6 +65,9 @@ class TaskSets:
 
     def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
         return WORKLOADS[workload]
+
+    def outputs_apart(self) -> bool:
+        return True
 
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.load import generate
@@ -79,6 +86,9 @@ class Ramp:
 
     def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
         return WORKLOADS["four-task"]
+
+    def outputs_apart(self) -> bool:
+        return True
 
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.load import ramp
@@ -102,6 +112,9 @@ class Tiered:
     def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
         return tuple(TASKS.values())
 
+    def outputs_apart(self) -> bool:
+        return True
+
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.load import tiered
 
@@ -119,6 +132,9 @@ class Bursty:
 
     def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
         return WORKLOADS[BURSTY[workload][0]]
+
+    def outputs_apart(self) -> bool:
+        return True
 
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.load import bursty
@@ -152,6 +168,9 @@ class Repeating:
 
         return (TASK_SPECS[workload],)
 
+    def outputs_apart(self) -> bool:
+        return False
+
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.sessions import generate
 
@@ -169,6 +188,9 @@ class Traces:
 
     def tasks(self, workload: str) -> tuple[TaskSpec, ...]:
         return tuple(TASKS.values())
+
+    def outputs_apart(self) -> bool:
+        return False
 
     def requests(self, workload: str, draw: Draw) -> list[Request]:
         from hfx.workloads.traces import parse_slo_map, read_trace
