@@ -12,7 +12,7 @@ from hfx.engine.stats import InstanceStats
 from hfx.policies import ClusterView, InstanceView, make_policy
 from hfx.policies.polyserve import IterationTable
 from hfx.policies.slos_serve import Item, admit, prefill_rate
-from hfx.request import SLO, Request
+from hfx.request import SLO, Request, RequestRecord
 from hfx.sim.driver import simulate
 from hfx.stepmodel.latency import Profile, StepTimeModel
 
@@ -411,3 +411,32 @@ def test_slos_serve_admits_the_largest_set_of_the_requests_one_batch_brought(
     placed = [d for o in out for d in o.dispatch]
     assert sorted(d.request.id for d in placed if not d.best_effort) == admitted
     assert len(placed) == 3  # the declined are served best effort, not lost
+
+
+def test_slos_serve_forces_the_latest_deadline_prompts_of_a_snapshots_waiting_tokens():
+    """Of the prompts admitted before the snapshot, SLOs-Serve's forced work is the latest
+    deadline ones that make up the snapshot's waiting tokens; equal deadlines in admission
+    order; a finished request is none of them. Two prompts due at 1.0 s, 100 and 8,000
+    tokens, admitted in that order; the snapshot at 0.5 s waits on 96 tokens: the first, so a
+    prompt of 8,000 due at 1.6 s fits (about 8,900 prefill tokens/s). Had the first finished,
+    the 8,000 of the second would make up the waiting tokens, and it would not."""
+
+    def placed(finish_small: bool) -> bool:
+        pol = make_policy("slos-serve", route_limit=1, decide_steps=0)
+        v = view(1)
+        for rid, prompt in (("small", 100), ("large", 8000)):
+            pol.enqueue(req(rid, 0.1, prompt=prompt), 0.0)
+        assert sorted(d.request.id for d in pol.schedule(v).dispatch) == ["large", "small"]
+        if finish_small:
+            pol.on_finished(RequestRecord(req("small", 0.1, prompt=100), 0.0, 0), v)
+        snapshot = view(1, now=0.6)
+        stats = snapshot.instances[0].stats
+        snapshot.instances[0].stats = InstanceStats(
+            0, Role.COLOCATED, 0.5, 1, 1, 0, 0, 6, stats.kv_total_blocks, stats.block_size, 0,
+            stats.max_num_seqs, 0.0, 0)
+        pol.enqueue(req("next", 0.1, prompt=8000, arrival=0.6), 0.6)
+        (d,) = pol.schedule(snapshot).dispatch
+        return not d.best_effort
+
+    assert placed(finish_small=False)
+    assert not placed(finish_small=True)

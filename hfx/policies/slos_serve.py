@@ -30,7 +30,9 @@ Batch formation (Algorithm 2) runs inside each replica: the ``slo-paced`` planne
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from typing import cast
 
 from hfx.engine.planners.slo_paced import DEFAULT_PACE, SLOPacedPlanner, time2bs
 from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch, InstanceView
@@ -38,6 +40,10 @@ from hfx.policies.output_length import OutputLengthPredictor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.request import Request, RequestRecord
 from hfx.stepmodel.latency import StepTimeModel
+
+# The keys a DP state accepted: the last one and the chain before it, itself an Accepted
+# (None: none). Typed loosely: mypyc does not compile a recursive alias.
+Accepted = tuple[str, object] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +68,11 @@ def prefill_rate(model: StepTimeModel, demand: float, t0: float, ctx_per_seq: fl
 def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand0: float,
           memory_free: float, ctx_per_seq: float) -> list[str]:
     """The largest set of candidates the replica can serve within every SLO (keys)."""
-    # n → (budget, demand, memory used, accepted keys)
-    State = tuple[float, float, float, tuple[str, ...]]
-    states: dict[int, State] = {0: (0.0, demand0, 0.0, ())}
+    # n → (budget, demand, memory used, accepted keys). The keys are a chain of (key, the
+    # keys before) shared between states: extending one copies nothing (a tuple per state
+    # was a copy of every key accepted so far, per item and state).
+    State = tuple[float, float, float, Accepted]
+    states: dict[int, State] = {0: (0.0, demand0, 0.0, None)}
     # A state's demand is one of few sums (forced work adds none): each rate computed once.
     rates: dict[float, float] = {}
     # Past the last candidate, forced work lowers every state's budget but changes no state's
@@ -76,6 +84,16 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
             break
         dt = max(0.0, item.deadline - t)
         t = max(t, item.deadline)
+        if item.forced:  # in every state, no choice: one pass (most items are forced work)
+            prompt, demand = item.prompt, item.demand
+            forced: dict[int, State] = {}
+            for n, (pb, d, m, acc) in states.items():
+                rate = rates.get(d)
+                if rate is None:
+                    rate = rates[d] = prefill_rate(model, d, t0, ctx_per_seq)
+                forced[n] = (pb + dt * rate - prompt, d + demand, m, acc)
+            states = forced
+            continue
         grown: dict[int, State] = {}
         for n, (pb, d, m, acc) in states.items():
             rate = rates.get(d)
@@ -90,17 +108,19 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
                 nxt[n] = state
 
         for n, (pb, d, m, acc) in grown.items():
-            if item.forced:
-                keep(n, (pb - item.prompt, d + item.demand, m, acc))
-                continue
             keep(n, (pb, d, m, acc))  # decline
             pb_in, m_in = pb - item.prompt, m + item.memory
             if pb_in >= 0 and m_in <= memory_free:
-                keep(n + 1, (pb_in, d + item.demand, m_in, (*acc, item.key)))
+                keep(n + 1, (pb_in, d + item.demand, m_in, (item.key, acc)))
         states = nxt
-        if not item.forced:
-            undecided -= 1
-    return list(states[max(states)][3])
+        undecided -= 1
+    keys: list[str] = []
+    chain = states[max(states)][3]
+    while chain is not None:
+        keys.append(chain[0])
+        chain = cast(Accepted, chain[1])
+    keys.reverse()  # in the order they were accepted
+    return keys
 
 
 class SLOsServe(ArrivalOrderPolicy):
@@ -125,8 +145,14 @@ class SLOsServe(ArrivalOrderPolicy):
         super().__init__()
         self._next = 0
         # Requests admitted to each replica and not finished: id → (admitted at, its item as
-        # forced work: its decode demand is in the shadow's).
-        self._admitted: dict[int, dict[str, tuple[float, Item]]] = {}
+        # forced work: its decode demand is in the shadow's, its admission number).
+        self._admitted: dict[int, dict[str, tuple[float, Item, int]]] = {}
+        # The same by deadline: (deadline, −admission number, id), ascending, so that from the
+        # end the latest deadlines come first and equal ones in admission order (``_admit``
+        # reads them every decision; sorting every admitted request each time cost most of a
+        # 16-instance run).
+        self._by_deadline: dict[int, list[tuple[float, int, str]]] = {}
+        self._admissions = 0
 
     def _item(self, req: Request, forced: bool = False) -> Item:
         """``req`` as a candidate, or as forced work: its prompt still to prefill, its decode
@@ -149,14 +175,16 @@ class SLOsServe(ArrivalOrderPolicy):
         # In admission order (``schedule`` re-inserts on admission): those since the snapshot
         # are the newest, found without a pass over every request admitted.
         pending: list[Item] = []
-        for t, x in reversed(admitted.values()):
+        for t, x, _ in reversed(admitted.values()):
             if t < since:
                 break
             pending.append(x)
         left = inst.stats.kv_waiting_blocks * inst.stats.block_size
         if left > 0:
-            for x in sorted((x for t, x in admitted.values() if t < since),
-                            key=lambda x: x.deadline, reverse=True):
+            for _, _, key in reversed(self._by_deadline.get(inst.id, [])):
+                t, x, _ = admitted[key]
+                if t >= since:
+                    continue  # counted above
                 if left <= 0:
                     break
                 pending.append(x)
@@ -196,13 +224,11 @@ class SLOsServe(ArrivalOrderPolicy):
                 inst = targets[k]
                 sh = shadows[inst.id]
                 ids = self._admit(inst, sh, reqs, model, now)
-                admitted = self._admitted.setdefault(inst.id, {})
                 for req in reqs:
                     if req.id in ids:
                         decision.dispatch.append(Dispatch(req, inst.id))
                         sh.add(req, self.predictor.predict(req))
-                        admitted.pop(req.id, None)  # keep the dict in admission order
-                        admitted[req.id] = (now, self._item(req, forced=True))
+                        self._record(inst.id, req, now)
                 admitted_ids |= ids
             undecided = [(r, s) for r, s in undecided if r.id not in admitted_ids]
         for req, _ in undecided:  # the best-effort tier (§4.1)
@@ -212,7 +238,26 @@ class SLOsServe(ArrivalOrderPolicy):
             decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
         return decision
 
+    def _record(self, iid: int, req: Request, now: float) -> None:
+        """``req`` admitted to replica ``iid`` at ``now``: forced work from here on."""
+        self._forget(iid, req.id)  # keep the dict in admission order
+        item = self._item(req, forced=True)
+        self._admissions += 1
+        self._admitted.setdefault(iid, {})[req.id] = (now, item, self._admissions)
+        bisect.insort(self._by_deadline.setdefault(iid, []),
+                      (item.deadline, -self._admissions, req.id))
+
+    def _forget(self, iid: int, rid: str) -> None:
+        kept = self._admitted.get(iid, {}).pop(rid, None)
+        if kept is None:
+            return
+        _, item, number = kept
+        by_deadline = self._by_deadline[iid]
+        i = bisect.bisect_left(by_deadline, (item.deadline, -number))
+        assert by_deadline[i][2] == rid
+        del by_deadline[i]
+
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
         self.shadow.finished(record, record.instance, self.predictor)
         if record.instance is not None:  # else it was admitted nowhere
-            self._admitted.get(record.instance, {}).pop(record.request.id, None)
+            self._forget(record.instance, record.request.id)
