@@ -84,22 +84,16 @@ def admit(items: list[Item], now: float, model: StepTimeModel, t0: float, demand
             break
         dt = max(0.0, item.deadline - t)
         t = max(t, item.deadline)
-        if item.forced:  # in every state, no choice: one pass (most items are forced work)
-            prompt, demand = item.prompt, item.demand
-            forced: dict[int, State] = {}
-            for n, (pb, d, m, acc) in states.items():
-                rate = rates.get(d)
-                if rate is None:
-                    rate = rates[d] = prefill_rate(model, d, t0, ctx_per_seq)
-                forced[n] = (pb + dt * rate - prompt, d + demand, m, acc)
-            states = forced
-            continue
         grown: dict[int, State] = {}
         for n, (pb, d, m, acc) in states.items():
             rate = rates.get(d)
             if rate is None:
                 rate = rates[d] = prefill_rate(model, d, t0, ctx_per_seq)
             grown[n] = (pb + dt * rate, d, m, acc)
+        if item.forced:  # in every state, no choice (most items are forced work)
+            states = {n: (pb - item.prompt, d + item.demand, m, acc)
+                      for n, (pb, d, m, acc) in grown.items()}
+            continue
         nxt: dict[int, State] = {}
 
         def keep(n: int, state: State, nxt: dict[int, State] = nxt) -> None:
