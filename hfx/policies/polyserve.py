@@ -66,16 +66,28 @@ class IterationTable:
     def __init__(self, model: StepTimeModel) -> None:
         self.times = [[model.decode_time(kv, b) for kv in self.KV] for b in self.BATCH]
         # Batch sizes are integers: their cells, looked up rather than searched.
-        self._cells = [_locate(self.BATCH, b) for b in range(self.BATCH[-1] + 1)]
+        cells = [_locate(self.BATCH, b) for b in range(self.BATCH[-1] + 1)]
+        self._batch_cell = [i for i, _ in cells]
+        self._batch_frac = [f for _, f in cells]
+        self._kv = [float(k) for k in self.KV]  # a list: compiled, a fixed tuple is boxed per use
 
     def __call__(self, batch: int, kv: float) -> float:
-        # Called several times per placement attempt (the hot path of a polyserve run).
-        cells = self._cells
-        i, fb = cells[batch] if 0 <= batch < len(cells) else _locate(self.BATCH, batch)
-        j, fk = _locate(self.KV, kv)
-        t = self.times
-        low = t[i][j] * (1 - fk) + t[i][j + 1] * fk
-        high = t[i + 1][j] * (1 - fk) + t[i + 1][j + 1] * fk
+        return self.time(batch, kv)
+
+    def time(self, batch: int, kv: float) -> float:
+        """The interpolated iteration time. Called several times per placement attempt (the
+        hot path of a polyserve run): a method, not ``__call__``, and no tuples, so that
+        compiled it is a native call that allocates nothing."""
+        if 0 <= batch < len(self._batch_cell):
+            i, fb = self._batch_cell[batch], self._batch_frac[batch]
+        else:
+            i, fb = _locate(self.BATCH, batch)
+        grid = self._kv
+        j = min(max(bisect.bisect_right(grid, kv) - 1, 0), len(grid) - 2)
+        fk = min(max((kv - grid[j]) / (grid[j + 1] - grid[j]), 0.0), 1.0)
+        low_row, high_row = self.times[i], self.times[i + 1]
+        low = low_row[j] * (1 - fk) + low_row[j + 1] * fk
+        high = high_row[j] * (1 - fk) + high_row[j + 1] * fk
         return low * (1 - fb) + high * fb
 
 
@@ -292,7 +304,7 @@ class PolyServe(Policy):
             kv_max = self._exits(sh).peak(req.prompt_len, out_len)
         else:
             kv_max = sh.decode_ctx + req.prompt_len + batch * out_len
-        if table(batch, kv_max) > tier:
+        if table.time(batch, kv_max) > tier:
             return False
         if req.prompt_len + out_len > sh.free_kv_tokens():
             return False
@@ -304,8 +316,8 @@ class PolyServe(Policy):
         # costs the decode step plus its prompt tokens.
         tokens = self.queued_prefill(sh.id) + req.prompt_len
         chunks = math.ceil(tokens / chunk)
-        step = table(batch, sh.decode_ctx)
-        first_token = now + table(max(1, sh.batch_size), sh.decode_ctx) + chunks * step \
+        step = table.time(batch, sh.decode_ctx)
+        first_token = now + table.time(max(1, sh.batch_size), sh.decode_ctx) + chunks * step \
             + model.prefill_b * tokens
         return not ttft or first_token <= req.arrival + req.slo.ttft
 
