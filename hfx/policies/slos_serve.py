@@ -225,11 +225,13 @@ class SLOsServe(ArrivalOrderPolicy):
                         self._record(inst.id, req, now)
                 admitted_ids |= ids
             undecided = [(r, s) for r, s in undecided if r.id not in admitted_ids]
-        for req, _ in undecided:  # the best-effort tier (§4.1)
-            inst = max(targets, key=lambda i: (shadows[i.id].free_kv_tokens(), -i.id))
+        if undecided:  # the best-effort tier (§4.1), to the replica with the most free KV
             # Not in the shadow: best-effort work yields to SLO work (preempted first) and
-            # must not tighten the replica's admission of SLO requests.
-            decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
+            # must not tighten the replica's admission of SLO requests; so one replica takes
+            # them all, found once.
+            inst = max(targets, key=lambda i: (shadows[i.id].free_kv_tokens(), -i.id))
+            for req, _ in undecided:
+                decision.dispatch.append(Dispatch(req, inst.id, best_effort=True))
         return decision
 
     def _record(self, iid: int, req: Request, now: float) -> None:
