@@ -34,8 +34,20 @@ class SLOPacedPlanner(BatchPlanner):
     def plan(self, state: EngineState) -> SchedulerOutput:
         out = SchedulerOutput()
         now = state.now
-        slo_decoding = [s for s in state.running if s.is_decode and not s.best_effort and s.tpot]
-        t0 = min((s.tpot for s in slo_decoding if s.tpot), default=None)  # (if: for mypy)
+        # One pass over the running batch (this runs every step): its SLO decodes, the
+        # tightest TPOT among them, and its SLO prefills.
+        slo_decoding: list[Sequence] = []
+        prefilling: list[Sequence] = []
+        t0: float | None = None
+        for s in state.running:
+            if s.best_effort:
+                continue
+            if not s.is_decode:
+                prefilling.append(s)
+            elif s.tpot:
+                slo_decoding.append(s)
+                if t0 is None or s.tpot < t0:
+                    t0 = s.tpot
         end = now + (t0 or 0.0)
         # 1. SLO decodes whose token is due by the end of this step, earliest due first.
         due = sorted((s for s in slo_decoding if s.next_due <= end), key=lambda s: s.next_due)
@@ -51,15 +63,14 @@ class SLOPacedPlanner(BatchPlanner):
         budget = (time2bs(self.model, t0, ctx, len(due)) if t0 is not None
                   else self.token_budget)
         # 2. SLO prefills, earliest prefill deadline first: running partial prompts, then waiting.
-        prefilling = [s for s in state.running if not s.is_decode and not s.best_effort
-                      and s not in out.num_scheduled_tokens]
+        # (Step 1 scheduled decodes only, and preempted only best-effort requests.)
         candidates = sorted(prefilling, key=_deadline) + sorted(
             (s for s in state.waiting if not s.best_effort), key=_deadline)
         budget = self._prefill(state, out, candidates, budget)
         # 3. Work conservation: budget left decodes SLO requests ahead of their due time,
         # earliest due first; their deadlines stay on schedule, so an early token banks slack.
         ahead = sorted((s for s in slo_decoding if s not in out.num_scheduled_tokens),
-                       key=lambda s: s.next_due)
+                       key=lambda s: s.next_due) if budget > 0 else []
         for seq in ahead:
             if budget <= 0:
                 break
@@ -71,7 +82,7 @@ class SLOPacedPlanner(BatchPlanner):
         # 4. Best effort, and requests with no TPOT target (nothing paces them): leftover
         # budget only.
         for seq in [s for s in state.running
-                    if (s.best_effort or not s.tpot) and s.is_decode]:
+                    if (s.best_effort or not s.tpot) and s.is_decode] if budget > 0 else []:
             if budget <= 0:
                 break
             if self._room(state, seq, seq.num_tokens, out, best_effort=True):
