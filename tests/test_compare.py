@@ -465,3 +465,62 @@ def test_a_table_that_takes_its_tuning_says_what_workload_that_tuning_ran_on(tmp
     assert script.main() == 0
     protocol = json.loads(out.read_text())["protocol"]
     assert (protocol["tuning_workload"], protocol["tuning_seed"]) == (compare.HELD_OUT, 7)
+
+
+def reproduce_script():
+    """bench/experiments/reproduce.py as a module (a script, not in the package)."""
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_script", ROOT / "bench" / "experiments" / "reproduce.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _table(commit: str, probes: list[tuple[float, float]], warm: float | None) -> dict:
+    from hfx.evaluation.compare import warm_start
+
+    start, _ = warm_start(warm, 0.03)
+    row = {"contender": "rr", "workload": "four-task", "seed": 0, "regime": 1024,
+           "commit": commit, "eq4_warm_start": start, "deadline_warm_start": start,
+           "eq4": probes[0][0], "deadline": probes[0][0],
+           "eq4_crossing": probes[0][0] * 1.01, "deadline_crossing": probes[0][0] * 1.01,
+           "probes": [{"qps": q, "attainment": a, "attainment_dslo": a} for q, a in probes]}
+    return {"searches": [row], "tuning": {}}
+
+
+def test_reproduce_finds_the_input_a_tables_run_had_and_names_a_search_that_differs(tmp_path):
+    import json
+    import subprocess
+
+    script = reproduce_script()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    path = tmp_path / "table.json"
+    older = _table("aaa", [(100.0, 0.91), (103.0, 0.88)], None)
+    run = _table("bbb", [(99.0, 0.905), (102.0, 0.89)], 100.0 * 1.01)
+    path.write_text(json.dumps(older))
+    git("add", ".")
+    git("commit", "-qm", "the earlier run")
+    path.write_text(json.dumps(run))
+    git("commit", "-qam", "the run lands")
+    path.write_text(json.dumps({**run, "table": "rendered again"}))  # same searches
+    git("commit", "-qam", "re-rendered")
+    landed, warm = script.run_input("table.json", "bbb", tmp_path)
+    assert git("log", "-1", "--format=%s", landed) == "the run lands"  # not the re-render
+    assert warm == older
+    assert script.check_warm(run, warm, 2) == []  # the recorded warm starts came from it
+    assert len(script.check_warm(run, _table("aaa", [(90.0, 0.9)], None), 2)) == 2
+
+    same = script.compare(run, json.loads(json.dumps(run)))
+    assert (same["identical"], same["differ"]) == (1, [])
+    moved = json.loads(json.dumps(run))
+    moved["searches"][0]["probes"][1]["attainment_dslo"] += 1e-12
+    found = script.compare(run, moved)
+    assert found["identical"] == 0
+    assert found["differ"][0]["search"] == ["rr", "four-task", 0, 1024]

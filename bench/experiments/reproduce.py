@@ -38,19 +38,19 @@ from full_run import TABLES  # type: ignore[import-not-found]  # noqa: E402  (a 
 TOLERANCE = 0.03  # the evaluation run's (compare.EVALUATION_RUN); the warm starts' step
 
 
-def git_show(rev: str, path: str) -> str | None:
-    r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True,
+def git_show(rev: str, path: str, root: Path = ROOT) -> str | None:
+    r = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True,
                        text=True)
     return r.stdout if r.returncode == 0 else None
 
 
-def run_input(path: str, commit: str) -> tuple[str, dict]:
+def run_input(path: str, commit: str, root: Path = ROOT) -> tuple[str, dict]:
     """(the commit that landed ``path``'s searches of ``commit``, the file before it)."""
-    revs = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%H", "--", path],
+    revs = subprocess.run(["git", "-C", str(root), "log", "--format=%H", "--", path],
                           capture_output=True, text=True, check=True).stdout.split()
     landed = None
     for rev in revs:  # newest first: walk back while the file holds the same searches
-        text = git_show(rev, path)
+        text = git_show(rev, path, root)
         if text is None:
             break
         searches = json.loads(text).get("searches", ())
@@ -59,7 +59,7 @@ def run_input(path: str, commit: str) -> tuple[str, dict]:
         landed = rev
     if landed is None:
         raise SystemExit(f"{path}: no committed version holds searches of {commit}")
-    before = git_show(f"{landed}^", path)
+    before = git_show(f"{landed}^", path, root)
     if before is None:
         raise SystemExit(f"{path}: landed in {landed[:7]}, with no version before it")
     return landed, json.loads(before)
