@@ -382,27 +382,36 @@ def test_every_grid_lists_the_policys_shipped_setting_first():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compare_script():
-    """bench/experiments/compare.py as a module (it is a script, not in the package)."""
+def bench_script(name: str):
+    """bench/experiments/NAME.py as a module (a script, not in the package)."""
     spec = importlib.util.spec_from_file_location(
-        "compare_script", ROOT / "bench" / "experiments" / "compare.py")
+        f"{name}_script", ROOT / "bench" / "experiments" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
 
 
-def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
+def compare_script():
+    return bench_script("compare")
+
+
+def _git_repo(path: Path):
+    """A new git repository at ``path``, and a function that runs git there."""
     import subprocess
 
-    script = compare_script()
-
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+        return subprocess.run(["git", "-C", str(path), *args], check=True,
                               capture_output=True, text=True).stdout.strip()
 
     git("init", "-q")
     git("config", "user.email", "t@t")
     git("config", "user.name", "t")
+    return git
+
+
+def test_a_mixed_table_names_the_package_files_its_commits_differ_in(tmp_path):
+    script = compare_script()
+    git = _git_repo(tmp_path)
     (tmp_path / "hfx").mkdir()
     for name in ("sglang.py", "hfx.py"):
         (tmp_path / "hfx" / name).write_text("x = 1\n")
@@ -467,15 +476,6 @@ def test_a_table_that_takes_its_tuning_says_what_workload_that_tuning_ran_on(tmp
     assert (protocol["tuning_workload"], protocol["tuning_seed"]) == (compare.HELD_OUT, 7)
 
 
-def reproduce_script():
-    """bench/experiments/reproduce.py as a module (a script, not in the package)."""
-    spec = importlib.util.spec_from_file_location(
-        "reproduce_script", ROOT / "bench" / "experiments" / "reproduce.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
 def _table(commit: str, probes: list[tuple[float, float]], warm: float | None) -> dict:
     from hfx.evaluation.compare import warm_start
 
@@ -490,17 +490,9 @@ def _table(commit: str, probes: list[tuple[float, float]], warm: float | None) -
 
 def test_reproduce_finds_the_input_a_tables_run_had_and_names_a_search_that_differs(tmp_path):
     import json
-    import subprocess
 
-    script = reproduce_script()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
-                              capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
-    git("config", "user.email", "t@t")
-    git("config", "user.name", "t")
+    script = bench_script("reproduce")
+    git = _git_repo(tmp_path)
     path = tmp_path / "table.json"
     older = _table("aaa", [(100.0, 0.91), (103.0, 0.88)], None)
     run = _table("bbb", [(99.0, 0.905), (102.0, 0.89)], 100.0 * 1.01)
