@@ -49,9 +49,9 @@ def test_iteration_table_interpolates_the_profile():
     model = StepTimeModel(0.01, 1e-4, 0.0, 0.02, 1e-7, 1e-4)
     table = IterationTable(model)
     for batch, kv in ((1, 0), (8, 16_000), (64, 64_000)):  # grid points
-        assert table(batch, kv) == pytest.approx(model.decode_time(kv, batch))
-    mid = table(12, 40_000)
-    assert table(8, 16_000) < mid < table(16, 64_000)
+        assert table.time(batch, kv) == pytest.approx(model.decode_time(kv, batch))
+    mid = table.time(12, 40_000)
+    assert table.time(8, 16_000) < mid < table.time(16, 64_000)
 
 
 MODEL = StepTimeModel(0.005, 1e-4, 0.0, 0.01, 1e-8, 1e-4)

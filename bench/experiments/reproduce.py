@@ -29,13 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from hfx.evaluation import code_commit, write_json
-from hfx.evaluation.compare import earlier_searches, earlier_tuning, one_commit, warm_start
+from hfx.evaluation.compare import (
+    EVALUATION_RUN,
+    earlier_searches,
+    earlier_tuning,
+    one_commit,
+    warm_start,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from full_run import TABLES  # type: ignore[import-not-found]  # noqa: E402  (a sibling script)
-
-TOLERANCE = 0.03  # the evaluation run's (compare.EVALUATION_RUN); the warm starts' step
 
 
 def git_show(rev: str, path: str, root: Path = ROOT) -> str | None:
@@ -65,6 +69,11 @@ def run_input(path: str, commit: str, root: Path = ROOT) -> tuple[str, dict]:
     return landed, json.loads(before)
 
 
+def _key(row: dict) -> tuple:
+    """A search's cell, as compare.py keys it: (contender, workload, seed, regime)."""
+    return (row["contender"], row["workload"], row["seed"], row["regime"])
+
+
 def _probes(row: dict) -> list[tuple[float, float, float]]:
     return [(p["qps"], p["attainment"], p["attainment_dslo"]) for p in row["probes"]]
 
@@ -79,24 +88,21 @@ def check_warm(table: dict, warm: dict, instances: int) -> list[str]:
     starts = earlier_searches(warm, instances)
     wrong = []
     for r in table["searches"]:
-        key = (r["contender"], r["workload"], r["seed"], r["regime"])
-        earlier = starts.get(key)
+        earlier = starts.get(_key(r))
         for metric in ("eq4", "deadline"):
-            start, _ = warm_start(earlier[metric] if earlier else None, TOLERANCE)
+            start, _ = warm_start(earlier[metric] if earlier else None,
+                                  EVALUATION_RUN["tolerance"])
             if r.get(f"{metric}_warm_start") != start:
-                wrong.append(f"{key} {metric}: recorded {r.get(f'{metric}_warm_start')}, "
+                wrong.append(f"{_key(r)} {metric}: recorded {r.get(f'{metric}_warm_start')}, "
                              f"this input gives {start}")
     return wrong
 
 
 def compare(table: dict, rerun: dict) -> dict[str, Any]:
     """Every search of ``rerun`` against the same search of ``table``."""
-    def key(r: dict) -> tuple:
-        return (r["contender"], r["workload"], r["seed"], r["regime"])
-
-    old = {key(r): r for r in table["searches"]}
-    differ = [{"search": list(k), "table": _probes(old[k]), "rerun": _probes(r)}
-              for r in rerun["searches"] for k in [key(r)] if not _same(old[k], r)]
+    old = {_key(r): r for r in table["searches"]}
+    differ = [{"search": list(_key(r)), "table": _probes(old[_key(r)]), "rerun": _probes(r)}
+              for r in rerun["searches"] if not _same(old[_key(r)], r)]
     tuning_differ = []
     tuning_rows = 0
     for name, by_regime in rerun.get("tuning", {}).items():
@@ -116,14 +122,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     known = {t: (a, tuned) for t, a, tuned in TABLES}
     ap.add_argument("--table", required=True, choices=sorted(known))
-    ap.add_argument("--data", default=str(ROOT / "docs" / "data"),
-                    help="the folder of the tables (docs/data)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     extra, tuned_from = known[args.table]
     rel = f"docs/data/{args.table}.json"
-    table = json.loads((Path(args.data) / f"{args.table}.json").read_text())
+    table = json.loads((ROOT / rel).read_text())
     commit = one_commit(table["searches"])
     landed, warm = run_input(rel, commit)
     instances = int(extra[extra.index("--instances") + 1]) if "--instances" in extra else 2
@@ -141,7 +145,7 @@ def main() -> int:
         cmd = [sys.executable, str(ROOT / "bench" / "experiments" / "compare.py"), *extra,
                "--jobs", str(args.jobs), "--json", str(out), "--warm", str(warm_path)]
         if tuned_from is not None:
-            cmd += ["--tuned", str(Path(args.data) / f"{tuned_from}.json")]
+            cmd += ["--tuned", str(ROOT / "docs" / "data" / f"{tuned_from}.json")]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

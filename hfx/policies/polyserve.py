@@ -71,9 +71,6 @@ class IterationTable:
         self._batch_frac = [f for _, f in cells]
         self._kv = [float(k) for k in self.KV]  # a list: compiled, a fixed tuple is boxed per use
 
-    def __call__(self, batch: int, kv: float) -> float:
-        return self.time(batch, kv)
-
     def time(self, batch: int, kv: float) -> float:
         """The interpolated iteration time. Called several times per placement attempt (the
         hot path of a polyserve run): a method, not ``__call__``, and no tuple per lookup, so
