@@ -65,6 +65,7 @@ MODULES = (
     "hfx/policies/prefill_demand.py",
     "hfx/policies/prefix_index.py", "hfx/policies/output_length.py",
     "hfx/policies/round_robin.py", "hfx/policies/least_loaded.py",
+    "hfx/policies/tier_split.py",
     "hfx/policies/aladdin.py", "hfx/policies/slos_serve.py", "hfx/policies/scorpio.py",
     "hfx/policies/polyserve.py", "hfx/policies/sa.py", "hfx/tally.py", "hfx/policies/hfx_pd.py",
 )

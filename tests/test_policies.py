@@ -656,6 +656,62 @@ def test_sa_search_compiled_equals_its_python_source():
     assert compiled[2] == python[2] > score
 
 
+# ---- tier-split (a reference split by TPOT tier) ----------------------------------------------
+def test_split_fleet_sizes_polyserves_tiers_by_the_time_each_pace_leaves():
+    """PolyServe §5.1's tiers (10/20/30/40% at 20/30/50/100 ms) on a 7.2 ms fixed step: shares
+    over 1 − a/τ are 0.156, 0.263, 0.350, 0.431, so 20 instances are 2.60, 4.38, 5.83 and
+    7.18: floors, then the largest remainders (0.83 and 0.60)."""
+    from hfx.policies.tier_split import largest_remainder, split_fleet
+
+    tiers, shares = [0.02, 0.03, 0.05, 0.1], [0.1, 0.2, 0.3, 0.4]
+    assert split_fleet(20, shares, tiers, 0.0072) == [3, 4, 6, 7]
+    assert split_fleet(8, shares, tiers, 0.0072) == [1, 2, 2, 3]
+    assert largest_remainder([1.0, 3.0], 2) == [1, 1]  # 0.5 and 1.5, but one each
+    assert largest_remainder([1.0, 1.0, 30.0], 4) == [1, 1, 2]
+    assert largest_remainder([1.0, 3.0], 1) == [1, 0]  # too few: the strictest first
+    with pytest.raises(ValueError, match="leaves nothing"):
+        split_fleet(20, [1.0], [0.005], 0.0072)
+
+
+def test_tier_split_sends_each_tpot_to_the_loosest_part_that_keeps_it():
+    """Parts 0.02 s (instance 0) and 0.1 s (instances 1–3): a 20 ms request goes to instance 0
+    however loaded; 50 ms and 10 ms ones too (the 0.1 s part is too slow for them); a 100 ms
+    and a 300 ms one to the least-loaded of 1–3 (each placement counted for the next)."""
+    pol = make_policy("tier-split", tpots="0.02/0.1", groups="1/3")
+    v = view(0.0, n=4)
+    for inst, tokens in zip(v.instances, (10_000, 500, 0, 50), strict=True):
+        inst.outstanding_tokens = tokens
+    for rid, tpot in (("t20", 0.02), ("t50", 0.05), ("t10", 0.01), ("t100", 0.1),
+                      ("t300", 0.3)):
+        pol.enqueue(req(rid, 0.0, 100, 1.0, tpot), 0.0)
+    d = pol.schedule(v)
+    # t100 goes to instance 2 (0 tokens) and counts 110 there: t300 then to 3 (50 tokens).
+    assert [(x.request.id, x.instance) for x in d.dispatch] == [
+        ("t20", 0), ("t50", 0), ("t10", 0), ("t100", 2), ("t300", 3)]
+
+
+def test_tier_split_rescales_its_parts_to_the_fleet_it_finds():
+    """Groups of 1 and 3 on a fleet of 2 (two instances gone): a part each; none: one part."""
+    pol = make_policy("tier-split", tpots="0.02/0.1", groups="1/3")
+    assert [[i.id for i in part] for part in pol.parts(view(0.0, n=2).instances)] == [[0], [1]]
+    assert [[i.id for i in part] for part in pol.parts(view(0.0, n=5).instances)] == [
+        [0], [1, 2, 3, 4]]
+    plain = make_policy("tier-split")
+    assert [[i.id for i in part] for part in plain.parts(view(0.0, n=3).instances)] == [
+        [0, 1, 2]]
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"tpots": "0.02/0.1", "groups": 3.0}, "2 TPOT targets but 1 group sizes"),
+    ({"tpots": "0.1/0.02", "groups": "1/1"}, "strictly increasing"),
+    ({"tpots": 0.02, "groups": 1.5}, "whole number"),
+    ({"tpots": "0.02,0.1", "groups": "1/1"}, "separated by '/'"),
+])
+def test_tier_split_bad_parameters_are_clear(params, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy("tier-split", **params)
+
+
 # ---- shared pieces and end to end ------------------------------------------------------------
 def test_output_length_predictor_history_and_oracle():
     p = OutputLengthPredictor("history", prior=100, min_samples=2)

@@ -71,6 +71,8 @@ POLICIES: Registry[type[Policy]] = Registry("policy", {
     "dynamo": "hfx.policies.dynamo:DynamoKV",
     "sglang": "hfx.policies.sglang:SGLangCacheAware",
     "prefix-aware": "hfx.policies.prefix_aware:PrefixAware",
+    # A reference, not a contender: PolyServe's tiers with their sizes fixed offline.
+    "tier-split": "hfx.policies.tier_split:TierSplit",
 })
 
 
