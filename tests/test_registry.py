@@ -31,7 +31,7 @@ def test_unknown_names_list_the_choices() -> None:
         make_policy("nope")
     with pytest.raises(KeyError):
         POLICIES["nope"]
-    assert "nope" not in POLICIES and "hfx" in POLICIES and len(POLICIES) == 12
+    assert "nope" not in POLICIES and "hfx" in POLICIES and len(POLICIES) == 13
 
 
 def test_cli_start_imports_no_engine_policy_or_numpy() -> None:
