@@ -8,7 +8,24 @@ snapshot, then to the lower id.
 
 from __future__ import annotations
 
-from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch
+from hfx.policies.base import (
+    ArrivalOrderPolicy,
+    ClusterView,
+    Decision,
+    Dispatch,
+    InstanceView,
+)
+from hfx.request import Request
+
+
+def place(req: Request, targets: list[InstanceView], placed: dict[int, int]) -> InstanceView:
+    """The instance of ``targets`` with the fewest outstanding tokens, counting ``placed`` (the
+    tokens this call has sent each already, so that a burst spreads out; ``req``'s are added);
+    ties to the lower KV usage, then the lower id."""
+    inst = min(targets, key=lambda i: (i.outstanding_tokens + placed.get(i.id, 0),
+                                       i.stats.kv_usage, i.id))
+    placed[inst.id] = placed.get(inst.id, 0) + req.prompt_len + req.max_tokens
+    return inst
 
 
 class LeastLoaded(ArrivalOrderPolicy):
@@ -23,12 +40,9 @@ class LeastLoaded(ArrivalOrderPolicy):
         if not targets:
             return decision
         # The control plane updates its tallies when it applies the decision; count this call's
-        # own placements meanwhile so that a burst spreads out.
+        # own placements meanwhile.
         placed: dict[int, int] = {}
         while self._queue:
             req = self._queue.popleft()
-            inst = min(targets, key=lambda i: (i.outstanding_tokens + placed.get(i.id, 0),
-                                               i.stats.kv_usage, i.id))
-            placed[inst.id] = placed.get(inst.id, 0) + req.prompt_len + req.max_tokens
-            decision.dispatch.append(Dispatch(req, inst.id))
+            decision.dispatch.append(Dispatch(req, place(req, targets, placed).id))
         return decision

@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 
 from hfx.policies.base import ArrivalOrderPolicy, ClusterView, Decision, Dispatch, InstanceView
+from hfx.policies.least_loaded import place
 
 
 def _floats(value: str | float, what: str) -> list[float]:
@@ -129,21 +130,12 @@ class TierSplit(ArrivalOrderPolicy):
         if not targets:
             return decision
         parts = self.parts(targets)
-        # Count this call's own placements, as least-loaded does, so that a burst spreads out.
-        placed: dict[int, int] = {}
+        placed: dict[int, int] = {}  # this call's own placements, as least-loaded counts them
         while self._queue:
             req = self._queue.popleft()
             part = parts[self.part_of(req.slo.tpot if req.slo is not None else None)]
-            best: InstanceView | None = None
-            best_key = (0, 0.0, 0)
-            for inst in part or targets:  # a part left empty by a shrunk fleet: anywhere
-                key = (inst.outstanding_tokens + placed.get(inst.id, 0), inst.stats.kv_usage,
-                       inst.id)
-                if best is None or key < best_key:
-                    best, best_key = inst, key
-            assert best is not None
-            placed[best.id] = placed.get(best.id, 0) + req.prompt_len + req.max_tokens
-            decision.dispatch.append(Dispatch(req, best.id))
+            # A part left empty by a shrunk fleet: anywhere.
+            decision.dispatch.append(Dispatch(req, place(req, part or targets, placed).id))
         return decision
 
 
