@@ -278,6 +278,33 @@ def test_the_profiler_sends_a_request_again_when_its_connection_broke_before_any
         served.stop()
 
 
+def test_a_request_broken_on_a_kept_connection_is_sent_again_on_a_new_one_not_a_kept_one():
+    # Connections opened together reach vLLM's keep-alive limit together: when the one a
+    # request went out on breaks, the pool's other kept one would break the same way.
+    from hfx.backends.vllm.metrics import vllm_client, vllm_stream
+
+    served = Served(FakeVLLM(seconds_per_token=0.001))
+    relay = DropsFirstPost(served.url, drops=2, reused_only=True)
+    body = {"model": "fake", "prompt": [5, 6], "max_tokens": 2, "stream": True,
+            "return_token_ids": True}
+
+    async def send(client: httpx.AsyncClient) -> str:
+        async with vllm_stream(client, f"{relay.url}/v1/completions", json=body) as response:
+            return (await response.aread()).decode()
+
+    async def run() -> list[str]:
+        async with vllm_client(10.0) as client:
+            await asyncio.gather(send(client), send(client))  # two connections, both kept
+            return [await send(client)]
+
+    try:
+        [text] = asyncio.run(run())
+        assert "[DONE]" in text
+        assert relay.dropped == 1 and len(served.fake.bodies) == 3
+    finally:
+        served.stop()
+
+
 class _StartingServer:
     """A stand-in server whose start-up goes as ``outcomes`` says, one per server made."""
 

@@ -196,9 +196,10 @@ class Served:
 class DropsFirstPost:
     """A TCP relay to a server that closes its first ``POST`` connection as the request arrives,
     with no answer: what a client sees when the server closes an idle keep-alive connection just
-    as a request is sent on it."""
+    as a request is sent on it. ``reused_only``: only a ``POST`` on a connection that has carried
+    a request before is closed so (a new connection is never idle at the limit)."""
 
-    def __init__(self, target: str, drops: int = 1) -> None:
+    def __init__(self, target: str, drops: int = 1, reused_only: bool = False) -> None:
         host, port = target.removeprefix("http://").rsplit(":", 1)
         self.drops, self.dropped = drops, 0
         loop = asyncio.new_event_loop()
@@ -206,11 +207,14 @@ class DropsFirstPost:
 
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        requests: bool) -> None:
+            carried = False
             try:
                 while data := await reader.read(65536):
-                    if requests and data.startswith(b"POST") and self.dropped < self.drops:
+                    if (requests and data.startswith(b"POST") and self.dropped < self.drops
+                            and (carried or not reused_only)):
                         self.dropped += 1
                         return  # both sides close below, the request never forwarded
+                    carried = carried or (requests and data.startswith(b"POST"))
                     writer.write(data)
                     await writer.drain()
             except ConnectionError:

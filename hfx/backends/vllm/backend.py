@@ -140,7 +140,12 @@ class VLLMBackend:
                 profile = profile_vllm([i.url for i in fleet], VLLMGrid.quick(),
                                        info.kv_total_blocks * info.block_size, info.block_size,
                                        config.checkpoint)
-        except BaseException:
+        except BaseException as e:
+            for inst in fleet:  # a server that died under the profile says why in its log
+                if inst.process is not None and not inst.process.alive():
+                    tail = (f"; log {inst.process.log_path}:\n{inst.process.log_tail()}"
+                            if isinstance(inst.process, VLLMServer) else "")
+                    e.add_note(f"the vLLM server at {inst.url} has exited{tail}")
             close()
             raise
         # The dispatcher plans with the servers' own KV size.

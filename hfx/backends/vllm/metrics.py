@@ -46,6 +46,10 @@ UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None,
                          keepalive_expiry=None)
 
 
+# One connection, never kept: the retry's.
+FRESH = httpx.Limits(max_connections=1, max_keepalive_connections=0)
+
+
 def vllm_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
     """An HTTP client for vLLM servers whose pool never closes a connection under a request."""
     return httpx.AsyncClient(timeout=timeout, limits=UNLIMITED)
@@ -56,16 +60,20 @@ async def vllm_stream(client: httpx.AsyncClient, url: str,
                       **kwargs: Any) -> AsyncIterator[httpx.Response]:
     """``client.stream("POST", url, ...)``, sent once more on a fresh connection if the first
     breaks before any answer: the server closed it, idle, just as the request went out (it never
-    saw it), or the server is gone, which the fresh connection's ConnectError then says."""
+    saw it), or the server is gone, which the fresh connection's ConnectError then says.
+
+    The second try goes through a client of its own: the pool's other idle connections were
+    opened with the broken one (the profiler sends a batch at once) and reach vLLM's keep-alive
+    limit together, so one of them could break the same way (it did, in CI)."""
     async with contextlib.AsyncExitStack() as stack:
-        for attempt in range(2):
-            try:
-                response = await stack.enter_async_context(client.stream("POST", url, **kwargs))
-                break
-            except (httpx.ReadError, httpx.RemoteProtocolError) as e:
-                if attempt:
-                    raise
-                log.warning("%s had no answer (%s); sending it again", url, type(e).__name__)
+        try:
+            response = await stack.enter_async_context(client.stream("POST", url, **kwargs))
+        except (httpx.ReadError, httpx.RemoteProtocolError) as e:
+            log.warning("%s had no answer (%s); sending it again on a new connection", url,
+                        type(e).__name__)
+            fresh = await stack.enter_async_context(
+                httpx.AsyncClient(timeout=client.timeout, limits=FRESH))
+            response = await stack.enter_async_context(fresh.stream("POST", url, **kwargs))
         yield response
 
 
