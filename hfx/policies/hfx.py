@@ -119,6 +119,14 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   (docs/results.md, "Guarding only the TPOTs the payback can keep"). Not the default.
   Colocated mode: in P/D the prefill stage runs no decodes to guard and the Migrator keeps
   every target.
+- ``parts`` (ours; "auto" by default, "off" is the seed's): on a fleet where every TPOT tier can
+  have three instances or more and keeping the tiers apart lightens the busiest instance's
+  load by 5% or more (tier_parts.py: a/τ of each step's time goes to Eq. 2's fixed cost at a
+  pace τ, and the guard paces an instance by the strictest target on it), one dispatcher of
+  this kind per tier, each over a part of the fleet sized from the tiers' recent load
+  (PolyServe §4.2-4.3's tiers). On PolyServe's 20-instance tiered workloads it is what lets
+  HFX lead the load balancers there (docs/results.md, the 20-instance table); on 2 instances,
+  or with four-task's 0.5-1 s TPOTs, it stays off and changes nothing.
 - ``override`` (ours; "on" by default, "off" is the seed's dispatcher): a request
   that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
   anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
@@ -194,6 +202,7 @@ from hfx.policies.parking import Parking
 from hfx.policies.prefill_demand import PrefillDemand, guard_floor
 from hfx.policies.shadow import ShadowInstance, Shadows
 from hfx.policies.slo_queue import SLOQueue
+from hfx.policies.tier_parts import Change, TierParts
 from hfx.request import Request, RequestRecord
 from hfx.stepmodel.latency import StepTimeModel
 
@@ -253,6 +262,12 @@ BEST_EFFORTS = ("drained", "idle")
 # Which in-flight TPOT targets the guard keeps: every one (the seed's), or those whose payback
 # leaves room for the fleet's prefill demand (prefill_demand.py).
 GUARD_TPOTS = ("all", "keepable")
+# Tier parts on a large fleet (tier_parts.py), or the whole fleet as one always.
+PARTS = ("auto", "off")
+
+
+def _by_arrival(req: Request) -> float:
+    return req.arrival
 
 
 def maturity_time(now: float, e_p: float, e_d: float, min_tpot: float) -> float:
@@ -276,6 +291,8 @@ class HFXDispatcher(Policy):
     planner = "deadline-chunked"
     # ``override`` when none is given. A prefill stage (hfx_pd.py) has no decode to guard: off.
     default_override: ClassVar[str] = "on"
+    # ``parts`` when none is given. A prefill stage (hfx_pd.py) has no decode pace: off.
+    default_parts: ClassVar[str] = "auto"
 
     def __init__(self, theta: float = 0.9, prefill_cv: float = 0.1, max_scan: int = 512,
                  output_length: str = "history", tpot_guard: str = "eq5",
@@ -283,7 +300,7 @@ class HFXDispatcher(Policy):
                  lead_steps: float = 20.0, mature_order: str = "lightest",
                  prefill_wait: str = "batch", queue_order: str = "shortest",
                  best_effort: str = "idle", quiet_cap: float = 0.5,
-                 guard_tpots: str = "all") -> None:
+                 guard_tpots: str = "all", parts: str | None = None) -> None:
         if override is None:
             override = self.default_override
         if not 0.0 <= theta <= 1.0:
@@ -315,6 +332,19 @@ class HFXDispatcher(Policy):
         if guard_tpots not in GUARD_TPOTS:
             raise ValueError(f"guard_tpots must be one of {GUARD_TPOTS}, got {guard_tpots!r}")
         self.guard_keepable = guard_tpots == "keepable"
+        if parts is None:
+            parts = self.default_parts
+        if parts not in PARTS:
+            raise ValueError(f"parts must be one of {PARTS}, got {parts!r}")
+        # What each part's dispatcher is made with: these, the parts off.
+        self._params: dict[str, float | int | str] = {
+            "theta": theta, "prefill_cv": prefill_cv, "max_scan": max_scan,
+            "output_length": output_length, "tpot_guard": tpot_guard, "override": override,
+            "lead_prefills": lead_prefills, "lead_steps": lead_steps,
+            "mature_order": mature_order, "prefill_wait": prefill_wait,
+            "queue_order": queue_order, "best_effort": best_effort, "quiet_cap": quiet_cap,
+            "guard_tpots": guard_tpots, "parts": "off"}
+        self._tiers = TierParts(self._spawn) if parts == "auto" else None
         self._demand = PrefillDemand()
         self._demand_new: list[tuple[float, int]] = []  # (arrival, prompt tokens), unpriced
         self._share = 0.0  # the fleet's prefill demand per instance, per decision
@@ -363,8 +393,20 @@ class HFXDispatcher(Policy):
         # The mature instance a request the current serve deferred waits for (-1: none).
         self._toward = -1
 
+    def _spawn(self) -> HFXDispatcher:
+        return HFXDispatcher(**self._params)  # type: ignore[arg-type]
+
     # ---- queue --------------------------------------------------------------------------
     def enqueue(self, request: Request, now: float) -> None:
+        tiers = self._tiers
+        if tiers is not None:
+            tiers.note(request, now)
+            if tiers.active:
+                tiers.route(request, now)
+                return
+        self._queue_here(request, now)
+
+    def _queue_here(self, request: Request, now: float) -> None:
         self._parked.unpark(request.id)  # a request resumed after a failure starts anew
         self.queue.push(request)
         if self.queue.shortest_first:
@@ -377,9 +419,15 @@ class HFXDispatcher(Policy):
             self._demand_new.append((now, request.prompt_len))
 
     def num_queued(self) -> int:
+        here = len(self.queue) + len(self._best_effort)
+        return here if self._tiers is None else here + self._tiers.num_queued()
+
+    def _queued_here(self) -> int:
         return len(self.queue) + len(self._best_effort)
 
     def withdraw(self, request_id: str) -> bool:
+        if self._tiers is not None and self._tiers.withdraw(request_id):
+            return True
         if self.queue.remove(request_id):
             return True
         for req in self._best_effort:
@@ -390,9 +438,11 @@ class HFXDispatcher(Policy):
 
     # ---- the dispatcher ---------------------------------------------------------------------
     def schedule(self, view: ClusterView) -> Decision:
-        decision = Decision()
         now, model = view.now, view.step_model
         targets = view.accepting()
+        if self._tiers is not None and self._with_parts(targets, model, now):
+            return self._tiers.schedule(view, targets)
+        decision = Decision()
         self._model = model
         self._view = view if view.prefix is not None else None
         self._shares, self._reserve = view.fair_shares, view.fair_reserve
@@ -416,12 +466,12 @@ class HFXDispatcher(Policy):
         # Shadows and Q_W follow the snapshots and membership: O(N) once per snapshot.
         if self.shadow.follow(view, targets):
             self.maturity.members((i.id for i in targets), now)
-        if not self.num_queued() or not targets:
+        if not self._queued_here() or not targets:
             return decision
         # Q_W: instances in maturity order; each mature one is served once per call.
         self._parked.new_round()
         self._toward = -1
-        while self.num_queued():
+        while self._queued_here():
             if self._view is not None:
                 self._parked.refresh(now, self.shadow, self.maturity, view.mixed_steps, model)
             toward, self._toward = self._toward, -1
@@ -445,7 +495,7 @@ class HFXDispatcher(Policy):
         self.maturity.end_round()
         if self.override:
             self._override(targets, model, now, decision, view.mixed_steps)
-        if self.num_queued():
+        if self._queued_here():
             quiet = (None if self._best_effort or self.queue.visible()
                      else self._parked.next_change())
             # Every queued request parked for its cached instance: nothing any instance could
@@ -887,7 +937,7 @@ class HFXDispatcher(Policy):
         if not (self.wait_admitted and mixed):
             return self.next_maturity(now, e_p, sh, model)
         at = self.next_maturity(start, e_p, sh, model)
-        if self.num_queued():
+        if self._queued_here():
             return at
         steps = 1
         if self._step_tokens is not None:
@@ -909,7 +959,42 @@ class HFXDispatcher(Policy):
             return False
         return all(r in self._hopeless for r in sh.inflight)
 
+    def _with_parts(self, targets: list[InstanceView], model: StepTimeModel,
+                    now: float) -> bool:
+        """Size the tier parts (tier_parts.py) if due, moving the queue between this
+        dispatcher and theirs as they start or stop; whether they are on."""
+        tiers = self._tiers
+        assert tiers is not None
+        change = tiers.update(tiers.ids_of(targets), model, now)
+        if change is Change.STARTED:
+            here = self.queue.requests() + list(self._best_effort)
+            for req in sorted(here, key=_by_arrival):
+                self.withdraw_here(req.id)
+                tiers.route(req, now)
+        elif change is Change.STOPPED:
+            for req in tiers.drain():
+                self._queue_here(req, now)
+        return tiers.active
+
+    def withdraw_here(self, request_id: str) -> None:
+        if not self.queue.remove(request_id):
+            for req in self._best_effort:
+                if req.id == request_id:
+                    self._best_effort.remove(req)
+                    return
+
+    def on_instance_removed(self, instance_id: int) -> None:
+        if self._tiers is not None:
+            self._tiers.removed(instance_id)
+
     def on_finished(self, record: RequestRecord, view: ClusterView) -> None:
+        tiers = self._tiers
+        if tiers is not None:
+            tiers.observe(record)
+            holder = tiers.holder(record.instance)
+            if holder is not None:
+                holder.on_finished(record, view)
+                return
         self._hopeless.discard(record.request.id)
         sh = self.shadow.finished(record, record.instance, self.predictor)
         if sh is not None and sh.idle:

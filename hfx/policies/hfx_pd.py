@@ -32,6 +32,7 @@ class HFXPrefillDispatcher(HFXDispatcher):
     planner = "prefill-first"  # P/D (HyperFlexis §5.1): prefill instances run whole prompts
     # No decode to guard on a prefill instance, so nothing to override: the seed's P stage.
     default_override = "off"
+    default_parts = "off"  # one part: prefill instances keep no TPOT
 
     def decode_step(self, sh: ShadowInstance, model: StepTimeModel) -> float:
         return 0.0  # a prefill instance never decodes

@@ -64,6 +64,10 @@ class SLOQueue:
     def __contains__(self, request: Request) -> bool:
         return request.id in self._entries
 
+    def requests(self) -> list[Request]:
+        """Every queued request, in the order they were pushed."""
+        return [e.request for e in self._entries.values()]
+
     def shown(self, request: Request, also: Collection[str] | None = None) -> bool:
         """Whether a scan asked for ``also`` would yield ``request``: queued and not hidden
         (or hidden and in ``also``)."""
