@@ -121,12 +121,12 @@ Choices the seed leaves open (our reading, also in docs/architecture.md):
   every target.
 - ``parts`` (ours; "auto" by default, "off" is the seed's): on a fleet where every TPOT tier can
   have three instances or more and keeping the tiers apart lightens the busiest instance's
-  load by 5% or more (tier_parts.py: a/τ of each step's time goes to Eq. 2's fixed cost at a
+  load by 10% or more (tier_parts.py: a/τ of each step's time goes to Eq. 2's fixed cost at a
   pace τ, and the guard paces an instance by the strictest target on it), one dispatcher of
   this kind per tier, each over a part of the fleet sized from the tiers' recent load
   (PolyServe §4.2-4.3's tiers). On PolyServe's 20-instance tiered workloads it is what lets
   HFX lead the load balancers there (docs/results.md, the 20-instance table); on 2 instances,
-  or with four-task's 0.5-1 s TPOTs, it stays off and changes nothing.
+  or with four-task's or two-task's TPOTs, it stays off and changes nothing.
 - ``override`` (ours; "on" by default, "off" is the seed's dispatcher): a request
   that Eq. 5's budget or Algorithm 1's payback wait would hold until its TTFT is lost goes
   anyway. A queued request becomes urgent ``lead_prefills`` of its prefills alone and
