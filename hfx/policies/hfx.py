@@ -419,7 +419,7 @@ class HFXDispatcher(Policy):
             self._demand_new.append((now, request.prompt_len))
 
     def num_queued(self) -> int:
-        here = len(self.queue) + len(self._best_effort)
+        here = self._queued_here()
         return here if self._tiers is None else here + self._tiers.num_queued()
 
     def _queued_here(self) -> int:
@@ -428,13 +428,7 @@ class HFXDispatcher(Policy):
     def withdraw(self, request_id: str) -> bool:
         if self._tiers is not None and self._tiers.withdraw(request_id):
             return True
-        if self.queue.remove(request_id):
-            return True
-        for req in self._best_effort:
-            if req.id == request_id:
-                self._best_effort.remove(req)
-                return True
-        return False
+        return self.withdraw_here(request_id)
 
     # ---- the dispatcher ---------------------------------------------------------------------
     def schedule(self, view: ClusterView) -> Decision:
@@ -976,12 +970,15 @@ class HFXDispatcher(Policy):
                 self._queue_here(req, now)
         return tiers.active
 
-    def withdraw_here(self, request_id: str) -> None:
-        if not self.queue.remove(request_id):
-            for req in self._best_effort:
-                if req.id == request_id:
-                    self._best_effort.remove(req)
-                    return
+    def withdraw_here(self, request_id: str) -> bool:
+        """Drop a request from this dispatcher's own queues (not its parts')."""
+        if self.queue.remove(request_id):
+            return True
+        for req in self._best_effort:
+            if req.id == request_id:
+                self._best_effort.remove(req)
+                return True
+        return False
 
     def on_instance_removed(self, instance_id: int) -> None:
         if self._tiers is not None:

@@ -90,18 +90,22 @@ def tier_of(req: Request) -> float:
 class _Part:
     """One tier's dispatcher and the view of its instances it is given."""
 
-    __slots__ = ("dispatcher", "ids", "parent_version", "view")
+    __slots__ = ("dispatcher", "ids", "members", "parent_version", "view")
 
     def __init__(self, dispatcher: HFXDispatcher) -> None:
         self.dispatcher = dispatcher
         self.view: ClusterView | None = None
+        self.members: list[InstanceView] | None = None
         self.ids: tuple[int, ...] = ()
         self.parent_version = -1
 
     def view_of(self, parent: ClusterView, members: list[InstanceView]) -> ClusterView:
         """The parent view cut to ``members``; its version moves when the parent's does or
         the members change (the dispatcher's shadows follow it)."""
-        ids = tuple(i.id for i in members)
+        # The members list is made anew only when the fleet or the split changes: read its
+        # ids then, not on every call.
+        ids = self.ids if members is self.members else tuple(i.id for i in members)
+        self.members = members
         v = self.view
         if v is None:
             v = self.view = ClusterView(parent.now, members, parent.step_model, parent.profile,
