@@ -62,7 +62,7 @@ MODULES = (
     "hfx/workloads/stream_rows.py", "hfx/policies/views.py", "hfx/policies/deadline_queue.py",
     "hfx/policies/base.py", "hfx/policies/hfx.py", "hfx/policies/shadow.py",
     "hfx/policies/slo_queue.py", "hfx/policies/maturity.py", "hfx/policies/parking.py",
-    "hfx/policies/prefill_demand.py",
+    "hfx/policies/prefill_demand.py", "hfx/policies/tpot_margin.py",
     "hfx/policies/prefix_index.py", "hfx/policies/output_length.py",
     "hfx/policies/round_robin.py", "hfx/policies/least_loaded.py",
     "hfx/policies/tier_split.py",

@@ -55,6 +55,10 @@ CASES: dict[str, dict[str, Any]] = {
     "hfx-wikisql": {**SEED, "policy": "hfx", "workload": "wikisql", "qps": 60,
                     "requests_per_task": 200},
     "sa-wikisql": {"policy": "sa", "workload": "wikisql", "qps": 60, "requests_per_task": 200},
+    # HFX as shipped past tiered-512-512's knee: its guard's learned TPOT margin moves decisions.
+    "hfx-tiered-512-default": {"policy": "hfx", "workload": "tiered-512-512", "qps": 120,
+                               "requests_per_task": 100, "model": "llama-3.1-8b",
+                               "hardware": "h200"},
     "polyserve-tiered-512": {"policy": "polyserve", "workload": "tiered-512-512", "qps": 60,
                              "requests_per_task": 20, "model": "llama-3.1-8b", "hardware": "h200",
                              "instances": 4},

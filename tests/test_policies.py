@@ -72,6 +72,72 @@ def test_hfx_dispatches_strict_tpot_first_and_sets_maturity():
     assert d.wake_at is None  # nothing left queued
 
 
+@pytest.mark.parametrize("margin", [1.0, 0.9])
+def test_hfx_tpot_margin_aims_eq5_and_the_payback_at_a_share_of_each_target(margin):
+    pol = make_policy("hfx", tpot_margin=margin)
+    assert isinstance(pol, HFXDispatcher)
+    pol.enqueue(req("loose", 0.0, 100, 20.0, 1.0), 0.0)
+    pol.enqueue(req("strict", 0.0, 100, 0.7, 0.2), 0.0)
+    pol.schedule(view(0.0))
+    # As above, with the strict 0.2 s kept at margin × 0.2: a longer payback below 1.
+    e_p, e_d = 0.04, 0.0302
+    assert pol.maturity[0] == pytest.approx(e_p + e_p / (margin * 0.2 - e_d) * e_d)
+    assert pol.room(pol.shadow[0], MODEL, e_d) == pytest.approx(
+        token_budget(0.7, margin * 0.2, e_d, 0.02, 1e-4))
+
+
+@pytest.mark.parametrize("margin", [0.0, -0.1, 1.01, "0", "sometimes"])
+def test_hfx_tpot_margin_outside_0_1_is_refused(margin):
+    with pytest.raises(ValueError, match="tpot_margin"):
+        make_policy("hfx", tpot_margin=margin)
+
+
+def test_learned_tpot_margin_rests_at_the_target_and_tightens_only_the_target_that_misses():
+    from hfx.policies.tpot_margin import FLOOR, MISS_RATE, STEP, TPOTMargins
+
+    m = TPOTMargins()
+    for _ in range(500):
+        m.observe(0.05, 0.049)  # met: stays at the whole target
+    assert m.aim(0.05) == 0.05
+    m.observe(0.03, 0.031)
+    assert m.share(0.03) == pytest.approx(1 - STEP * (1 - MISS_RATE))
+    assert m.share(0.05) == 1.0  # another target's misses do not move it
+    for _ in range(49):  # 1 miss in 50: the rate it rests at
+        m.observe(0.03, 0.029)
+    assert m.share(0.03) == pytest.approx(1.0)
+    for _ in range(1000):
+        m.observe(0.03, 0.04)
+    assert m.share(0.03) == FLOOR
+
+
+def _finished(rid: str, tpot_target: float, times: list[float]) -> RequestRecord:
+    from array import array
+
+    r = req(rid, 0.0, 100, 5.0, tpot_target)
+    return RequestRecord(r, 0.0, 0, token_times=array("d", times), finish_time=times[-1],
+                         outcome=Outcome.FINISHED)
+
+
+def test_hfx_learns_a_tighter_aim_from_requests_that_missed_their_tpot():
+    """The guard (Eq. 5, the payback) aims at the learned share; the seed's dispatcher
+    ("off") keeps aiming at the whole target."""
+    learned, seed = make_policy("hfx"), make_policy("hfx", tpot_margin="off")
+    assert isinstance(learned, HFXDispatcher) and isinstance(seed, HFXDispatcher)
+    v = view(1.0)
+    for pol in (learned, seed):
+        pol.enqueue(req("r0", 0.0, 100, 5.0, 0.2), 0.0)
+        pol.schedule(view(0.0))
+        # Ten tokens 0.25 s apart: a 0.2 s target missed.
+        pol.on_finished(_finished("r0", 0.2, [0.1 + 0.25 * k for k in range(10)]), v)
+    assert seed.aim(0.2) == 0.2
+    from hfx.policies.tpot_margin import MISS_RATE, STEP
+
+    assert learned.aim(0.2) == pytest.approx(0.2 * (1 - STEP * (1 - MISS_RATE)))
+    assert learned.aim(0.5) == 0.5
+    assert learned._eq5(5.0, 0.2, 0.03, MODEL) == pytest.approx(
+        token_budget(5.0, learned.aim(0.2), 0.03, 0.02, 1e-4))
+
+
 def test_hfx_budget_limits_a_batch_and_waits_for_maturity():
     pol = make_policy("hfx")
     # Eq. 5 on an idle instance: (0.7 − 0.02) / 1e-4 = 6800 tokens: two 2500-token prompts fit

@@ -105,6 +105,22 @@ def test_the_queue_moves_into_the_parts_when_they_start_and_back_when_they_stop(
     assert pol._queued_here() == len(reqs) - 1 == pol.num_queued()
 
 
+def test_a_fleet_too_small_for_parts_still_counts_every_arrival_when_it_grows():
+    """Below six instances no split can start, so arrivals are priced only once the fleet can
+    hold parts: grown to 12, the parts start at once, with the same loads to the last bit and
+    the same split as a dispatcher that saw 12 instances from the first arrival."""
+    small, large = make_policy("hfx"), make_policy("hfx")
+    assert isinstance(small, HFXDispatcher) and isinstance(large, HFXDispatcher)
+    for t, n in ((0.0, 4), (0.5, 4), (1.0, 12)):
+        for pol, size in ((small, n), (large, 12)):
+            arrivals(pol, (0.05, 0.5), 3, now=t)
+            pol.schedule(view(t, size, used=6250))  # full: everything stays queued
+        assert small._tiers is not None and large._tiers is not None
+        assert small._tiers.active == (n == 12)
+    assert small._tiers.load == large._tiers.load and small._tiers.load
+    assert small._tiers.split == large._tiers.split
+
+
 def test_a_prefill_stage_and_the_seeds_dispatcher_have_no_parts():
     from hfx.evaluation.presets import SEED_DISPATCHER
     from hfx.policies import make_pd_policies

@@ -13,7 +13,8 @@ SEED_ENGINE = "prefill-first"  # the seeds' vLLM-Ascend (HyperFlexis §7.1)
 # Algorithm 1 as the seed has it (hfx.py): no override, mature instances served in maturity
 # order, each one's next maturity after its batch's whole prefill.
 SEED_DISPATCHER = {"override": "off", "mature_order": "maturity", "prefill_wait": "batch",
-                   "queue_order": "arrival", "best_effort": "drained", "parts": "off"}
+                   "queue_order": "arrival", "best_effort": "drained", "parts": "off",
+                   "tpot_margin": "off"}
 SEED_SCALER = {"wait_indicator": "mean"}  # W over the whole queue (HFX paper §3.3.3; scaler.py)
 
 

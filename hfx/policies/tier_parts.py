@@ -51,6 +51,7 @@ WINDOW = 60.0  # seconds: the time constant of a tier's load (PolyServe §4.3 mo
 PERIOD = 10.0  # seconds between sizings
 HYSTERESIS = 0.05  # how much a resize must lighten the bottleneck to move instances
 NO_SLO = math.inf  # the tier of a request without a TPOT: sorts loosest
+MAX_PENDING = 4096  # arrivals noted before a fleet too small for parts prices them
 
 
 class Change(Enum):
@@ -135,6 +136,7 @@ class TierParts:
         self.load: dict[float, float] = {}  # tier → decayed work (instance-seconds)
         self._load_at = 0.0
         self._pending: list[tuple[float, Request, float]] = []  # arrivals not yet priced
+        self._tiers: tuple[float, ...] = ()  # the tiers with load, as of the last pricing
         self._queued: dict[str, tuple[Request, float]] = {}  # id → (request, its part's tier)
         self._sized_at = -math.inf
         self._sized_for: tuple[tuple[int, ...], tuple[float, ...]] = ((), ())
@@ -208,15 +210,24 @@ class TierParts:
             t = tier_of(req)
             self.load[t] = self.load.get(t, 0.0) + work
         self._pending.clear()
+        # The loads change only here: the tiers that count are read once per pricing.
+        total = sum(self.load.values())
+        self._tiers = tuple(sorted(t for t, w in self.load.items() if w > 1e-3 * total))
 
     def update(self, ids: tuple[int, ...], model: StepTimeModel, now: float) -> Change:
         """Size the parts anew if due (``ids``: the accepting instances, in order). STARTED:
         the host moves its queue into the parts (``route``); STOPPED: it takes theirs back
         (``drain``)."""
+        if not self.parts and len(ids) < 2 * PART_MIN:
+            # No split of so few instances can start (``_sizing``): price later, in one go
+            # (the same sums in the same order), but keep the list short on a long run.
+            if len(self._pending) >= MAX_PENDING:
+                self._price(model)
+            self._sized_for = ((), ())  # a fleet grown back is sized at once, as a new one
+            return Change.KEPT
         if self._pending:
             self._price(model)
-        total = sum(self.load.values())
-        tiers = tuple(sorted(t for t, w in self.load.items() if w > 1e-3 * total))
+        tiers = self._tiers
         if now - self._sized_at < PERIOD and (ids, tiers) == self._sized_for:
             return Change.KEPT
         self._sized_at, self._sized_for = now, (ids, tiers)
