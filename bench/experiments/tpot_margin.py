@@ -25,14 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hfx.evaluation import code_commit, write_json
-from hfx.evaluation.compare import (
-    CONTENDERS,
-    EVALUATION_RUN,
-    TUNING_RUN,
-    WORKLOAD_CONFIG,
-    dual_capacity,
-    start,
-)
+from hfx.evaluation.compare import EVALUATION_RUN, TUNING_RUN, _search
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {"evaluation": EVALUATION_RUN, "tuning": TUNING_RUN}
@@ -44,11 +37,8 @@ def search(workload: str, instances: int, seed: int, margin: str | float,
            warm: dict[str, float] | None) -> dict[str, Any]:
     setting = {**setting, "policy_params": {**setting.get("policy_params", {}),
                                             "tpot_margin": margin}}
-    fields = {**WORKLOAD_CONFIG.get(workload, {}), "workload": workload, "seed": seed,
-              "instances": instances, "max_num_seqs": regime}
-    config = CONTENDERS["hfx"].config(setting, engine, qps=start(workload, fields),
-                                      duration=run["duration"], warmup=run["warmup"], **fields)
-    found = dual_capacity(config, tolerance=run["tolerance"], warm=warm)
+    fields = {"workload": workload, "seed": seed, "instances": instances, "max_num_seqs": regime}
+    found = _search("hfx", setting, run, fields, engine=engine, warm=warm)  # compare.py's own
     return {"workload": workload, "instances": instances, "seed": seed, "margin": margin,
             **found}
 

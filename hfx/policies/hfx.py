@@ -358,9 +358,8 @@ class HFXDispatcher(Policy):
         # The share of each TPOT target the guard aims at: learned (tpot_margin.py), the
         # seed's whole target ("off"), or a fixed share (what-ifs).
         self._margins = TPOTMargins() if tpot_margin == "learned" else None
-        fixed = 1.0 if isinstance(tpot_margin, str) and tpot_margin in TPOT_MARGINS \
-            else _share(tpot_margin)
-        self._fixed_margin = fixed
+        self._fixed_margin = 1.0 if isinstance(tpot_margin, str) and \
+            tpot_margin in TPOT_MARGINS else _share(tpot_margin)
         if guard_tpots not in GUARD_TPOTS:
             raise ValueError(f"guard_tpots must be one of {GUARD_TPOTS}, got {guard_tpots!r}")
         self.guard_keepable = guard_tpots == "keepable"

@@ -6,8 +6,9 @@ Algorithm 1's payback (HyperFlexis §5.1) lets an instance take prefills until t
 its running batch reaches the tightest target in flight exactly, and Eq. 5 budgets a prompt to
 the same edge. Under a backlog every instance is kept there, and the steps' noise puts about
 half of the requests over it: on PolyServe's 20 instances (tiered-512-512, 640 req/s, seed 0)
-the 30 ms tier's part, backlogged, ran a mean TPOT of 29.5 ms and attained 0.379. Aimed at 0.9
-of each target it ran 27.4 ms and attained 0.904 (the whole run 0.854 → 0.959). A fixed share
+the 30 ms tier's part, backlogged, ran a mean TPOT of 29.5 ms and attained 0.379; with the
+share learned here, 27.5 ms and 0.897 (the whole run 0.854 → 0.959;
+bench/experiments/part_sizes.py --margin, docs/data/tpot_margin/). A fixed share
 costs where the TTFTs bind and the TPOTs are met anyway: on the held-out slos-serve-mixed
 (2 instances) HFX's capacity fell 9.0 → 8.5 req/s at 0.9 (bench/experiments/tpot_margin.py).
 So each target's share follows its own misses, as an integral controller on its TPOT
@@ -35,7 +36,7 @@ class TPOTMargins:
 
     def aim(self, tpot: float) -> float:
         """The TPOT the guard keeps for a target of ``tpot``."""
-        return tpot * self._share.get(tpot, 1.0)
+        return tpot * self.share(tpot)
 
     def share(self, tpot: float) -> float:
         return self._share.get(tpot, 1.0)
