@@ -1,6 +1,7 @@
 """HFX's capacity with its TPOT guard aimed at a share of each target (``tpot_margin``): each
 cell's search under both metrics, as compare.py runs HFX's (its table's setting, its engine),
-once per margin. Writes JSON; not a test.
+once per margin (hfx_params.py with one ``tpot_margin`` variant per margin). Writes JSON; not a
+test.
 
     python bench/experiments/tpot_margin.py --margins 1.0,0.95,0.9,0.85 \
         --cells slos-serve-mixed@2:100 --run tuning --jobs 2 \
@@ -17,38 +18,13 @@ it. ``--run tuning`` probes as the tuning does (90 s after 20 s), ``evaluation``
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from hfx.evaluation import code_commit, write_json
-from hfx.evaluation.compare import EVALUATION_RUN, TUNING_RUN, _search
+from hfx.evaluation import write_json
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNS = {"evaluation": EVALUATION_RUN, "tuning": TUNING_RUN}
-
-
-def search(workload: str, instances: int, seed: int, margin: str | float,
-           setting: dict[str, Any],
-           engine: str | None, regime: int, run: dict[str, float],
-           warm: dict[str, float] | None) -> dict[str, Any]:
-    setting = {**setting, "policy_params": {**setting.get("policy_params", {}),
-                                            "tpot_margin": margin}}
-    fields = {"workload": workload, "seed": seed, "instances": instances, "max_num_seqs": regime}
-    found = _search("hfx", setting, run, fields, engine=engine, warm=warm)  # compare.py's own
-    return {"workload": workload, "instances": instances, "seed": seed, "margin": margin,
-            **found}
-
-
-def share(text: str) -> str | float:
-    """A ``tpot_margin``: "learned", "off", or a fixed share."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hfx_params import RUNS, run_variants, value  # type: ignore[import-not-found]  # a sibling script
 
 
 def main() -> int:
@@ -65,34 +41,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
-    table = json.loads((ROOT / "docs/data" / f"{args.table}.json").read_text())
-    setting = table["tuning"]["hfx"][str(args.regime)]["chosen"]
-    engine = table["protocol"]["engine"]
-    warm_table = (json.loads((ROOT / "docs/data" / f"{args.warm}.json").read_text())
-                  if args.warm else table)
-    found = {(r["workload"], r.get("instances", 2), r["seed"]): r
-             for r in warm_table["searches"]
-             if r["contender"] == "hfx" and r["regime"] == args.regime}
-    calls = []
-    for cell in args.cells.split(";"):
-        workload, rest = cell.split("@")
-        instances, seeds = rest.split(":")
-        for seed in seeds.split(","):
-            key = (workload, int(instances), int(seed))
-            warm = ({m: found[key][m] for m in ("eq4", "deadline")} if key in found else None)
-            for margin in args.margins.split(","):
-                calls.append((workload, int(instances), int(seed), share(margin), setting,
-                              engine, args.regime, RUNS[args.run], warm))
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(search, *zip(*calls, strict=True)))
-    for r in rows:
-        print(f"{r['workload']}@{r['instances']} seed {r['seed']} margin {r['margin']}: "
-              f"eq4 {r['eq4_crossing']:.1f}, per token {r['deadline_crossing']:.1f}",
-              file=sys.stderr)
-    write_json(args.json, {"command": " ".join(["python", *sys.argv]), "commit": code_commit(),
-                           "date": datetime.date.today().isoformat(), "table": args.table,
-                           "engine": engine, "setting": setting, "run": args.run,
-                           "searches": rows})
+    margins = [value(m) for m in args.margins.split(",")]
+    body = run_variants([{"tpot_margin": m} for m in margins], args.cells, args.table,
+                        args.warm, args.regime, args.run, args.jobs)
+    for row in body["searches"]:
+        row["margin"] = row["params"]["tpot_margin"]
+    write_json(args.json, body)
     return 0
 
 
