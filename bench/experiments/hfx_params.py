@@ -87,10 +87,8 @@ def run_variants(variants: list[dict[str, Any]], cells: str, table_name: str,
             "setting": setting, "run": run, "searches": rows}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", required=True,
-                    help="policy parameters per variant: K=V,K=V;K=V ('base': the setting alone)")
+def add_search_args(ap: argparse.ArgumentParser) -> None:
+    """The cells, table, run and output options (this script's and tpot_margin.py's)."""
     ap.add_argument("--cells", required=True, help="WORKLOAD@INSTANCES:SEED,SEED;...")
     ap.add_argument("--table", default="compare_whole/own_engines_1024",
                     help="the table (under docs/data) whose HFX setting and engine run")
@@ -100,6 +98,13 @@ def main() -> int:
     ap.add_argument("--run", choices=sorted(RUNS), default="evaluation")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", required=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", required=True,
+                    help="policy parameters per variant: K=V,K=V;K=V ('base': the setting alone)")
+    add_search_args(ap)
     args = ap.parse_args()
     body = run_variants([variant(v) for v in args.variants.split(";")], args.cells,
                         args.table, args.warm, args.regime, args.run, args.jobs)

@@ -24,22 +24,14 @@ from pathlib import Path
 from hfx.evaluation import write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hfx_params import RUNS, run_variants, value  # type: ignore[import-not-found]  # a sibling script
+from hfx_params import add_search_args, run_variants, value  # type: ignore[import-not-found]  # a sibling script
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--margins", default="off,learned",
                     help="tpot_margin values: learned, off (the seed's) or a share")
-    ap.add_argument("--cells", required=True, help="WORKLOAD@INSTANCES:SEED,SEED;...")
-    ap.add_argument("--table", default="compare_whole/own_engines_1024",
-                    help="the table (under docs/data) whose HFX setting and engine run")
-    ap.add_argument("--warm", default=None, help="the table to start searches from "
-                    "(default: --table)")
-    ap.add_argument("--regime", type=int, default=1024)
-    ap.add_argument("--run", choices=sorted(RUNS), default="evaluation")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--json", required=True)
+    add_search_args(ap)
     args = ap.parse_args()
     margins = [value(m) for m in args.margins.split(",")]
     body = run_variants([{"tpot_margin": m} for m in margins], args.cells, args.table,
