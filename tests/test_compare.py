@@ -53,6 +53,36 @@ def test_both_metrics_come_from_one_set_of_probes():
     assert len(seen) < len(alone)
 
 
+def two_slopes(eq4: float, deadline: float):
+    """``sloped`` with a knee per metric; and the rates probed."""
+    seen: list[float] = []
+
+    def probe(config: SimConfig) -> dict:
+        seen.append(config.qps)
+        a, d = (max(0.0, min(1.0, 0.9 - (config.qps / k - 1) * 2)) for k in (eq4, deadline))
+        return {"qps": config.qps, "attainment": a, "attainment_dslo": d, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    return probe, seen
+
+
+def test_a_second_metric_bracketed_by_the_first_ones_probes_runs_none_of_its_own():
+    # Per token the knee is 1% above Eq. 4's: inside the bracket Eq. 4's search ends on.
+    probe, seen = two_slopes(150.0, 151.5)
+    r = dual_capacity(SimConfig(qps=10, duration=60), 0.9, 0.03, probe,
+                      {"eq4": 150.0, "deadline": 151.5})
+    assert seen == [pytest.approx(147.75), pytest.approx(147.75 * 1.0297)]
+    assert r["deadline"] == pytest.approx(147.75) and "deadline_warm_start" not in r
+    assert r["deadline_crossing"] == pytest.approx(151.5)
+    assert r["eq4_crossing"] == pytest.approx(150.0)
+    # A knee outside that bracket is searched from its own start.
+    probe, seen = two_slopes(150.0, 156.0)
+    r = dual_capacity(SimConfig(qps=10, duration=60), 0.9, 0.03, probe,
+                      {"eq4": 150.0, "deadline": 156.0})
+    assert len(seen) == 4 and r["deadline_warm_start"] == pytest.approx(156 * 0.985)
+    assert r["deadline_crossing"] == pytest.approx(156.0)
+
+
 def test_tuning_keeps_each_contenders_best_setting_on_the_tuning_workload(monkeypatch):
     grid = ({"policy_params": {"theta": 0.7}}, {"policy_params": {"theta": 0.8}},
             {"policy_params": {"theta": 0.9}})

@@ -15,6 +15,9 @@ differ by the interpolation between other probes (reported, not failed on):
 
     python bench/sim/search_ab.py . . --warm --json docs/data/search_ab_warm.json
 
+With ``--warm both`` both sides start so: a change to how a warm search probes, measured as
+the comparison runs it (``--table`` names the table the searches start from).
+
 Each tree runs as Python, whatever ``HFX_NATIVE`` says.
 """
 
@@ -65,8 +68,9 @@ def main() -> int:
                     help="a comparison JSON: its engine, its regime and each contender's "
                          "tuned setting")
     ap.add_argument("--case", action="append", default=None, metavar="CONTENDER:WORKLOAD:SEED")
-    ap.add_argument("--warm", action="store_true",
-                    help="the second side's searches start from the table's capacities")
+    ap.add_argument("--warm", nargs="?", const="after", choices=("after", "both"),
+                    help="the second side's searches (or both sides') start from the table's "
+                         "capacities")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     table = json.loads(Path(args.table).read_text())
@@ -84,7 +88,7 @@ def main() -> int:
         row = {"case": case, "setting": setting}
         order = ("before", "after") if len(out["cases"]) % 2 == 0 else ("after", "before")
         for tag in order:
-            warm = earlier if args.warm and tag == "after" else None
+            warm = earlier if args.warm == "both" or (args.warm and tag == "after") else None
             row[tag] = one(getattr(args, tag), [*call, warm])
         row["same"] = all(row["before"][k] == row["after"][k] for k in RESULTS)
         row["crossing_change"] = max(

@@ -205,6 +205,20 @@ def seed_capacity(config: SimConfig, target: float = 0.9, tolerance: float = 0.0
             "probes": probes}
 
 
+def measured_bracket(scores: dict[float, float], target: float,
+                     tolerance: float) -> tuple[float, float] | None:
+    """The bracket a search would end on, where rates already measured give it: the highest
+    rate meeting ``target`` and the least above it measured not to, within ``tolerance`` of
+    each other, with no rate between them; None where the measurements give none."""
+    lo = max((q for q, s in scores.items() if s >= target), default=None)
+    if lo is None:
+        return None
+    hi = min((q for q in scores if q > lo), default=None)
+    if hi is None or (hi - lo) / lo > tolerance:
+        return None
+    return lo, hi
+
+
 def crossing(scores: dict[float, float], capacity: float, target: float) -> float:
     """Where the attainment crosses ``target`` between ``capacity`` (the highest rate the
     search found meeting it) and the least rate above it measured not to: linear between the

@@ -53,7 +53,14 @@ from itertools import product
 from typing import Any
 
 from hfx.config import SimConfig
-from hfx.evaluation.capacity import at_rate, crossing, is_trace, quick_probe, seed_capacity
+from hfx.evaluation.capacity import (
+    at_rate,
+    crossing,
+    is_trace,
+    measured_bracket,
+    quick_probe,
+    seed_capacity,
+)
 from hfx.evaluation.presets import SEED_DISPATCHER
 from hfx.evaluation.runner import run_all
 from hfx.sim.driver import simulate
@@ -199,9 +206,12 @@ Probe = Callable[[SimConfig], dict]
 def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 0.03,
                   probe: Probe = simulate, warm: Mapping[str, float] | None = None) -> dict:
     """``seed_capacity`` under each metric of ``METRICS``, from one set of probe runs: a rate
-    the first search probed is not run again for the second. ``warm``: each metric's capacity
-    in an earlier run of the same search; each search then starts just below it, its first
-    step within ``tolerance`` (``warm_start``), where it would start at the config's rate."""
+    the first search probed is not run again for the second, and where the first's probes
+    already bracket the second's crossing within ``tolerance`` (``measured_bracket``: the
+    two metrics' crossings are often a step apart or less) the second runs none. ``warm``:
+    each metric's capacity in an earlier run of the same search; each search then starts just
+    below it, its first step within ``tolerance`` (``warm_start``), where it would start at the
+    config's rate."""
     seen: dict[float, dict] = {}
     quick = quick_probe(probe, target)  # a run that stops once it fails under both metrics
 
@@ -215,6 +225,13 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"seed": config.seed}
     for name, key in METRICS.items():
+        known = {q: r[key] for q, r in seen.items()}
+        bracket = measured_bracket(known, target, tolerance)
+        if bracket is not None:
+            if seen[bracket[1]].get("stopped_at") is not None:  # the crossing reads whole runs
+                known[bracket[1]] = once(at_rate(config, bracket[1]), whole=True)[key]
+            out[name], out[f"{name}_crossing"] = bracket[0], crossing(known, bracket[0], target)
+            continue
         start, step = warm_start((warm or {}).get(name), tolerance)
         c = config if start is None else at_rate(config, start)
         found = seed_capacity(c, target, tolerance, partial(once, whole=True), key,
