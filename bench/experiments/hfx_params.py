@@ -8,9 +8,10 @@ JSON; not a test.
         --jobs 2 --json /tmp/keepable_20.json
 
 A variant is ``K=V,K=V`` over the table's chosen setting (``base``: the setting as it is). A
-cell is ``WORKLOAD@INSTANCES:SEEDS``. Each search starts warm where the table found HFX (the
-same workload, fleet and seed; ``--warm`` names another table), else where compare.py starts
-it. ``--run tuning`` probes as the tuning does (90 s after 20 s), ``evaluation`` as the tables.
+cell is ``WORKLOAD@INSTANCES:SEEDS``. Each search starts warm where compare.py's rerun of the
+table would start HFX's (its crossings on the same workload and seed, in proportion to the
+fleet; ``--warm`` names another table), else where compare.py starts it cold. ``--run
+tuning`` probes as the tuning does (90 s after 20 s), ``evaluation`` as the tables.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hfx.evaluation import code_commit, write_json
-from hfx.evaluation.compare import EVALUATION_RUN, TUNING_RUN, _search
+from hfx.evaluation.compare import EVALUATION_RUN, TUNING_RUN, _search, earlier_searches
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {"evaluation": EVALUATION_RUN, "tuning": TUNING_RUN}
@@ -63,16 +64,14 @@ def run_variants(variants: list[dict[str, Any]], cells: str, table_name: str,
     engine = table["protocol"]["engine"]
     warm_table = (json.loads((ROOT / "docs/data" / f"{warm_name}.json").read_text())
                   if warm_name else table)
-    found = {(r["workload"], r.get("instances", 2), r["seed"]): r
-             for r in warm_table["searches"]
-             if r["contender"] == "hfx" and r["regime"] == regime}
     calls = []
     for cell in cells.split(";"):
         workload, rest = cell.split("@")
         instances, seeds = rest.split(":")
+        # Where compare.py's own rerun of the table would start each search: the crossings.
+        found = earlier_searches(warm_table, int(instances))
         for seed in seeds.split(","):
-            key = (workload, int(instances), int(seed))
-            warm = ({m: found[key][m] for m in ("eq4", "deadline")} if key in found else None)
+            warm = found.get(("hfx", workload, int(seed), regime))
             for params in variants:
                 calls.append((workload, int(instances), int(seed), params, setting, engine,
                               regime, RUNS[run], warm))
