@@ -12,6 +12,7 @@ from hfx.config import SimConfig
 from hfx.engine.planners.deadline_chunked import DeadlineChunkedPlanner
 from hfx.engine.planners.slo_paced import DEFAULT_PACE
 from hfx.evaluation import compare
+from hfx.evaluation.capacity import measured_bracket
 from hfx.evaluation.compare import (
     CONTENDERS,
     HFX,
@@ -72,7 +73,8 @@ def test_a_second_metric_bracketed_by_the_first_ones_probes_runs_none_of_its_own
     r = dual_capacity(SimConfig(qps=10, duration=60), 0.9, 0.03, probe,
                       {"eq4": 150.0, "deadline": 151.5})
     assert seen == [pytest.approx(147.75), pytest.approx(147.75 * 1.0297)]
-    assert r["deadline"] == pytest.approx(147.75) and "deadline_warm_start" not in r
+    assert r["deadline"] == pytest.approx(147.75)
+    assert r["deadline_warm_start"] == pytest.approx(151.5 * 0.985)  # its input, unused
     assert r["deadline_crossing"] == pytest.approx(151.5)
     assert r["eq4_crossing"] == pytest.approx(150.0)
     # A knee outside that bracket is searched from its own start.
@@ -81,6 +83,42 @@ def test_a_second_metric_bracketed_by_the_first_ones_probes_runs_none_of_its_own
                       {"eq4": 150.0, "deadline": 156.0})
     assert len(seen) == 4 and r["deadline_warm_start"] == pytest.approx(156 * 0.985)
     assert r["deadline_crossing"] == pytest.approx(156.0)
+
+
+def test_a_bracket_is_the_highest_passing_rate_and_the_least_rate_above_it():
+    assert measured_bracket({100: .95, 102: .92, 104: .85, 110: .5}, 0.9, 0.03) == (102, 104)
+    assert measured_bracket({100: .95, 103.5: .8}, 0.9, 0.03) is None  # wider than 3%
+    assert measured_bracket({100: .9, 102: .8}, 0.9, 0.03) == (100, 102)  # at the target
+    assert measured_bracket({100: .8, 102: .7}, 0.9, 0.03) is None  # nothing passes
+    assert measured_bracket({100: .95}, 0.9, 0.03) is None  # nothing above fails
+    # Not monotone: the highest passing rate, as the bisection reports.
+    assert measured_bracket({100: .95, 102: .85, 104: .91, 106: .8}, 0.9, 0.03) == (104, 106)
+
+
+def test_a_bracket_on_a_stopped_run_reads_the_whole_run_and_searches_on_if_it_passes(
+        monkeypatch):
+    def probe(config: SimConfig) -> dict:  # Eq. 4 holds to 152 req/s, per token to 162
+        a = 0.95 if config.qps <= 152 else 0.85
+        d = 0.95 if config.qps <= 162 else 0.85
+        return {"qps": config.qps, "attainment": a, "attainment_dslo": d, "shed": 0,
+                "backlog_at_end": 0, "max_wait": 0.0, "requests": 1}
+
+    def quick(probe_fn, target):
+        def run(config: SimConfig) -> dict:  # a quick run above 155 stops, failing both
+            if config.qps <= 155:
+                return probe_fn(config)
+            return {**probe_fn(config), "attainment": 0.5, "attainment_dslo": 0.5,
+                    "stopped_at": 30.0}
+        return run
+
+    monkeypatch.setattr(compare, "quick_probe", quick)
+    r = dual_capacity(SimConfig(qps=10, duration=60), 0.9, 0.05, probe)
+    # Eq. 4's search doubles to 160 (stopped) and bisects to (150, 155). Per token its probes
+    # give (155, 160), on the stopped run: run whole, 160 passes, and the per-token search
+    # goes on past it to (160, 165).
+    assert (r["eq4"], r["deadline"]) == (150, 160)
+    assert [p["qps"] for p in r["probes"] if "stopped_at" not in p] == [
+        10, 20, 40, 80, 120, 140, 150, 155, 160, 165]
 
 
 def test_tuning_keeps_each_contenders_best_setting_on_the_tuning_workload(monkeypatch):
@@ -538,6 +576,14 @@ def test_reproduce_finds_the_input_a_tables_run_had_and_names_a_search_that_diff
     assert warm == older
     assert script.check_warm(run, warm, 2) == []  # the recorded warm starts came from it
     assert len(script.check_warm(run, _table("aaa", [(90.0, 0.9)], None), 2)) == 2
+    # At 76151fa a per-token search the probes bracketed within 3% kept no start.
+    skipped = json.loads(json.dumps(run))
+    del skipped["searches"][0]["deadline_warm_start"]
+    skipped["searches"][0]["probes"][1]["qps"] = 101.5
+    assert script.check_warm(skipped, warm, 2) == []
+    unbracketed = json.loads(json.dumps(skipped))
+    unbracketed["searches"][0]["probes"][1]["attainment_dslo"] = 0.95
+    assert len(script.check_warm(unbracketed, warm, 2)) == 1
 
     same = script.compare(run, json.loads(json.dumps(run)))
     assert (same["identical"], same["differ"]) == (1, [])

@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from hfx.evaluation import code_commit, write_json
+from hfx.evaluation.capacity import measured_bracket
 from hfx.evaluation.compare import (
     EVALUATION_RUN,
+    METRICS,
+    TARGET,
     earlier_searches,
     earlier_tuning,
     one_commit,
@@ -83,6 +86,12 @@ def _same(a: dict, b: dict) -> bool:
         a.get(f"{m}_crossing") == b.get(f"{m}_crossing") for m in ("eq4", "deadline"))
 
 
+def _bracketed(row: dict, metric: str) -> bool:
+    key = METRICS[metric]
+    return measured_bracket({p["qps"]: p[key] for p in row["probes"]}, TARGET,
+                            EVALUATION_RUN["tolerance"]) is not None
+
+
 def check_warm(table: dict, warm: dict, instances: int) -> list[str]:
     """The searches whose recorded warm start ``warm`` does not give (empty: it is the input)."""
     starts = earlier_searches(warm, instances)
@@ -92,6 +101,8 @@ def check_warm(table: dict, warm: dict, instances: int) -> list[str]:
         for metric in ("eq4", "deadline"):
             start, _ = warm_start(earlier[metric] if earlier else None,
                                   EVALUATION_RUN["tolerance"])
+            if f"{metric}_warm_start" not in r and start is not None and _bracketed(r, metric):
+                continue  # at 76151fa a search the other's probes bracketed kept no start
             if r.get(f"{metric}_warm_start") != start:
                 wrong.append(f"{_key(r)} {metric}: recorded {r.get(f'{metric}_warm_start')}, "
                              f"this input gives {start}")

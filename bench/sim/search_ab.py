@@ -70,7 +70,7 @@ def main() -> int:
     ap.add_argument("--case", action="append", default=None, metavar="CONTENDER:WORKLOAD:SEED")
     ap.add_argument("--warm", nargs="?", const="after", choices=("after", "both"),
                     help="the second side's searches (or both sides') start from the table's "
-                         "capacities")
+                         "crossings")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     table = json.loads(Path(args.table).read_text())

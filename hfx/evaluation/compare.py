@@ -209,9 +209,10 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     the first search probed is not run again for the second, and where the first's probes
     already bracket the second's crossing within ``tolerance`` (``measured_bracket``: the
     two metrics' crossings are often a step apart or less) the second runs none. ``warm``:
-    each metric's capacity in an earlier run of the same search; each search then starts just
-    below it, its first step within ``tolerance`` (``warm_start``), where it would start at the
-    config's rate."""
+    each metric's crossing in an earlier run of the same search; each search that runs then
+    starts just below it, its first step within ``tolerance`` (``warm_start``), where it would
+    start at the config's rate. The row records each metric's warm start as its input, run
+    or not (``{metric}_warm_start``)."""
     seen: dict[float, dict] = {}
     quick = quick_probe(probe, target)  # a run that stops once it fails under both metrics
 
@@ -225,20 +226,22 @@ def dual_capacity(config: SimConfig, target: float = TARGET, tolerance: float = 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"seed": config.seed}
     for name, key in METRICS.items():
+        start, step = warm_start((warm or {}).get(name), tolerance)
+        if start is not None:  # the search's input, whether or not it runs (reproduce.py)
+            out[f"{name}_warm_start"] = start
         known = {q: r[key] for q, r in seen.items()}
         bracket = measured_bracket(known, target, tolerance)
+        while bracket is not None and seen[bracket[1]].get("stopped_at") is not None:
+            # The crossing reads whole runs; a whole run may pass where its quick one stopped.
+            known[bracket[1]] = once(at_rate(config, bracket[1]), whole=True)[key]
+            bracket = measured_bracket(known, target, tolerance)
         if bracket is not None:
-            if seen[bracket[1]].get("stopped_at") is not None:  # the crossing reads whole runs
-                known[bracket[1]] = once(at_rate(config, bracket[1]), whole=True)[key]
             out[name], out[f"{name}_crossing"] = bracket[0], crossing(known, bracket[0], target)
             continue
-        start, step = warm_start((warm or {}).get(name), tolerance)
         c = config if start is None else at_rate(config, start)
         found = seed_capacity(c, target, tolerance, partial(once, whole=True), key,
                               partial(once, whole=False), step)
         out[name], out[f"{name}_crossing"] = found["capacity"], found["crossing"]
-        if start is not None:
-            out[f"{name}_warm_start"] = start
     out["probes"] = [{"qps": q, "attainment": r["attainment"],
                       "attainment_dslo": r["attainment_dslo"], "hit_rate": r.get("hit_rate"),
                       **({} if r.get("stopped_at") is None else {"stopped_at": r["stopped_at"]})}
