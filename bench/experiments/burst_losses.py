@@ -49,8 +49,8 @@ def in_burst(arrival: float) -> bool:
     return False
 
 
-def probe(name: str, setting: dict[str, Any], engine: str | None, regime: int, qps: float,
-          seed: int, params: dict[str, Any], seqs: int) -> dict[str, Any]:
+def probe(name: str, setting: dict[str, Any], engine: str | None, qps: float, seed: int,
+          params: dict[str, Any], seqs: int) -> dict[str, Any]:
     setting = {**setting, "policy_params": {**setting.get("policy_params", {}), **params}}
     config = CONTENDERS[name].config(
         setting, engine, qps=qps, duration=EVALUATION_RUN["duration"],
@@ -96,7 +96,7 @@ def main() -> int:
     engine = table["protocol"]["engine"]
     variants = [variant(v) for v in args.variants.split(";")]
     limits = [int(n) for n in args.max_num_seqs.split(",")] if args.max_num_seqs else [regime]
-    calls = [(args.contender, setting, engine, regime, args.qps, int(s), v, n)
+    calls = [(args.contender, setting, engine, args.qps, int(s), v, n)
              for n in limits for v in variants for s in args.seeds.split(",")]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(probe, *zip(*calls, strict=True)))
